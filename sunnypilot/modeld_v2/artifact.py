@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
-from tinygrad.device import Buffer, TinyELF
+from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target, getenv
 from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
@@ -117,6 +117,7 @@ def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tup
   def buffer_arg(buf: Buffer) -> dict:
     if isinstance(buf, list) or not isinstance(buf, Buffer): raise ArtifactError("multi-device buffers are not supported")
     base = buf.base
+    if _device_kind(base.device) != _device_kind(device): raise ArtifactError(f"buffer on {base.device} in a part for {device}: one device per part")
     if id(base) not in base_index:
       base_index[id(base)] = (len(buffers), base)
       buffers.append({"nbytes": base.nbytes, "device": base.device, "dtype": _dtype_name(base.dtype)})
@@ -249,11 +250,11 @@ class _Jit:
     self._access = self._slot_access()
     if self._direct: self._runtimes = [Device[self.device].runtime(p.to_elf()) for p in self._programs]
     else: self._linear = self._build_linear()
-    self._ret = self._build_returns()
+    self._ret = [None if "input" in r else Tensor(UOp.from_buffer(self._view(r))).reshape(tuple(r["shape"])) for r in header["returns"]["tensors"]]
+    self._same_ret = None if any(t is None for t in self._ret) else self._returned({})  # nothing returned is an input: the same objects every call
 
   def _allocate(self, spec: dict) -> Buffer:
-    base = Buffer(self.device if _device_kind(spec["device"]) == _device_kind(self.header["device"]) else spec["device"], spec["nbytes"], dtypes.uint8)
-    base.allocate()
+    base = Buffer(self.device, spec["nbytes"], dtypes.uint8).allocate()
     if "init" in spec: _copyin(base, bytes(self.blob[spec["init"][0]:spec["init"][1]]))
     return base
 
@@ -285,10 +286,6 @@ class _Jit:
       else: calls.append(self._programs[call["program"]].call(*args))
     linear = UOp(Ops.LINEAR, src=tuple(calls))
     return graph_split_rewrite(linear, max_batch_size=JIT_BATCH_SIZE.value) if JIT < 2 and Device[self.device].graph is not None else linear
-
-  def _build_returns(self) -> Any:
-    tensors = [None if "input" in r else Tensor(UOp.from_buffer(self._view(r))).reshape(tuple(r["shape"])) for r in self.header["returns"]["tensors"]]
-    return tensors
 
   def _returned(self, kwargs: dict) -> Any:
     specs, kind = self.header["returns"]["tensors"], self.header["returns"]["kind"]
@@ -324,7 +321,7 @@ class _Jit:
     else:
       from tinygrad.engine.realize import run_linear
       run_linear(self._linear, {}, input_uops=bound, jit=True)
-    return self._returned(kwargs)
+    return self._same_ret if self._same_ret is not None else self._returned(kwargs)
 
   def _validated_buffers(self, kwargs: dict) -> list[Buffer]:
     if sorted(kwargs) != self.kwargs: raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
@@ -346,13 +343,13 @@ class _Jit:
     return bufs
 
   def _check_aliasing(self, bufs: list[Buffer]) -> None:
-    """Two slots may share a buffer only if one is write-only and its first write comes after every access of the other (next_X into X)."""
+    """Two slots may share a buffer if neither is written, or one is write-only and its first write follows every access of the other (next_X into X)."""
     seen: dict[int, int] = {}
     for slot, buf in enumerate(bufs):
       if (other := seen.setdefault(id(buf), slot)) == slot: continue
       for w, r in ((slot, other), (other, slot)):
         (w_reads, w_writes), (r_reads, r_writes) = self._access[w], self._access[r]
-        if not w_reads and (not w_writes or max(r_reads + r_writes, default=-1) < min(w_writes)): break
+        if not w_writes and not r_writes or not w_reads and w_writes and max(r_reads + r_writes, default=-1) < min(w_writes): break
       else:
         raise InputError(f"inputs {_label(self.inputs[other]['name'], self.inputs[other]['key'])} and "
                          f"{_label(self.inputs[slot]['name'], self.inputs[slot]['key'])} share a buffer, and the part reads one after writing the other")
@@ -413,7 +410,8 @@ def read_bundle(path: str) -> tuple[dict, memoryview]:
   if PREAMBLE.size + head_len > len(data): raise ArtifactError(f"{path}: header runs past the end of the file (truncated?)")
   body = memoryview(data)[PREAMBLE.size:]
   if hashlib.sha256(body).digest() != digest:
-    raise ArtifactError(f"{path}: content hash mismatch: file says {digest.hex()[:16]}, content is {hashlib.sha256(body).hexdigest()[:16]} (truncated or edited)")
+    raise ArtifactError(f"{path}: content hash mismatch: file says {digest.hex()[:16]}, content is {hashlib.sha256(body).hexdigest()[:16]} "
+                        "(truncated or edited)")
   try: head = json.loads(bytes(body[:head_len]))
   except (UnicodeDecodeError, json.JSONDecodeError) as e: raise ArtifactError(f"{path}: header is not valid JSON: {e}") from None
   return head, body[head_len:]
@@ -430,11 +428,35 @@ def check_provenance(prov: dict, device: str | None = None, path: str = "bundle"
     raise ArtifactError(f"{path}: kernels built for {prov.get('target')}, this device compiles for {target}")
   return here
 
+def validate_part(header: dict, blob_len: int) -> None:
+  """Check that a part's references stay inside its own tables and blob, so a malformed header is an error, not a wild pointer."""
+  def within(r: list, end: int, what: str) -> None:
+    if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) and 0 <= r[0] <= r[1] <= end):
+      raise ArtifactError(f"{what} range {r!r} is outside 0..{end}")
+  buffers, programs, inputs = header["buffers"], header["programs"], header["inputs"]
+  for b in buffers:
+    if "init" in b: within(b["init"], blob_len, "buffer init"); within([0, b["init"][1] - b["init"][0]], b["nbytes"], "buffer init size")
+  for p in programs:
+    within(p["lib"], blob_len, "program binary")
+    for sig in p["signature"]: _dtype(sig[2])
+  if [s["slot"] for s in inputs] != list(range(len(inputs))): raise ArtifactError("input slots are not 0..n-1 in order")
+  for spec in inputs: _dtype(spec["dtype"])
+  for a in [a for c in header["calls"] for a in c["args"]] + header["returns"]["tensors"]:
+    if "input" in a:
+      if not 0 <= a["input"] < len(inputs): raise ArtifactError(f"argument refers to input slot {a['input']} of {len(inputs)}")
+    elif not 0 <= a["buffer"] < len(buffers): raise ArtifactError(f"argument refers to buffer {a['buffer']} of {len(buffers)}")
+    else: within([a["offset"], a["offset"] + a["nbytes"]], buffers[a["buffer"]]["nbytes"], "argument"); _dtype(a["dtype"])
+  for c in header["calls"]:
+    if c["kind"] not in ("program", "copy") or (c["kind"] == "program" and not 0 <= c["program"] < len(programs)):
+      raise ArtifactError(f"unknown call {c.get('kind')!r}/{c.get('program')!r}")
+
 def read_parts(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[dict, memoryview]], dict]:
-  """`(parts, extras)` of a bundle, after checking its hash and that it was built for this tinygrad, device and arch."""
+  """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch."""
   head, blob = read_bundle(path)
   check_provenance(head.get("provenance", {}), device, path, allow_device)
   try:
     parts = {name: (p["header"], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}
-  except (KeyError, TypeError, IndexError) as e: raise ArtifactError(f"{path}: malformed part table: {e!r}") from None
+    for header, part_blob in parts.values(): validate_part(header, len(part_blob))
+  except (KeyError, TypeError, IndexError, AttributeError) as e: raise ArtifactError(f"{path}: malformed part table: {e!r}") from None
+  except ArtifactError as e: raise ArtifactError(f"{path}: malformed part: {e}") from None
   return parts, head.get("extras", {})

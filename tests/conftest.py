@@ -1,0 +1,46 @@
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tinygrad import Device, Tensor, TinyJit, dtypes
+
+from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def capture(fn, make_inputs, calls: int = 2):
+  """TinyJit-capture `fn` on fresh inputs, return (jit, part, the capture's inputs)."""
+  jit = TinyJit(fn)
+  with record_kernel_linear() as recorded:
+    for _ in range(calls): inputs = make_inputs(); jit(**inputs)
+  assert len(recorded) == 1, f"expected one captured kernel list, got {len(recorded)}"
+  return jit, serialize_jit(jit, recorded[0], inputs), inputs
+
+def realized(a: np.ndarray, device: str | None = None) -> Tensor: return Tensor(a, device=device or Device.DEFAULT).realize()
+
+def conv_net(seed: int = 0):
+  """A uint8-image conv+relu net, the shape of a driving model's first layers."""
+  rng = np.random.default_rng(seed)
+  w1, w2 = realized(rng.standard_normal((8, 6, 3, 3)).astype(np.float32) * 0.1), realized(rng.standard_normal((4, 8, 3, 3)).astype(np.float32) * 0.1)
+  def fn(img):
+    x = (img.cast(dtypes.float32) / 255.0).conv2d(w1, stride=2).relu()
+    return x.conv2d(w2).relu().mean(axis=(2, 3))
+  return fn, lambda: {"img": realized(rng.integers(0, 256, (1, 6, 32, 64), dtype=np.uint8))}
+
+def run_python(code: str, env: dict | None = None, timeout: int = 300) -> str:
+  """Run `code` in a fresh interpreter; fail with its output when it fails."""
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+  assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+  return proc.stdout
+
+NO_COMPILE = """
+import tinygrad.engine.realize as realize, tinygrad.device as device
+def _forbidden(*a, **k): raise AssertionError("compile or schedule after the device was opened")
+realize.compile_linear = realize.lower_and_compile = realize.to_program = device.Compiler.compile = device.Compiler.compile_cached = _forbidden
+"""
+
+@pytest.fixture
+def tmp_bundle(tmp_path):
+  return str(tmp_path / "bundle.bin")

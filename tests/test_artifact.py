@@ -1,0 +1,304 @@
+import inspect
+import json
+import struct
+
+import numpy as np
+import pytest
+from tinygrad import Device, Tensor, TinyJit, dtypes
+
+from sunnypilot.modeld_v2 import artifact
+from sunnypilot.modeld_v2.artifact import ArtifactError, InputError, PlainJit, read_parts, write_bundle
+
+from conftest import NO_COMPILE, capture, conv_net, realized, run_python
+
+def same(a: Tensor, b: Tensor) -> bool: return a.numpy().tobytes() == b.numpy().tobytes()
+
+def test_conv_net_round_trip_is_bit_identical(tmp_bundle):
+  fn, make = conv_net()
+  jit, part, _ = capture(fn, make)
+  write_bundle(tmp_bundle, {"run": part}, {"metadata": {}})
+  plain = PlainJit(*read_parts(tmp_bundle)[0]["run"])
+  for _ in range(5):
+    img = make()["img"]
+    assert same(jit(img=img), plain(img=img))
+  assert part[0]["check"]["outputs"], "the self-check recorded the TinyJit replay's outputs"
+
+def test_multi_output_returns_the_same_structure():
+  rng = np.random.default_rng(1)
+  fn = lambda a, b: {"sum": (a + b).contiguous(), "prod": (a * b).sum(axis=1), "neg": (-a).exp2()}
+  make = lambda: {"a": realized(rng.standard_normal((4, 8)).astype(np.float32)), "b": realized(rng.standard_normal((4, 8)).astype(np.float32))}
+  jit, part, _ = capture(fn, make)
+  plain = PlainJit(*part)
+  inputs = make()
+  expected, got = jit(**inputs), plain(**inputs)
+  assert list(got) == ["sum", "prod", "neg"]
+  for k in expected: assert same(expected[k], got[k]), k
+  assert got["prod"].shape == (4,)
+
+def stateful(weights: Tensor):
+  """next_state and outputs written into caller buffers; both computed before either is written, so next_state may alias state."""
+  def fn(x, state, output_buffers):
+    new = (state * 0.9 + (x @ weights).tanh()).contiguous().realize()
+    out = (new.sum(axis=1, keepdim=True) * 2).contiguous().realize()
+    output_buffers["next_state"].assign(new)
+    output_buffers["outputs"].assign(out)
+    Tensor.realize(output_buffers["next_state"], output_buffers["outputs"])
+  return fn
+
+def test_output_buffers_and_in_place_state_for_20_steps():
+  rng = np.random.default_rng(2)
+  weights = realized(rng.standard_normal((16, 32)).astype(np.float32) * 0.3)
+  def make(in_place: bool) -> dict:
+    state = realized(np.zeros((1, 32), np.float32))
+    return {"x": realized(rng.standard_normal((1, 16)).astype(np.float32)), "state": state,
+            "output_buffers": {"outputs": realized(np.zeros((1, 1), np.float32)), "next_state": state if in_place else realized(np.zeros((1, 32), np.float32))}}
+  jit_separate, part_separate, _ = capture(stateful(weights), lambda: make(False))
+  jit_in_place, part_in_place, _ = capture(stateful(weights), lambda: make(True))
+  xs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(20)]
+  def trajectory(replay, in_place: bool) -> list[bytes]:
+    inputs, steps = make(in_place), []
+    for x in xs:
+      replay(**inputs | {"x": realized(x)})
+      if not in_place: inputs["state"].assign(inputs["output_buffers"]["next_state"]).realize()
+      steps.append(inputs["output_buffers"]["outputs"].numpy().tobytes() + inputs["state"].numpy().tobytes())
+    return steps
+  expected = trajectory(jit_separate, False)
+  assert expected == trajectory(jit_in_place, True), "tinygrad itself gives one trajectory either way"
+  assert expected == trajectory(PlainJit(*part_separate), False)
+  assert expected == trajectory(PlainJit(*part_separate), True), "a part captured with separate buffers may write next_state into state"
+  assert expected == trajectory(PlainJit(*part_in_place), True)
+  assert expected[0] != expected[-1], "the state evolves"
+
+def test_npy_host_input_is_uploaded_inside_the_jit():
+  rng = np.random.default_rng(3)
+  host = np.zeros(64, np.float32)
+  fn = lambda host, x: (host.to(Device.DEFAULT)[:32].reshape(4, 8) * x).sum(axis=0)
+  make = lambda: {"host": Tensor(host, device="NPY"), "x": realized(rng.standard_normal((4, 8)).astype(np.float32))}
+  jit, part, inputs = capture(fn, make)
+  assert any(c["kind"] == "copy" for c in part[0]["calls"])
+  plain = PlainJit(*part)
+  inputs = make()
+  for _ in range(3):
+    host[:] = rng.standard_normal(64)  # the NPY tensor reads this array in place: each call uploads the new contents
+    expected = jit(**inputs).numpy().copy()
+    assert expected.tobytes() == plain(**inputs).numpy().tobytes()
+    assert np.allclose(expected, (host[:32].reshape(4, 8) * inputs["x"].numpy()).sum(axis=0), rtol=1e-6)
+
+def test_programs_are_stored_once_per_binary():
+  fn = lambda a, b, c: ((a * 2).contiguous(), (b * 2).contiguous(), (c * 2).contiguous())
+  make = lambda: {k: realized(np.ones(8, np.float32)) for k in "abc"}
+  _, part, _ = capture(fn, make)
+  assert len(part[0]["calls"]) == 3 and len(part[0]["programs"]) == 1
+  assert all(isinstance(json.loads(json.dumps(part[0])), dict) for _ in [0]), "the header is plain JSON"
+
+def test_fresh_process_with_compiler_disabled(tmp_bundle):
+  fn, make = conv_net()
+  jit, part, _ = capture(fn, make)
+  write_bundle(tmp_bundle, {"run": part}, {})
+  img = np.random.default_rng(9).integers(0, 256, (1, 6, 32, 64), dtype=np.uint8)
+  expected = jit(img=realized(img)).numpy()
+  np.save(tmp_bundle + ".img.npy", img)
+  out = run_python(f"""
+import numpy as np
+from tinygrad import Tensor, Device
+img = Tensor(np.load({tmp_bundle!r} + ".img.npy")).realize()
+Device[Device.DEFAULT]
+{NO_COMPILE}
+from sunnypilot.modeld_v2.artifact import PlainJit, read_parts
+run = PlainJit(*read_parts({tmp_bundle!r})[0]["run"])
+for _ in range(3): out = run(img=img)
+print(bytes(out.uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
+""")
+  assert bytes.fromhex(out.strip()) == expected.tobytes()
+
+def test_null_device_replays_graph_batches_without_compiling(tmp_path):
+  path = str(tmp_path / "null.bin")
+  run_python(f"""
+import numpy as np
+from tinygrad import Tensor, TinyJit, dtypes
+from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle
+w = Tensor(np.ones((8, 6, 3, 3), np.float32)).realize()
+fn = lambda img, host: (img.cast(dtypes.float32) * host.to("NULL")[0]).conv2d(w).relu().contiguous().sum(axis=(2, 3)).contiguous()
+jit = TinyJit(fn)
+with record_kernel_linear() as rec:
+  for _ in range(2): inputs = dict(img=Tensor(np.zeros((1, 6, 16, 16), np.uint8)).realize(), host=Tensor(np.zeros(4, np.float32), device="NPY")); jit(**inputs)
+part = serialize_jit(jit, rec[0], inputs)
+assert part[0]["check"] is None and not any("init" in b for b in part[0]["buffers"])
+write_bundle({path!r}, {{"run": part}}, {{}})
+""", env={"DEV": "NULL"})
+  out = run_python(f"""
+import numpy as np
+from tinygrad import Tensor, Device
+from tinygrad.uop.ops import Ops
+img, host = Tensor(np.zeros((1, 6, 16, 16), np.uint8)).realize(), Tensor(np.zeros(4, np.float32), device="NPY")
+Device[Device.DEFAULT]
+{NO_COMPILE}
+from sunnypilot.modeld_v2.artifact import PlainJit, read_parts
+run = PlainJit(*read_parts({path!r})[0]["run"])
+for _ in range(3): run(img=img, host=host)
+print([c.src[0].arg if c.src[0].op is Ops.CUSTOM_FUNCTION else str(c.src[0].op) for c in run._linear.src])
+""", env={"DEV": "NULL", "JIT_BATCH_SIZE": "0"})
+  assert out.strip() == "['Ops.COPY', 'graph']", out
+
+def test_tinygrad_api_the_loader_reads():
+  """Fails loudly when tinygrad changes what the loader depends on: then re-pin and re-check the artifact format."""
+  import tinygrad.engine.jit as jit
+  import tinygrad.engine.realize as realize
+  from tinygrad.device import Buffer, TinyELF
+  from tinygrad.helpers import Target
+  from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
+  assert artifact.tinygrad_version() == "0.14.0"
+  assert "linear = jit_lower(big_linear, held_bufs, input_buf_uops)" in inspect.getsource(jit._TinyJit.__call__), "record_kernel_linear wraps jit_lower"
+  assert list(inspect.signature(jit.graph_split_rewrite).parameters) == ["linear", "max_batch_size"]
+  assert list(inspect.signature(realize.run_linear).parameters)[:5] == ["linear", "var_vals", "input_uops", "update_stats", "jit"]
+  assert [f for f in TinyELF.__dataclass_fields__] == ["lib", "name", "target", "signature", "profile_key"]
+  assert [f for f in ProgramInfo.__dataclass_fields__] == ["name", "global_size", "local_size", "vars", "globals", "outs", "ins", "target"]
+  assert "name" in KernelInfo.__dataclass_fields__ and repr(Target.parse("CPU::x86_64,native")) == "CPU::x86_64,native"
+  assert list(inspect.signature(Buffer.view).parameters) == ["self", "size", "dtype", "offset"]
+  assert list(inspect.signature(UOp.from_buffer).parameters) == ["opaque", "device"]
+  assert all(hasattr(Ops, op) for op in ("PROGRAM", "BINARY", "SOURCE", "LINEAR", "COPY", "CUSTOM_FUNCTION", "PARAM", "BUFFER", "CALL"))
+  assert list(inspect.signature(jit._prepare_jit_inputs).parameters) == ["args", "kwargs"]
+  fn, make = conv_net()
+  j, part, _ = capture(fn, make)
+  call = j.captured._linear.src[0]
+  assert call.op is Ops.CALL and call.src[0].op is Ops.PROGRAM and call.src[0].src[-1].op is Ops.BINARY and isinstance(call.src[0].arg, ProgramInfo)
+  runtime = Device[Device.DEFAULT].runtime(call.src[0].to_elf())
+  assert callable(runtime.fxn) and runtime.runtimevars == {}, "the direct CPU replay calls CPUProgram.fxn with c_uint64 pointers"
+
+def test_memory_planner_holds_buffers_live_tensors_reference():
+  """tinygrad #16571 (seed tinygrad_engine_jit.txt): a buffer made during capture that a live Tensor still references is not suballocated."""
+  kept = {}
+  def fn(x):
+    kept["y"] = y = (x * 3).contiguous()
+    return (y + 1).sum()
+  jit = TinyJit(fn)
+  for i in range(4):
+    x = np.full(16, i + 1, np.float32)
+    total = jit(x=realized(x)).item()
+    assert total == float((x * 3 + 1).sum())
+    assert np.array_equal(kept["y"].numpy(), x * 3), "a buffer held by a live Tensor reads its real values after replay"
+
+# *** errors, not crashes ***
+
+@pytest.fixture(scope="module")
+def small_part():
+  rng = np.random.default_rng(5)
+  weights = realized(rng.standard_normal((16, 32)).astype(np.float32))
+  make = lambda: {"x": realized(rng.standard_normal((1, 16)).astype(np.float32)), "state": realized(np.zeros((1, 32), np.float32)),
+                  "output_buffers": {"outputs": realized(np.zeros((1, 1), np.float32)), "next_state": realized(np.zeros((1, 32), np.float32))}}
+  return capture(stateful(weights), make)[1], make
+
+def test_wrong_and_missing_input_names(small_part):
+  part, make = small_part
+  plain, inputs = PlainJit(*part), make()
+  with pytest.raises(InputError, match="expected inputs"): plain(**{k: v for k, v in inputs.items() if k != "x"})
+  with pytest.raises(InputError, match="expected inputs"): plain(**inputs, extra=inputs["x"])
+  with pytest.raises(InputError, match=r"output_buffers\[outputs\] is missing"): plain(**inputs | {"output_buffers": {"next_state": inputs["state"]}})
+
+def test_wrong_shape_dtype_device(small_part):
+  part, make = small_part
+  plain, inputs = PlainJit(*part), make()
+  with pytest.raises(InputError, match=r"input x: expected shape \(1, 16\)"): plain(**inputs | {"x": realized(np.zeros((16,), np.float32))})
+  with pytest.raises(InputError, match="input x: expected shape"): plain(**inputs | {"x": realized(np.zeros((1, 16), np.int32))})
+  with pytest.raises(InputError, match="input x: expected a CPU tensor"): plain(**inputs | {"x": Tensor(np.zeros((1, 16), np.float32), device="NPY")})
+
+def test_non_realized_and_view_inputs(small_part):
+  part, make = small_part
+  plain, inputs = PlainJit(*part), make()
+  with pytest.raises(InputError, match="input x is not realized"): plain(**inputs | {"x": inputs["x"] + 1})
+  big = realized(np.zeros((2, 16), np.float32))
+  with pytest.raises(InputError, match="input x"): plain(**inputs | {"x": big[1:]})
+
+def test_misaligned_pointer(small_part):
+  part, make = small_part
+  plain, inputs = PlainJit(*part), make()
+  raw = np.zeros(64 + 4, np.uint8)
+  ptr = raw.ctypes.data + (4 - raw.ctypes.data % 16) % 16 + 4  # 4 bytes past a 16-byte boundary
+  x = Tensor.from_blob(ptr, (1, 16), dtype=dtypes.float32, device="CPU")
+  with pytest.raises(InputError, match="not 16-byte aligned"): plain(**inputs | {"x": x})
+
+def test_aliasing_that_would_read_after_write_is_rejected(small_part):
+  part, make = small_part
+  inputs = make()
+  PlainJit(*part)(**inputs | {"output_buffers": {"outputs": inputs["output_buffers"]["outputs"], "next_state": inputs["state"]}})  # next_X into X
+  def late_read(x, state, output_buffers):
+    output_buffers["y"].assign(x * 2).realize()
+    return (x + state).sum()  # reads state after y was written
+  rng = np.random.default_rng(6)
+  make2 = lambda: {"x": realized(rng.standard_normal(8).astype(np.float32)), "state": realized(np.zeros(8, np.float32)),
+                   "output_buffers": {"y": realized(np.zeros(8, np.float32))}}
+  plain, inputs = PlainJit(*capture(late_read, make2)[1]), make2()
+  with pytest.raises(InputError, match="state and output_buffers\\[y\\] share a buffer"): plain(**inputs | {"output_buffers": {"y": inputs["state"]}})
+  shared = plain(**inputs | {"state": inputs["x"]}).item()  # two read-only slots may share a buffer
+  assert shared == plain(**inputs | {"state": realized(inputs["x"].numpy())}).item()
+
+@pytest.mark.parametrize("field,value,message", [("device", "QCOM", "built for device QCOM"), ("tinygrad", "0.13.0", "built with tinygrad 0.13.0"),
+                                                  ("target", "CPU::arm64,native", "kernels built for CPU::arm64"), ("format", 99, "format 99")])
+def test_bundle_for_another_device_arch_version_format(small_part, tmp_bundle, monkeypatch, field, value, message):
+  real = artifact.provenance
+  monkeypatch.setattr(artifact, "provenance", lambda device: real(device) | {field: value})
+  write_bundle(tmp_bundle, {"run": small_part[0]}, {})
+  monkeypatch.undo()
+  with pytest.raises(ArtifactError, match=message): read_parts(tmp_bundle)
+
+def test_format_version_and_magic_in_the_preamble(small_part, tmp_bundle):
+  write_bundle(tmp_bundle, {"run": small_part[0]}, {})
+  data = bytearray(open(tmp_bundle, "rb").read())
+  struct.pack_into("<I", data, 8, 2)
+  open(tmp_bundle, "wb").write(data)
+  with pytest.raises(ArtifactError, match="format version 2, this loader reads version 1"): read_parts(tmp_bundle)
+  open(tmp_bundle, "wb").write(b"PK\x03\x04" + data[4:])
+  with pytest.raises(ArtifactError, match="not a modeld_v2 bundle"): read_parts(tmp_bundle)
+
+def test_truncated_and_edited_files(small_part, tmp_bundle):
+  write_bundle(tmp_bundle, {"run": small_part[0]}, {})
+  data = open(tmp_bundle, "rb").read()
+  for cut in (0, 10, artifact.PREAMBLE.size + 5, len(data) - 1):
+    open(tmp_bundle, "wb").write(data[:cut])
+    with pytest.raises(ArtifactError, match="truncated|too short"): read_parts(tmp_bundle)
+  edited = data.replace(b'"nbytes":128', b'"nbytes":256', 1)
+  assert edited != data
+  open(tmp_bundle, "wb").write(edited)
+  with pytest.raises(ArtifactError, match="content hash mismatch"): read_parts(tmp_bundle)
+
+def test_fuzzed_bundles_are_rejected_cleanly(small_part, tmp_bundle):
+  write_bundle(tmp_bundle, {"run": small_part[0]}, {})
+  data = open(tmp_bundle, "rb").read()
+  rng = np.random.default_rng(7)
+  positions = list(range(artifact.PREAMBLE.size + 8)) + list(rng.integers(0, len(data), 300))
+  for pos in positions:
+    mutated = bytearray(data)
+    mutated[pos] ^= 1 << int(rng.integers(0, 8))
+    open(tmp_bundle, "wb").write(mutated)
+    with pytest.raises(ArtifactError): read_parts(tmp_bundle)
+
+def test_rehashed_bundle_with_a_bad_reference_is_rejected(small_part, tmp_bundle):
+  header, blob = small_part[0]
+  good = {"buffer": 0, "offset": 0, "nbytes": 4, "dtype": "dtypes.float"}
+  for arg in (good | {"buffer": 99}, good | {"offset": 1 << 40}, good | {"dtype": "dtypes.__class__"}, {"input": -1}):
+    call = header["calls"][-1]
+    bad = header | {"calls": header["calls"][:-1] + [call | {"args": [arg] + call["args"][1:]}]}
+    write_bundle(tmp_bundle, {"run": (bad, blob)}, {})  # a valid hash over a hostile header
+    with pytest.raises(ArtifactError, match="malformed"): read_parts(tmp_bundle)
+
+def test_bindings_are_cached_bounded_and_never_pickled(small_part):
+  import pickle
+  part, make = small_part
+  plain = PlainJit(*part)
+  sets = [make() for _ in range(artifact.MAX_BINDINGS + 3)]
+  for inputs in sets[:3]:
+    plain(**inputs)
+  assert len(plain._bound) == 3
+  plain(**sets[0])
+  assert len(plain._bound) == 3, "a known buffer set is not bound again"
+  for inputs in sets: plain(**inputs)
+  assert 0 < len(plain._bound) <= artifact.MAX_BINDINGS
+  state = plain.__getstate__()
+  assert "_bound" not in state and set(state) == {"header", "blob", "device"}
+  clone = pickle.loads(pickle.dumps(plain))  # a _Jit's own state is plain data; bundles are never unpickled
+  assert clone._bound == {}
+  inputs = make()
+  plain(**inputs)
+  clone(**inputs | {"output_buffers": {k: realized(v.numpy()) for k, v in inputs["output_buffers"].items()}})
+  plain.reset()
+  assert plain._bound == {}
