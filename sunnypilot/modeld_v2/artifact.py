@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ from tinygrad import Device, Tensor, dtypes
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target, getenv
-from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
+from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
 
 FORMAT_VERSION = 1
 MAGIC = b"SPMV2ART"
@@ -50,6 +51,7 @@ def _dtype(name: str) -> DType:
 
 def _device_kind(device: str) -> str: return device.split(":")[0].upper()
 
+@functools.cache
 def tinygrad_version() -> str: return package_version("tinygrad")
 
 # *** capture ***
@@ -139,14 +141,17 @@ def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tup
       header_calls.append({"kind": "copy", "args": args})
       continue
     info: ProgramInfo = ast.arg
-    if info.vars: raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
+    if any(v.arg.name not in info.runtimevars for v in info.vars):
+      raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
     lib = ast.src[-1].arg
     if (key := (info.name, lib)) not in program_index:
       program_index[key] = len(programs)
+      params = ast.to_elf().signature[:len(ast.to_elf().signature) - len(info.vars)]
       programs.append({"name": info.function_name, "lib": [len(blob), len(blob) + len(lib)], "target": repr(info.target),
                        "global_size": list(info.global_size), "local_size": None if info.local_size is None else list(info.local_size),
                        "globals": list(info.globals), "outs": list(info.outs), "ins": list(info.ins),
-                       "signature": [[n, s, _dtype_name(dt), list(shape)] for n, s, dt, shape in ast.to_elf().signature]})
+                       "signature": [[n, s, _dtype_name(dt), list(shape)] for n, s, dt, shape in params],
+                       "runtime_vars": [[v.arg.name, v.arg.slot, _dtype_name(v.dtype), *v.arg.vmin_vmax] for v in info.vars]})
       blob += lib
     for i in info.ins: access(args[i], "r")
     for i in info.outs: access(args[i], "w")
@@ -221,7 +226,9 @@ def _self_check(run, header: dict, blob: bytes, check: dict, layout: list, seed:
 def _program_uop(program: dict, lib: bytes) -> UOp:
   """A compiled PROGRAM uop rebuilt from plain data: its last src is a BINARY, so tinygrad never compiles it again."""
   params = tuple(UOp.param(slot, _dtype(dt), tuple(shape), name=name) for name, slot, dt, shape in program["signature"])
-  info = ProgramInfo(name=program["name"], global_size=tuple(program["global_size"]),
+  runtime_vars = tuple(UOp.param(slot, _dtype(dt), (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
+                       for name, slot, dt, lo, hi in program["runtime_vars"])  # core_id: the CPU runtime sets it per core
+  info = ProgramInfo(name=program["name"], global_size=tuple(program["global_size"]), vars=runtime_vars,
                      local_size=None if program["local_size"] is None else tuple(program["local_size"]), globals=tuple(program["globals"]),
                      outs=tuple(program["outs"]), ins=tuple(program["ins"]), target=Target.parse(program["target"]))
   return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program["name"])), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
@@ -365,8 +372,10 @@ class _Jit:
         steps.append((ctypes.memmove, (addr(dst), addr(src), dst["nbytes"])))
         continue
       program, runtime = self.header["programs"][call["program"]], self._runtimes[call["program"]]
-      if runtime.runtimevars: raise ArtifactError(f"kernel {program['name']} needs per-core launch variables, which the direct CPU replay does not set")
-      steps.append((runtime.fxn, tuple(ctypes.c_uint64(addr(call["args"][i])) for i in program["globals"])))
+      args = [addr(call["args"][i]) for i in program["globals"]] + [0] * len(program["runtime_vars"])
+      for core in range(int(program["global_size"][0]) if runtime.runtimevars else 1):  # as CPUProgram does: one call per core_id
+        if runtime.runtimevars: args[runtime.runtimevars["core_id"]] = core
+        steps.append((runtime.fxn, tuple(ctypes.c_uint64(x) for x in args)))
     return steps
 
 def _address(buf: Buffer) -> int:

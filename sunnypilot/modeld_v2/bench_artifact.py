@@ -1,0 +1,129 @@
+"""Benchmark plain artifacts against pickled TinyJits: load, first call, and per-call host overhead on the same kernels.
+
+  python -m sunnypilot.modeld_v2.bench_artifact [--calls 3000] [--loads 5] [--json out/bench_artifact.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from tinygrad import Device, Tensor, TinyJit, dtypes
+
+from sunnypilot.modeld_v2.artifact import PlainJit, record_kernel_linear, serialize_jit, write_bundle
+
+def small_kernels(n: int = 13):
+  """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""
+  rng = np.random.default_rng(0)
+  fn = lambda **xs: tuple((x * 2 + 1).contiguous() for _, x in sorted(xs.items()))
+  return fn, lambda: {f"x{i:02d}": Tensor(rng.standard_normal(16).astype(np.float32)).realize() for i in range(n)}
+
+def conv_net():
+  rng = np.random.default_rng(0)
+  w1 = Tensor(rng.standard_normal((16, 12, 3, 3)).astype(np.float32) * 0.1).realize()
+  w2 = Tensor(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.1).realize()
+  fn = lambda img: (img.cast(dtypes.float32) / 255).conv2d(w1, stride=2).relu().conv2d(w2, stride=2).relu().mean(axis=(2, 3))
+  return fn, lambda: {"img": Tensor(rng.integers(0, 256, (1, 12, 64, 128), dtype=np.uint8)).realize()}
+
+CASES = {"13 inputs x 13 tiny kernels": small_kernels, "uint8 conv net": conv_net}
+
+LOAD = """
+import json, pickle, sys, time
+from tinygrad import Device, Tensor
+import numpy as np
+Device[Device.DEFAULT]
+kind, path, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+inputs = {name: Tensor(np.zeros(shape, dtype)).realize() for name, (shape, dtype) in names.items()}
+from sunnypilot.modeld_v2.artifact import PlainJit, read_parts, tinygrad_version
+tinygrad_version()  # both sides start with their code imported and tinygrad's metadata read
+t0 = time.perf_counter()
+if kind == "bundle":
+  run = PlainJit(*read_parts(path)[0]["run"])
+else:
+  with open(path, "rb") as f: run = pickle.load(f)
+t1 = time.perf_counter()
+run(**inputs)
+Device[Device.DEFAULT].synchronize()
+print(json.dumps({"load_ms": (t1 - t0) * 1e3, "first_call_ms": (time.perf_counter() - t1) * 1e3}))
+"""
+
+def fresh_load(kind: str, path: str, specs: dict) -> dict:
+  out = subprocess.run([sys.executable, "-c", LOAD, kind, path, json.dumps(specs)], capture_output=True, text=True, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+def per_call_us(fn, inputs: dict, calls: int) -> float:
+  """Median microseconds per call over batches of 100 calls."""
+  for _ in range(20): fn(**inputs)
+  samples = []
+  for _ in range(max(1, calls // 100)):
+    t = time.perf_counter()
+    for _ in range(100): fn(**inputs)
+    Device[Device.DEFAULT].synchronize()
+    samples.append((time.perf_counter() - t) / 100 * 1e6)
+  return statistics.median(samples)
+
+def bench_case(name: str, make_case, calls: int, loads: int, tmp: str) -> dict:
+  fn, make = make_case()
+  jit = TinyJit(fn)
+  with record_kernel_linear() as recorded:
+    for _ in range(2): inputs = make(); jit(**inputs)
+  part = serialize_jit(jit, recorded[0], inputs)
+  bundle, pickled = os.path.join(tmp, "bundle.bin"), os.path.join(tmp, "jit.pkl")
+  write_bundle(bundle, {"run": part}, {})
+  with open(pickled, "wb") as f: pickle.dump(jit, f)
+  specs = {k: (list(v.shape), np.dtype(v.dtype.fmt).str) for k, v in inputs.items()}
+  loads_b = [fresh_load("bundle", bundle, specs) for _ in range(loads)]
+  loads_p = [fresh_load("pickle", pickled, specs) for _ in range(loads)]
+  plain, inputs = PlainJit(*part), make()
+  bound = plain._bind(inputs) if plain._direct else None
+  floor = lambda **_: [f(*a) for f, a in bound]  # the same kernel calls with no Python between them: the CPU floor
+  # interleaved, three rounds each, so drift on a shared machine hits both sides alike
+  rounds = [(per_call_us(jit, inputs, calls), per_call_us(plain, inputs, calls), per_call_us(floor, inputs, calls) if bound else 0.0) for _ in range(3)]
+  tinyjit_us, plain_us, floor_us = (statistics.median(r[i] for r in rounds) for i in range(3))
+  med = lambda rows, key: statistics.median(r[key] for r in rows)
+  return {"case": name, "device": Device.DEFAULT, "kernels": len(part[0]["calls"]), "inputs": len(part[0]["inputs"]),
+          "bundle_bytes": os.path.getsize(bundle), "pickle_bytes": os.path.getsize(pickled),
+          "load_ms": {"bundle": med(loads_b, "load_ms"), "pickle": med(loads_p, "load_ms")},
+          "first_call_ms": {"bundle": med(loads_b, "first_call_ms"), "pickle": med(loads_p, "first_call_ms")},
+          "per_call_us": {"tinyjit": tinyjit_us, "bundle": plain_us, "kernel_floor": floor_us},
+          "host_overhead_us": {"tinyjit": tinyjit_us - floor_us, "bundle": plain_us - floor_us}}
+
+def ratio(legacy: float, ours: float) -> str:
+  return f"{legacy / ours:.0f}x" if ours >= 0.5 else f">{legacy / 0.5:.0f}x (ours within timing noise of the floor)"
+
+def table(rows: list[dict]) -> str:
+  lines = ["| case | kernels | load ms (bundle / pickle) | first call ms (bundle / pickle) | per call us (TinyJit / bundle / floor) "
+           "| host overhead us (TinyJit / bundle) | overhead ratio |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    ov = r["host_overhead_us"]
+    lines.append(f"| {r['case']} | {r['kernels']} | {r['load_ms']['bundle']:.2f} / {r['load_ms']['pickle']:.2f} "
+                 f"| {r['first_call_ms']['bundle']:.2f} / {r['first_call_ms']['pickle']:.2f} "
+                 f"| {r['per_call_us']['tinyjit']:.1f} / {r['per_call_us']['bundle']:.1f} / {r['per_call_us']['kernel_floor']:.1f} "
+                 f"| {ov['tinyjit']:.1f} / {ov['bundle']:.1f} | {ratio(ov['tinyjit'], ov['bundle'])} |")
+  return "\n".join(lines)
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--calls", type=int, default=3000, help="calls per timing round (median of batches of 100)")
+  parser.add_argument("--loads", type=int, default=5, help="fresh processes per load measurement")
+  parser.add_argument("--json", help="also write the results here")
+  args = parser.parse_args(argv)
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for name, make_case in CASES.items():
+      print(f"benchmarking {name} on {Device.DEFAULT} ...", file=sys.stderr, flush=True)
+      rows.append(bench_case(name, make_case, args.calls, args.loads, tmp))
+  print(table(rows))
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f: json.dump(rows, f, indent=2)
+
+if __name__ == "__main__":
+  main()
