@@ -1,0 +1,67 @@
+"""Compile the NV12 camera warp (road + wide cameras) into a plain bundle.
+
+  python -m sunnypilot.modeld_v2.compile_warp --frame 1928,1208,2048,1216,608,4804608 --warp-to 512x256 --output warp.bin [--split-frames]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
+
+def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42) -> dict:
+  """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary."""
+  from tinygrad import Device, Tensor, TinyJit
+
+  from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle
+  from sunnypilot.modeld_v2.warp import make_frame_prepare
+  frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
+  warp = make_frame_prepare(frame, model_w, model_h)
+  rng = np.random.default_rng(seed)
+  frames, dev = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), Device.DEFAULT
+  m_inv = Tensor((rng.standard_normal((2, 3, 3)) * 8).astype(np.float32), device=dev).realize()
+  if split_frames:
+    run = TinyJit(lambda frame, big_frame, M_inv: Tensor.stack(warp(frame, M_inv[0]), warp(big_frame, M_inv[1])), prune=True)
+    inputs = {"frame": Tensor(frames[0], device=dev).realize(), "big_frame": Tensor(frames[1], device=dev).realize(), "M_inv": m_inv}
+    specs = dict.fromkeys(("frame", "big_frame"), ((frame.size,), "|u1", dev))
+  else:
+    run = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame[i], M_inv[i]) for i in range(2))), prune=True)
+    inputs = {"input_frame": Tensor(frames, device=dev).realize(), "M_inv": m_inv}
+    specs = {"input_frame": ((2, frame.size), "|u1", dev)}
+  print(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {dev} ...", file=sys.stderr)
+  with record_kernel_linear() as recorded:
+    run(**inputs)
+    run(**inputs)
+  if len(recorded) != 1: raise RuntimeError(f"expected one captured kernel list, got {len(recorded)}")
+  print("serializing and self-checking against the TinyJit replay ...", file=sys.stderr)
+  part = serialize_jit(run, recorded[0], inputs)
+  specs |= {"M_inv": ((2, 3, 3), "<f4", dev)}
+  out_shape = (2, 6, model_h // 2, model_w // 2)
+  metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}
+  size = write_bundle(output, {"run": part}, {"input_specs": specs, "output_specs": {"warped": (out_shape, "|u1", dev)}, "metadata": metadata})
+  kernels = sum(c["kind"] == "program" for c in part[0]["calls"])
+  return {"output": output, "kernels": kernels, "calls": len(part[0]["calls"]), "bytes": size}
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--frame", required=True, help="width,height,stride,y_height,uv_height,buffer_size (camerad's layout), "
+                      f"e.g. {camerad_frame(1928, 1208).spec} or {camerad_frame(1344, 760).spec}")
+  parser.add_argument("--warp-to", required=True, help="model input WxH, e.g. 512x256")
+  parser.add_argument("--output", required=True, help="bundle path to write")
+  parser.add_argument("--split-frames", action="store_true", help="one input per camera (frame, big_frame), bound to the camera buffers by pointer")
+  args = parser.parse_args(argv)
+  try:
+    parse_frame(args.frame), parse_size(args.warp_to)
+  except ValueError as e:
+    parser.error(str(e))
+  if os.path.dirname(os.path.abspath(args.output)) and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+    parser.error(f"the output folder {os.path.dirname(os.path.abspath(args.output))} does not exist")
+  summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames)
+  print(f"Saved warp to {summary['output']} ({summary['kernels']} kernels, {summary['calls']} calls, {summary['bytes']} bytes)")
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())

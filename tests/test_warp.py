@@ -1,0 +1,116 @@
+import os
+
+import numpy as np
+import pytest
+from conftest import NO_COMPILE, realized, run_python
+
+from sunnypilot.modeld_v2.compile_warp import compile_warp, main
+from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame, parse_frame, parse_size, unpadded_frame
+
+MODEL_W, MODEL_H = 512, 256
+
+def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int = MODEL_W, h: int = MODEL_H) -> tuple[np.ndarray, np.ndarray]:
+  """Independent numpy warp (FACTS 3): returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie."""
+  def sample(m, out_w, out_h, in_w, in_h, plane):
+    xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))
+    sx, sy, sw = (m[r, 0] * xs + m[r, 1] * ys + m[r, 2] for r in range(3))
+    fx, fy = sx / sw, sy / sw
+    near = lambda f, hi: (np.abs(f - np.floor(f) - 0.5) < 1e-3) & (np.clip(np.floor(f), 0, hi) != np.clip(np.floor(f) + 1, 0, hi))
+    tie = near(fx, in_w - 1) | near(fy, in_h - 1)  # a tie only matters where the two candidates are different pixels
+    ix, iy = np.clip(np.round(fx), 0, in_w - 1).astype(np.int64), np.clip(np.round(fy), 0, in_h - 1).astype(np.int64)
+    return plane[iy, ix], tie
+  y_plane = buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width]
+  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width]
+  y, y_tie = sample(m_inv, w, h, frame.width, frame.height, y_plane)
+  m_uv = m_inv * np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], np.float32)
+  u, u_tie = sample(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, uv[:, 0::2])
+  v, _ = sample(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, uv[:, 1::2])
+  planes = np.stack([y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], u, v])
+  ties = np.stack([y_tie[0::2, 0::2], y_tie[1::2, 0::2], y_tie[0::2, 1::2], y_tie[1::2, 1::2], u_tie, u_tie])
+  return planes, ties
+
+def transforms(frame: NV12Frame, rng) -> dict[str, np.ndarray]:
+  s = frame.width / MODEL_W
+  out = {"identity": np.eye(3), "translation": np.array([[1, 0, 300.3], [0, 1, 200.7], [0, 0, 1]]),
+         "scale": np.array([[s, 0, 0.25], [0, s, 0.25], [0, 0, 1]]),
+         "outside": np.array([[3, 0.53, -2000], [0.21, 4, 5000], [0, 0, 1]]),  # mostly clamped to the borders
+         "behind": np.array([[1, 0, 0], [0, 1, 0], [0, 0.001, -1]])}  # negative w: samples land far away and clamp
+  for i in range(3):
+    m = np.array([[s, 0, frame.width / 4], [0, s, frame.height / 4], [0, 0, 1]]) + rng.standard_normal((3, 3)) * [[0.1, 0.1, 20], [0.1, 0.1, 20], [1e-4, 1e-4, 0.01]]
+    out[f"perspective{i}"] = m
+  return {k: v.astype(np.float32) for k, v in out.items()}
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("warps")
+  frames = {"camerad 1928x1208": camerad_frame(1928, 1208), "camerad 1344x760": camerad_frame(1344, 760), "unpadded 1344x760": unpadded_frame(1344, 760)}
+  out = {}
+  for name, frame in frames.items():
+    paths = {split: str(tmp / f"{name.replace(' ', '_')}_{split}.bin") for split in (False, True)}
+    for split, path in paths.items(): compile_warp(frame.spec, f"{MODEL_W}x{MODEL_H}", path, split_frames=split)
+    out[name] = (frame, paths)
+  return out
+
+def test_camerad_layouts():
+  assert camerad_frame(1928, 1208) == NV12Frame(1928, 1208, 2048, 1216, 608, 4804608)
+  assert camerad_frame(1344, 760) == NV12Frame(1344, 760, 1408, 768, 384, 2428928)
+  assert camerad_frame(1928, 1208).uv_offset == 2490368 and camerad_frame(1344, 760).uv_offset == 1081344
+  assert parse_frame("1928,1208,2048,1216,608,4804608") == camerad_frame(1928, 1208) and parse_size("512x256") == (512, 256)
+
+@pytest.mark.parametrize("spec,message", [("1928,1208,1024,1216,608,4804608", "stride 1024 is smaller than the width"),
+                                          ("1928,1208,2048,1216,608,1000", "size 1000 is smaller than the planes"),
+                                          ("1927,1208,2048,1216,608,4804608", "must be even"), ("1928,1208,2048", "six integers"),
+                                          ("1928,1208,2048,1000,608,4804608", "y_height 1000"), ("1928,1208,2048,1216,100,4804608", "uv_height 100")])
+def test_impossible_geometry_is_rejected(spec, message):
+  with pytest.raises(ValueError, match=message): parse_frame(spec)
+
+def test_bad_flags_are_friendly(capsys, tmp_path):
+  for argv, message in ((["--frame", "1,2", "--warp-to", "512x256", "--output", "x"], "six integers"),
+                        (["--frame", camerad_frame(1344, 760).spec, "--warp-to", "512by256", "--output", "x"], "WIDTHxHEIGHT"),
+                        (["--frame", camerad_frame(1344, 760).spec, "--warp-to", "512x256", "--output", str(tmp_path / "no" / "x.bin")], "does not exist")):
+    with pytest.raises(SystemExit) as e: main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+@pytest.mark.parametrize("camera", ["camerad 1928x1208", "camerad 1344x760", "unpadded 1344x760"])
+def test_warp_matches_the_numpy_reference(bundles, camera):
+  frame, paths = bundles[camera]
+  packed, split = load_model(paths[False]), load_model(paths[True])
+  assert packed["metadata"]["frame"] == frame.spec and packed["output_specs"]["warped"][0] == [2, 6, MODEL_H // 2, MODEL_W // 2]
+  rng = np.random.default_rng(0)
+  items = list(transforms(frame, rng).items())
+  for (name_a, m_a), (name_b, m_b) in zip(items, items[1:] + items[:1]):
+    bufs = rng.integers(0, 256, (2, frame.size), dtype=np.uint8)
+    m_inv = np.stack([m_a, m_b])
+    out = packed["run"](input_frame=realized(bufs), M_inv=realized(m_inv)).numpy()
+    out_split = split["run"](frame=realized(bufs[0]), big_frame=realized(bufs[1]), M_inv=realized(m_inv)).numpy()
+    assert out.shape == (2, 6, MODEL_H // 2, MODEL_W // 2) and out.dtype == np.uint8
+    assert out.tobytes() == out_split.tobytes(), f"split-frames differs from packed for {name_a}/{name_b}"
+    for cam, name in ((0, name_a), (1, name_b)):
+      expected, ties = reference_warp(bufs[cam], frame, m_inv[cam])
+      bad = (out[cam] != expected) & ~ties
+      assert not bad.any(), f"{camera} {name}: {bad.sum()} pixels differ from the numpy reference, first at {np.argwhere(bad)[0]}"
+      assert ties.mean() < 0.1, f"{name}: the tie exclusion must not hide the comparison"
+
+def test_bundle_replays_in_a_fresh_process_without_compiler(bundles, tmp_path):
+  frame, paths = bundles["camerad 1344x760"]
+  rng = np.random.default_rng(3)
+  bufs, m_inv = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), np.stack(list(transforms(frame, rng).values())[5:7])
+  np.save(tmp_path / "bufs.npy", bufs), np.save(tmp_path / "m.npy", m_inv)
+  out = run_python(f"""
+import numpy as np
+from tinygrad import Tensor, Device
+bufs, m = np.load({str(tmp_path / 'bufs.npy')!r}), np.load({str(tmp_path / 'm.npy')!r})
+frame, big, m_inv = Tensor(bufs[0]).realize(), Tensor(bufs[1]).realize(), Tensor(m).realize()
+Device[Device.DEFAULT]
+{NO_COMPILE}
+from sunnypilot.modeld_v2.helpers import load_model
+run = load_model({paths[True]!r})["run"]
+out = run(frame=frame, big_frame=big, M_inv=m_inv)
+np.save({str(tmp_path / 'out.npy')!r}, np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.uint8))
+""")
+  got = np.load(tmp_path / "out.npy").reshape(2, 6, MODEL_H // 2, MODEL_W // 2)
+  for cam in range(2):
+    expected, ties = reference_warp(bufs[cam], frame, m_inv[cam])
+    assert not ((got[cam] != expected) & ~ties).any()
+  assert os.path.getsize(paths[True]) < 1 << 20, "a warp bundle is kernels and index constants, not frames"
