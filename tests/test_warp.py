@@ -2,11 +2,12 @@ import os
 
 import numpy as np
 import pytest
-from conftest import NO_COMPILE, realized, run_python
 
 from sunnypilot.modeld_v2.compile_warp import compile_warp, main
 from sunnypilot.modeld_v2.helpers import load_model
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame, parse_frame, parse_size, unpadded_frame
+
+from conftest import NO_COMPILE, realized, run_python
 
 MODEL_W, MODEL_H = 512, 256
 
@@ -33,12 +34,12 @@ def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int 
 def transforms(frame: NV12Frame, rng) -> dict[str, np.ndarray]:
   s = frame.width / MODEL_W
   out = {"identity": np.eye(3), "translation": np.array([[1, 0, 300.3], [0, 1, 200.7], [0, 0, 1]]),
-         "scale": np.array([[s, 0, 0.25], [0, s, 0.25], [0, 0, 1]]),
+         "scale": np.array([[s, 0, 0.3], [0, s, 0.3], [0, 0, 1]]),
          "outside": np.array([[3, 0.53, -2000], [0.21, 4, 5000], [0, 0, 1]]),  # mostly clamped to the borders
          "behind": np.array([[1, 0, 0], [0, 1, 0], [0, 0.001, -1]])}  # negative w: samples land far away and clamp
+  jitter = np.array([[0.1, 0.1, 20], [0.1, 0.1, 20], [1e-4, 1e-4, 0.01]])
   for i in range(3):
-    m = np.array([[s, 0, frame.width / 4], [0, s, frame.height / 4], [0, 0, 1]]) + rng.standard_normal((3, 3)) * [[0.1, 0.1, 20], [0.1, 0.1, 20], [1e-4, 1e-4, 0.01]]
-    out[f"perspective{i}"] = m
+    out[f"perspective{i}"] = np.array([[s, 0, frame.width / 4], [0, s, frame.height / 4], [0, 0, 1]]) + rng.standard_normal((3, 3)) * jitter
   return {k: v.astype(np.float32) for k, v in out.items()}
 
 @pytest.fixture(scope="module")
@@ -97,7 +98,7 @@ def test_bundle_replays_in_a_fresh_process_without_compiler(bundles, tmp_path):
   rng = np.random.default_rng(3)
   bufs, m_inv = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), np.stack(list(transforms(frame, rng).values())[5:7])
   np.save(tmp_path / "bufs.npy", bufs), np.save(tmp_path / "m.npy", m_inv)
-  out = run_python(f"""
+  run_python(f"""
 import numpy as np
 from tinygrad import Tensor, Device
 bufs, m = np.load({str(tmp_path / 'bufs.npy')!r}), np.load({str(tmp_path / 'm.npy')!r})
@@ -114,3 +115,27 @@ np.save({str(tmp_path / 'out.npy')!r}, np.frombuffer(out.uop.base.buffer.as_memo
     expected, ties = reference_warp(bufs[cam], frame, m_inv[cam])
     assert not ((got[cam] != expected) & ~ties).any()
   assert os.path.getsize(paths[True]) < 1 << 20, "a warp bundle is kernels and index constants, not frames"
+
+def test_preview_of_a_synthetic_road_scene(bundles, tmp_path):
+  import zlib
+
+  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, warp_matrices
+  from sunnypilot.modeld_v2.preview import main as preview_main
+  from sunnypilot.modeld_v2.road_scene import road_scene
+  frame, paths = bundles["camerad 1928x1208"]
+  out = tmp_path / "preview.png"
+  assert preview_main(["--warp", paths[True], "--output", str(out)]) == 0
+  data = out.read_bytes()
+  assert data[:8] == b"\x89PNG\r\n\x1a\n"
+  width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+  assert (width, height) == (2 * MODEL_W + 8, MODEL_H * 3 // 2)
+  idat = data.index(b"IDAT")
+  pixels = np.frombuffer(zlib.decompress(data[idat + 4:idat + 4 + int.from_bytes(data[idat - 4:idat], "big")]), np.uint8)
+  image = pixels.reshape(height, width + 1)[:, 1:]
+  # what the model sees of the road camera equals the numpy reference warp of the same synthetic frame
+  road = road_scene(frame, SENSOR_CAMERAS["ar0231"][0].focal_length)
+  planes, ties = reference_warp(road, frame, warp_matrices("ar0231")[0])
+  y = image[:MODEL_H, :MODEL_W]
+  assert ((y[0::2, 0::2] == planes[0]) | ties[0]).all() and ((image[MODEL_H:, :MODEL_W // 2] == planes[4]) | ties[4]).all()
+  # and it shows a road: bright lane-line pixels below the horizon (model row 47.6), sky above it
+  assert (y[60:] > 200).sum() > 100 and y[:40].mean() > y[60:].mean()

@@ -1,0 +1,59 @@
+"""Camera intrinsics per sensor and openpilot's warp matrix: model pixel -> camera pixel, from the calibration's roll/pitch/yaw.
+
+Numbers are openpilot's public facts (common/transformations/camera.py and model.py), written here as data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+@dataclass(frozen=True)
+class CameraConfig:
+  width: int
+  height: int
+  focal_length: float
+
+  @property
+  def intrinsics(self) -> np.ndarray:
+    return np.array([[self.focal_length, 0.0, self.width / 2], [0.0, self.focal_length, self.height / 2], [0.0, 0.0, 1.0]])
+
+# sensor -> (road camera, wide road camera); OS04C10 (comma 4) is read out scaled by half
+SENSOR_CAMERAS: dict[str, tuple[CameraConfig, CameraConfig]] = {
+  "ar0231": (CameraConfig(1928, 1208, 2648.0), CameraConfig(1928, 1208, 567.0)),
+  "ox03c10": (CameraConfig(1928, 1208, 2648.0), CameraConfig(1928, 1208, 567.0)),
+  "os04c10": (CameraConfig(1344, 760, 1522.0 * 3 / 4), CameraConfig(1344, 760, 567.0 * 3 / 4)),
+}
+
+MODEL_SIZE = (512, 256)
+MEDMODEL_CY = 47.6
+# the road camera's model frame (medmodel) and the wide camera's (sbigmodel: the big model's view at the small model's size)
+MEDMODEL_INTRINSICS = np.array([[910.0, 0.0, MODEL_SIZE[0] / 2], [0.0, 910.0, MEDMODEL_CY], [0.0, 0.0, 1.0]])
+SBIGMODEL_INTRINSICS = np.array([[455.0, 0.0, MODEL_SIZE[0] / 2], [0.0, 455.0, (256 + MEDMODEL_CY) / 2], [0.0, 0.0, 1.0]])
+VIEW_FROM_DEVICE = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])  # device (fwd, right, down) -> view (right, down, fwd)
+DEFAULT_RPY = (0.0, 0.0, 0.0)  # before liveCalibration is published: a perfectly mounted device
+
+def sensor_for_size(width: int, height: int) -> str:
+  """The sensor whose road camera has this frame size (comma 3/3X: 1928x1208, comma 4: 1344x760)."""
+  for sensor, (road, _) in SENSOR_CAMERAS.items():
+    if (road.width, road.height) == (width, height): return sensor
+  raise ValueError(f"no known sensor has {width}x{height} frames; known: {sorted({(c[0].width, c[0].height) for c in SENSOR_CAMERAS.values()})}")
+
+def rot_from_euler(rpy) -> np.ndarray:
+  """Rotation for [roll, pitch, yaw] about the device's x, y, z axes: Rz(yaw) @ Ry(pitch) @ Rx(roll)."""
+  r, p, y = rpy
+  rx = np.array([[1, 0, 0], [0, np.cos(r), -np.sin(r)], [0, np.sin(r), np.cos(r)]])
+  ry = np.array([[np.cos(p), 0, np.sin(p)], [0, 1, 0], [-np.sin(p), 0, np.cos(p)]])
+  rz = np.array([[np.cos(y), -np.sin(y), 0], [np.sin(y), np.cos(y), 0], [0, 0, 1]])
+  return rz @ ry @ rx
+
+def get_warp_matrix(device_from_calib_euler, intrinsics: np.ndarray, bigmodel_frame: bool = False) -> np.ndarray:
+  """M_inv: model pixel -> camera pixel. Only rotation is compensated; the model frame is the calibrated frame seen by a virtual camera."""
+  model_intrinsics = SBIGMODEL_INTRINSICS if bigmodel_frame else MEDMODEL_INTRINSICS
+  calib_from_model = np.linalg.inv(model_intrinsics @ VIEW_FROM_DEVICE)
+  return intrinsics @ VIEW_FROM_DEVICE @ rot_from_euler(device_from_calib_euler) @ calib_from_model
+
+def warp_matrices(sensor: str, rpy=DEFAULT_RPY) -> np.ndarray:
+  """M_inv for (road, wide) as modeld feeds them to the warp: float32 (2, 3, 3)."""
+  road, wide = SENSOR_CAMERAS[sensor]
+  return np.stack([get_warp_matrix(rpy, road.intrinsics), get_warp_matrix(rpy, wide.intrinsics, bigmodel_frame=True)]).astype(np.float32)

@@ -1,0 +1,74 @@
+"""Write a PNG of what the model sees: the warped planes (Y mosaic, U, V) of the road and wide cameras.
+
+  python -m sunnypilot.modeld_v2.preview --warp warp.bin --output preview.png [--rpy 0,0.02,0] [--road road.nv12 --wide wide.nv12]
+
+Without --road/--wide it warps synthetic road scenes (lane lines in perspective) made for the bundle's frame geometry.
+"""
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+import zlib
+
+import numpy as np
+
+def write_png(path: str, gray: np.ndarray) -> None:
+  """An 8-bit grayscale PNG, no dependencies."""
+  gray = np.ascontiguousarray(gray, dtype=np.uint8)
+  chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+  raw = b"".join(b"\x00" + row.tobytes() for row in gray)
+  with open(path, "wb") as f:
+    f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", gray.shape[1], gray.shape[0], 8, 0, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+
+def planes_image(planes: np.ndarray) -> np.ndarray:
+  """(6, H/2, W/2) model planes -> one (1.5 H, W) image: the Y plane reassembled from its four sub-grids, then U beside V."""
+  h2, w2 = planes.shape[1:]
+  y = np.empty((2 * h2, 2 * w2), np.uint8)
+  y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2] = planes[:4]
+  return np.concatenate([y, np.concatenate([planes[4], planes[5]], axis=1)], axis=0)
+
+def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+  """Warp (road, wide) frames with the calibration's M_inv and write the preview PNG; returns the warped (2, 6, H/2, W/2) planes."""
+  from tinygrad import Device, Tensor
+
+  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
+  from sunnypilot.modeld_v2.helpers import load_model
+  from sunnypilot.modeld_v2.road_scene import road_scene
+  from sunnypilot.modeld_v2.warp import parse_frame
+  model = load_model(warp_path)
+  meta = model["metadata"]
+  if meta.get("kind") != "warp": raise ValueError(f"{warp_path} is not a warp bundle (metadata kind {meta.get('kind')!r})")
+  frame = parse_frame(meta["frame"])
+  sensor = sensor_for_size(frame.width, frame.height)
+  if frames is None: frames = tuple(road_scene(frame, cam.focal_length) for cam in SENSOR_CAMERAS[sensor])
+  m_inv = Tensor(warp_matrices(sensor, rpy), device=Device.DEFAULT).realize()
+  bufs = [Tensor(np.ascontiguousarray(f[:frame.size]), device=Device.DEFAULT).realize() for f in frames]
+  inputs = {"frame": bufs[0], "big_frame": bufs[1]} if meta["split_frames"] else {"input_frame": Tensor(np.stack(frames)).realize()}
+  planes = model["run"](**inputs, M_inv=m_inv).numpy()
+  gap = np.full((planes.shape[2] * 3, 8), 255, np.uint8)
+  write_png(output, np.concatenate([planes_image(planes[0]), gap, planes_image(planes[1])], axis=1))
+  return planes
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--warp", required=True, help="a warp bundle from compile_warp")
+  parser.add_argument("--output", required=True, help="PNG to write")
+  parser.add_argument("--rpy", default="0,0,0", help="calibration roll,pitch,yaw in radians (default 0,0,0)")
+  parser.add_argument("--road", help="raw NV12 buffer of the road camera (camerad's layout); default: a synthetic road scene")
+  parser.add_argument("--wide", help="raw NV12 buffer of the wide camera")
+  args = parser.parse_args(argv)
+  try:
+    rpy = tuple(float(x) for x in args.rpy.split(","))
+    assert len(rpy) == 3
+  except (ValueError, AssertionError):
+    parser.error(f"--rpy wants three numbers roll,pitch,yaw, got {args.rpy!r}")
+  if bool(args.road) != bool(args.wide): parser.error("give both --road and --wide, or neither")
+  frames = (np.fromfile(args.road, np.uint8), np.fromfile(args.wide, np.uint8)) if args.road else None
+  preview(args.warp, args.output, rpy, frames)
+  print(f"wrote {args.output}: road (left) and wide (right) camera as the model sees them; Y on top, U and V below")
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())
