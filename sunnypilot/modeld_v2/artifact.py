@@ -197,6 +197,10 @@ def _np_dtype(dt: DType) -> np.dtype:
   if dt.fmt is None: raise ArtifactError(f"dtype {dt!r} has no numpy equivalent")
   return np.dtype(dt.fmt)
 
+def np_dtype(name: str) -> np.dtype:
+  """The numpy dtype of a part's dtype name ("dtypes.uchar" -> uint8)."""
+  return _np_dtype(_dtype(name))
+
 def write_tensor(t: Tensor, value: np.ndarray) -> None:
   """Overwrite a realized tensor's buffer in place (NPY buffers are numpy arrays: copied into directly)."""
   buf = t.uop.base.buffer

@@ -1,0 +1,70 @@
+"""Driving-model benchmark: compile time, bundle size, kernels and per-step time of the stand-in models (tiny and full) on this device.
+
+  python -m sunnypilot.modeld_v2.bench_modeld [--sizes tiny,full] [--steps 50] [--json out/bench_modeld.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+from tinygrad import Device, Tensor
+
+from sunnypilot.modeld_v2 import stand_in_models
+from sunnypilot.modeld_v2.compile_modeld import compile_model
+from sunnypilot.modeld_v2.helpers import load_model
+
+def step_ms(path: str, steps: int) -> list[float]:
+  """Per-step times of the loaded bundle with states written in place, as modeld runs it."""
+  model = load_model(path)
+  rng = np.random.default_rng(0)
+  tensor = lambda shape, dtype: Tensor(rng.integers(0, 256, shape).astype(dtype) if np.dtype(dtype) == np.uint8 else np.zeros(shape, dtype)).realize()
+  inputs = {k: tensor(s, d) for k, (s, d, _) in model["input_specs"].items()}
+  outs = {k: inputs[k[5:]] if k.startswith("next_") else tensor(s, d) for k, (s, d, _) in model["output_specs"].items()}
+  times = []
+  for i in range(steps + 5):
+    t = time.perf_counter()
+    model["run"](**inputs, output_buffers=outs)
+    Device[Device.DEFAULT].synchronize()
+    if i >= 5: times.append((time.perf_counter() - t) * 1e3)
+  return times
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--sizes", default="tiny,full")
+  parser.add_argument("--steps", type=int, default=50)
+  parser.add_argument("--json")
+  args = parser.parse_args(argv)
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for size in args.sizes.split(","):
+      stats = {}
+      for layout in stand_in_models.LAYOUTS:
+        stats[layout] = stand_in_models.write(layout, size, os.path.join(tmp, f"{layout}.onnx"))
+      for layout, sources in (("native", {"onnx": "native"}), ("supercombo", {"onnx": "supercombo"}), ("split", {"vision": "vision", "policy": "policy"})):
+        print(f"compiling {layout} {size} ...", file=sys.stderr, flush=True)
+        out = os.path.join(tmp, f"{layout}.bin")
+        summary = compile_model(out, **{k: os.path.join(tmp, f"{v}.onnx") for k, v in sources.items()}, log=lambda s: None)
+        times = step_ms(out, args.steps)
+        flops = sum(stats[v]["flops"] for v in sources.values())
+        params = sum(stats[v]["params"] for v in sources.values())
+        rows.append({"layout": layout, "size": size, "device": Device.DEFAULT, "gflops": flops / 1e9, "mparams": params / 1e6,
+                     "compile_s": summary["compile_s"], "kernels": summary["kernels"], "bundle_mb": summary["bytes"] / 1e6,
+                     "step_ms_median": statistics.median(times), "step_ms_p95": float(np.percentile(times, 95))})
+  print("| model (random-weight stand-in) | size | device | GFLOPs/step | M params | compile s | kernels | bundle MB | step ms (median) | p95 |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['layout']} | {r['size']} | {r['device']} | {r['gflops']:.3f} | {r['mparams']:.2f} | {r['compile_s']:.1f} | {r['kernels']} "
+          f"| {r['bundle_mb']:.1f} | {r['step_ms_median']:.2f} | {r['step_ms_p95']:.2f} |")
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f: json.dump(rows, f, indent=2)
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())
