@@ -44,3 +44,15 @@ realize.compile_linear = realize.lower_and_compile = realize.to_program = device
 @pytest.fixture
 def tmp_bundle(tmp_path):
   return str(tmp_path / "bundle.bin")
+
+@pytest.fixture
+def openpilot_prefix(monkeypatch):
+  """A private msgq namespace per test: /dev/shm/msgq_<prefix>, removed afterwards."""
+  import shutil
+  import uuid
+  prefix = f"sp_test_{uuid.uuid4().hex[:10]}"
+  path = f"/dev/shm/msgq_{prefix}"
+  os.makedirs(path)
+  monkeypatch.setenv("OPENPILOT_PREFIX", prefix)
+  yield prefix
+  shutil.rmtree(path, ignore_errors=True)

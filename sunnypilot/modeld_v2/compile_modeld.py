@@ -165,11 +165,11 @@ def make_step(layout: str, runners: dict, shapes: dict, slices: dict, frame_skip
     desire_q2 = _push(desire_q, desire.reshape(1, -1))
     common = {"desire_pulse": _pulses(desire_q2, n_desire, frame_skip), "traffic_convention": traffic_convention, "action_t": action_t}
     images = {"img": _planes(img_q2, frame_skip), "big_img": _planes(big_img_q2, frame_skip)}
-    if layout == "supercombo":  # the features of past frames; this frame's hidden_state joins them after the run
-      out = runners["model"](images | common | {"features_buffer": feat_q[::frame_skip].unsqueeze(0)})["outputs"]
+    if layout == "supercombo":  # the features of past frames; this frame's hidden_state joins them after the run (contiguous: computed once)
+      out = runners["model"](images | common | {"features_buffer": feat_q[::frame_skip].unsqueeze(0)})["outputs"].contiguous()
       feat_q2 = _push(feat_q, out[:, hidden])
     else:  # split: the vision model's hidden_state is the newest entry the policy sees
-      vision = runners["vision"](images)["outputs"]
+      vision = runners["vision"](images)["outputs"].contiguous()  # computed once, read by the queue and by outputs
       feat_q2 = _push(feat_q, vision[:, hidden])
       policy = runners["policy"](common | {"features_buffer": feat_q2[::frame_skip].unsqueeze(0)})["outputs"]
       out = vision.cat(policy, dim=1)

@@ -1,0 +1,106 @@
+"""What modeld drives each frame: inputs in named numpy views, camera frames in, one fused run, outputs out."""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import numpy as np
+from tinygrad import Device, Tensor
+
+from sunnypilot.modeld_v2.artifact import ALIGNMENT, write_tensor
+from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES, frame_part
+from sunnypilot.modeld_v2.helpers import load_model
+
+log = logging.getLogger("modeld_v2")
+VISION_INPUTS = ("img", "big_img")  # modeld's names for the road and wide camera buffers, in the warp's order
+MAPS_HOST_MEMORY = ("CPU", "QCOM")  # devices whose kernels can read a host pointer in place (Tensor.from_blob); others need an upload
+
+class BaseModelAdapter:
+  """The per-frame interface modeld uses: fill `numpy_inputs`, `copy_frames(bufs)`, `run()`, read the outputs."""
+  numpy_inputs: dict[str, np.ndarray]
+
+  def copy_frames(self, bufs: dict[str, Any]) -> None: raise NotImplementedError
+  def reset_warmup_buffers(self) -> None: raise NotImplementedError
+  def run(self) -> Tensor: raise NotImplementedError
+  def output_array(self) -> np.ndarray: raise NotImplementedError
+
+def _pointer(buf: Any) -> tuple[int, int]:
+  """(address, length) of a VisionBuf-like object's mapping."""
+  view = np.frombuffer(buf.data, dtype=np.uint8)
+  return view.ctypes.data, view.nbytes
+
+class NativeTinygradAdapter(BaseModelAdapter):
+  """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame.
+
+  Packed warps copy both frames into the host buffer. --split-frames warps read each visionipc buffer in place: it is mapped once per
+  (stream, pointer) with Tensor.from_blob and bound by pointer, so steady state copies no frame bytes. numpy frames (warmup, tests) are
+  uploaded instead: cached host memory must not be read in place by a GPU.
+  """
+  def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True):
+    self.model_device = Device.canonicalize(device)
+    self.jits = load_model(model_path, cache=cache, extend=functools.partial(frame_part, warp_path), device=self.model_device)
+    self.run_model = self.jits["run"]
+    fused = self.jits["metadata"]["fused"]
+    self.warp_frame_size = fused["frame_size"]
+    self.split = [name for name in SPLIT_FRAMES if name in self.run_model.input_names]  # the warp reads the camera buffers in place
+    self.in_place = bool(self.split) and self.model_device.split(":")[0] in MAPS_HOST_MEMORY
+    self.state_pairs = {name: f"next_{name}" for name in self.jits["input_specs"] if f"next_{name}" in self.jits["output_specs"]}
+    self.input_queues = {name: Tensor(np.zeros(shape, np.dtype(dtype)), device=self.model_device).realize()
+                         for name, (shape, dtype, _) in self.jits["input_specs"].items() if name in self.state_pairs}
+    offsets = fused["host_layout"]
+    self.packed_input = np.zeros(fused["host_bytes"], dtype=np.uint8)
+    self.host = Tensor(self.packed_input, device="NPY")  # the NPY buffer is this array: writes to the views land in the next upload
+    self.numpy_inputs = {name: np.ndarray(tuple(shape), dtype=np.float32, buffer=self.packed_input, offset=offsets[name])
+                         for name, shape in fused["host_shapes"].items()}
+    self.frames = None if self.split else self.packed_input[offsets["frames"]:].reshape(2, self.warp_frame_size)
+    self.outputs = {name: Tensor(np.zeros(shape, np.dtype(dtype)), device=self.model_device).realize()
+                    for name, (shape, dtype, _) in self.jits["output_specs"].items()}
+    for name, next_name in self.state_pairs.items(): self.outputs[next_name] = self.input_queues[name]  # next_X is written into X
+    self.frame_inputs: dict[str, Tensor] = {}
+    self._blob_cache: dict[tuple[str, int], Tensor] = {}  # (stream, pointer) -> the camera buffer mapped as a tensor
+    self._uploads: dict[str, Tensor] = {}  # per split input: the device buffer numpy frames are uploaded into
+    if self.split and not self.in_place: log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
+
+  def copy_frames(self, bufs: dict[str, Any]) -> None:
+    """Take this step's camera frames: {"img": road, "big_img": wide}, each a VisionBuf (has .data) or a numpy array."""
+    for i, key in enumerate(VISION_INPUTS):
+      if key not in bufs: continue
+      buf = bufs[key]
+      if not self.split:
+        data = buf.data if hasattr(buf, "data") else buf
+        np.copyto(self.frames[i], np.frombuffer(data, dtype=np.uint8, count=self.warp_frame_size))
+        continue
+      name = ("frame", "big_frame")[i]
+      if hasattr(buf, "data") and self.in_place:
+        ptr, length = _pointer(buf)
+        if (key, ptr) not in self._blob_cache:
+          if ptr % ALIGNMENT: raise ValueError(f"{key}: camera buffer at {ptr:#x} is not {ALIGNMENT}-byte aligned")
+          if length < self.warp_frame_size: raise ValueError(f"{key}: camera buffer has {length} bytes, the warp reads {self.warp_frame_size}")
+          self._blob_cache[(key, ptr)] = Tensor.from_blob(ptr, (self.warp_frame_size,), dtype="uint8", device=self.model_device)
+        self.frame_inputs[name] = self._blob_cache[(key, ptr)]
+      else:
+        data = np.frombuffer(buf.data if hasattr(buf, "data") else buf, dtype=np.uint8, count=self.warp_frame_size)
+        if name not in self._uploads: self._uploads[name] = Tensor(np.zeros(self.warp_frame_size, np.uint8), device=self.model_device).realize()
+        write_tensor(self._uploads[name], data)
+        self.frame_inputs[name] = self._uploads[name]
+
+  def reset_warmup_buffers(self) -> None:
+    """Back to a clean start: zero host inputs and states; drop frame tensors, camera mappings and input bindings (warmup, reconnect)."""
+    self.packed_input[:] = 0
+    self.frame_inputs.clear()
+    self._blob_cache.clear()
+    self._uploads.clear()
+    self.run_model.reset()
+    for name in self.state_pairs: write_tensor(self.input_queues[name], np.zeros(self.input_queues[name].shape, self.input_queues[name].dtype.fmt))
+
+  def run(self) -> Tensor:
+    if self.split and len(self.frame_inputs) != len(self.split): raise RuntimeError("copy_frames() has not been given both camera frames yet")
+    self.run_model(host=self.host, **self.input_queues, **self.frame_inputs, output_buffers=self.outputs)
+    return self.outputs["outputs"]
+
+  def output_array(self) -> np.ndarray:
+    """This step's outputs (1, N) as numpy: zero-copy where the device's memory is host memory."""
+    buf = self.outputs["outputs"].uop.base.buffer
+    if hasattr(buf.allocator, "_as_buffer"): return np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.float32).reshape(self.outputs["outputs"].shape)
+    return self.outputs["outputs"].numpy()

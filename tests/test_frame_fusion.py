@@ -1,0 +1,146 @@
+import functools
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from sunnypilot.modeld_v2 import artifact, stand_in_models
+from sunnypilot.modeld_v2.compile_modeld import compile_model
+from sunnypilot.modeld_v2.compile_warp import compile_warp
+from sunnypilot.modeld_v2.frame_fusion import _Blobs, frame_part, pack_layout
+from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+from sunnypilot.modeld_v2.warp import camerad_frame
+
+from conftest import realized
+
+FRAME = camerad_frame(1344, 760)
+HOST = {"desire": (1, 8), "traffic_convention": (1, 2), "action_t": (1, 2)}
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("fusion")
+  out = {}
+  for split in (False, True):
+    out["split" if split else "packed"] = compile_warp(FRAME.spec, "512x256", str(tmp / f"warp_{split}.bin"), split_frames=split)["output"]
+  for layout in ("native", "supercombo"):
+    stand_in_models.write(layout, "tiny", str(tmp / f"{layout}.onnx"), seed=3)
+    out[layout] = compile_model(str(tmp / f"{layout}.bin"), onnx=str(tmp / f"{layout}.onnx"), log=lambda s: None)["output"]
+  return out
+
+def drive(adapter, rng, steps: int, bufs_for=None) -> list[bytes]:
+  outs = []
+  for step in range(steps):
+    adapter.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2) + rng.standard_normal((2, 3, 3)) * [[0.01, 0.01, 5], [0.01, 0.01, 5], [0, 0, 0]]
+    adapter.numpy_inputs["desire"][:] = np.eye(8)[step % 8]
+    adapter.numpy_inputs["traffic_convention"][:] = [1, 0]
+    adapter.numpy_inputs["action_t"][:] = [0.2, 0.5]
+    frames = rng.integers(0, 256, (2, FRAME.size), dtype=np.uint8)
+    adapter.copy_frames(bufs_for(step, frames) if bufs_for else {"img": frames[0], "big_img": frames[1]})
+    adapter.run()
+    outs.append(adapter.output_array().tobytes())
+  return outs
+
+def test_pack_layout_aligns_every_slot():
+  offsets, total = pack_layout(HOST, FRAME.size)
+  assert list(offsets) == ["tfm", "desire", "traffic_convention", "action_t", "frames"] and all(o % 64 == 0 for o in offsets.values())
+  assert total == offsets["frames"] + 2 * FRAME.size
+  split_offsets, split_total = pack_layout(HOST, 0)
+  assert "frames" not in split_offsets and split_total == split_offsets["action_t"] + 64 and split_total <= 768
+
+def test_blobs_are_one_address_space():
+  blobs = _Blobs(b"abc", b"", b"defg")
+  assert len(blobs) == 7 and blobs[2:5] == b"cde" and blobs[0:7] == b"abcdefg" and blobs[3:3] == b"" and bytes(blobs) == b"abcdefg"
+
+@pytest.mark.parametrize("layout", ["native", "supercombo"])
+def test_fused_equals_warp_then_model(bundles, layout):
+  adapter = NativeTinygradAdapter(bundles[layout], bundles["packed"], cache=False)
+  warp, model = load_model(bundles["packed"])["run"], load_model(bundles[layout])
+  states = {n: realized(np.zeros(s, np.dtype(d))) for n, (s, d, _) in model["input_specs"].items() if f"next_{n}" in model["output_specs"]}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s, np.dtype(d))) for n, (s, d, _) in model["output_specs"].items()}
+  header = adapter.run_model.header
+  assert [c["kind"] for c in header["calls"]].count("copy") == 1 and header["calls"][0]["kind"] == "copy", "one host upload, first"
+  rng = np.random.default_rng(0)
+  for step in range(5):
+    expected = drive(adapter, rng, 1)[0]
+    n = adapter.numpy_inputs
+    new_img = warp(input_frame=realized(adapter.frames.copy()), M_inv=realized(n["tfm"].copy()))
+    model["run"](new_img=new_img, desire=realized(n["desire"].copy()), traffic_convention=realized(n["traffic_convention"].copy()),
+                 action_t=realized(n["action_t"].copy()), **states, output_buffers=outs)
+    assert outs["outputs"].numpy().tobytes() == expected, f"step {step}: fused differs from the warp bundle then the model bundle"
+
+@pytest.mark.parametrize("layout", ["native", "supercombo"])
+def test_split_frames_equal_packed_over_30_steps(bundles, layout):
+  packed = NativeTinygradAdapter(bundles[layout], bundles["packed"], cache=False)
+  split = NativeTinygradAdapter(bundles[layout], bundles["split"], cache=False)
+  assert split.run_model.input_names == sorted(["big_frame", "frame", "host", *split.input_queues])
+  assert split.packed_input.nbytes <= 1024 and packed.packed_input.nbytes > 2 * FRAME.size, "split uploads inputs only, packed both frames too"
+  a, b = drive(packed, np.random.default_rng(1), 30), drive(split, np.random.default_rng(1), 30)
+  assert a == b and len(set(a)) == 30
+
+def test_visionipc_buffers_read_in_place(bundles, openpilot_prefix):
+  from msgq.visionipc import VisionIpcClient, VisionIpcServer
+  server = VisionIpcServer("camerad")
+  for stream in (0, 2): server.create_buffers_with_sizes(stream, 18, FRAME.width, FRAME.height, FRAME.size, FRAME.stride, FRAME.uv_offset)
+  server.start_listener()
+  clients = [VisionIpcClient("camerad", stream, False) for stream in (0, 2)]
+  deadline = time.monotonic() + 5
+  while not all(c.connect(False) for c in clients):
+    assert time.monotonic() < deadline, "visionipc client did not connect"
+    time.sleep(0.01)
+  def serve(step: int, frames: np.ndarray) -> dict:
+    out = {}
+    for (stream, key), client, frame in zip(((0, "img"), (2, "big_img")), clients, frames):
+      server.send(stream, frame.tobytes(), step, step * 50_000_000, step * 50_000_000)
+      out[key] = client.recv(1000)
+      assert out[key] is not None and np.frombuffer(out[key].data, np.uint8)[:FRAME.size].tobytes() == frame.tobytes()
+    return out
+  split = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
+  packed = NativeTinygradAdapter(bundles["native"], bundles["packed"], cache=False)
+  bound = []
+  def serve_and_count(step, frames):
+    bufs = serve(step, frames)
+    bound.append(len(split.run_model._bound))
+    return bufs
+  expected = drive(packed, np.random.default_rng(2), 40)
+  assert drive(split, np.random.default_rng(2), 40, serve_and_count) == expected, "in-place camera buffers give the packed result"
+  assert len(split._blob_cache) == 36, "each of 18 buffers per stream mapped once"
+  assert max(bound) <= artifact.MAX_BINDINGS and max(bound) > 1
+  last = serve(99, np.zeros((2, FRAME.size), np.uint8))
+  split.copy_frames(last)
+  ptr = np.frombuffer(last["img"].data, np.uint8).ctypes.data
+  assert split.frame_inputs["frame"].uop.base.buffer._buf.va_addr == ptr, "the warp reads the visionipc buffer itself, not a copy"
+  split.reset_warmup_buffers()
+  assert split._blob_cache == {} and split.frame_inputs == {} and split.run_model._bound == {}
+  assert not split.input_queues["state_feat_q"].numpy().any()
+  packed.reset_warmup_buffers()
+  assert drive(split, np.random.default_rng(3), 5, serve) == drive(packed, np.random.default_rng(3), 5), "correct again after the reset"
+
+
+def test_misaligned_or_short_camera_buffer_is_rejected(bundles):
+  split = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
+  raw = np.zeros(FRAME.size + 64, np.uint8)
+  start = (-raw.ctypes.data) % 64
+  Buf = type("Buf", (), {})
+  misaligned, short = Buf(), Buf()
+  misaligned.data, short.data = memoryview(raw[start + 4:start + 4 + FRAME.size]), memoryview(raw[start:start + 100])
+  with pytest.raises(ValueError, match="not 16-byte aligned"): split.copy_frames({"img": misaligned})
+  with pytest.raises(ValueError, match="has 100 bytes"): split.copy_frames({"img": short})
+
+def test_load_cache_hit_equals_miss_and_files_invalidate_it(bundles, tmp_path, monkeypatch):
+  monkeypatch.setenv("MODELD_V2_CACHE", str(tmp_path / "cache"))
+  model, warp = str(tmp_path / "model.bin"), str(tmp_path / "warp.bin")
+  shutil.copy(bundles["native"], model), shutil.copy(bundles["packed"], warp)
+  miss = drive(NativeTinygradAdapter(model, warp), np.random.default_rng(4), 3)
+  assert len(os.listdir(tmp_path / "cache")) == 1
+  hit = NativeTinygradAdapter(model, warp)
+  assert len(os.listdir(tmp_path / "cache")) == 1 and drive(hit, np.random.default_rng(4), 3) == miss
+  assert drive(NativeTinygradAdapter(model, warp, cache=False), np.random.default_rng(4), 3) == miss
+  shutil.copy(bundles["split"], warp)  # a different warp: a new entry, and the fused part follows the new file
+  assert NativeTinygradAdapter(model, warp).split and len(os.listdir(tmp_path / "cache")) == 2
+  shutil.copy(bundles["supercombo"], model)
+  assert "img_q" in NativeTinygradAdapter(model, warp).input_queues and len(os.listdir(tmp_path / "cache")) == 3
+  cached = load_model(model, extend=functools.partial(frame_part, warp))
+  assert "_bound" not in cached["run"].__getstate__() and cached["metadata"]["fused"]["split_frames"]
