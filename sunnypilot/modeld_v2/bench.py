@@ -1,0 +1,265 @@
+"""modeld benchmark: this runtime side by side with the legacy pickled TinyJits (and peers), on this machine's device.
+
+  python -m sunnypilot.modeld_v2.bench --model tiny --camera 1344x760,1928x1208 --frames 1000 --json out/bench.json --plot out/bench.png
+
+Per camera size, in one process and interleaved frame by frame, it times copy_frames + run + readback for
+  fused split   the fused warp+model part, camera buffers read in place (bound by pointer)
+  fused packed  the fused part, both frames copied into the packed host buffer and uploaded
+  unfused       the warp bundle, then the model bundle (frames and inputs written into their tensors)
+  legacy        unpickled TinyJits for warp and model, frames copied each step (old modeld)
+and the kernel-only floor (the fused split part's calls with no Python between them, or the device's own graph timing).
+Host overhead = total - floor. Load times are measured in fresh processes. Camera buffers are 18 page-aligned shared mappings per
+stream cycling like camerad's; their contents are synthetic road scenes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+PATHS = ("fused split", "fused packed", "unfused", "legacy")
+CAMERA_BUFFERS = 18  # camerad's count per stream
+
+class CameraBuffer:
+  """A VisionBuf stand-in: a page-aligned shared mapping with `.data`, like visionipc's."""
+  def __init__(self, data: np.ndarray):
+    self._map = mmap.mmap(-1, data.nbytes)
+    self.data = memoryview(self._map)
+    np.frombuffer(self.data, np.uint8)[:] = data
+
+def build(model: str, layout: str, cameras: list[tuple[int, int]], workdir: str, log) -> dict:
+  """Stand-in ONNX (or the given one), model bundle and warp bundles per camera size; compile times."""
+  from sunnypilot.modeld_v2 import stand_in_models
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.compile_warp import compile_warp
+  from sunnypilot.modeld_v2.warp import camerad_frame
+  os.makedirs(workdir, exist_ok=True)
+  if model in ("tiny", "full"):
+    onnx = os.path.join(workdir, f"{layout}_{model}.onnx")
+    if not os.path.exists(onnx): stand_in_models.write(layout, model, onnx)
+  else: onnx = model
+  bundle = os.path.join(workdir, "model.bin")
+  log(f"compiling {onnx} ...")
+  summary = compile_model(bundle, onnx=onnx, log=lambda s: None)
+  out = {"onnx": onnx, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}}
+  for w, h in cameras:
+    frame = camerad_frame(w, h)
+    out["warps"][(w, h)] = {split: compile_warp(frame.spec, "512x256", os.path.join(workdir, f"warp_{w}x{h}_{split}.bin"), split)["output"]
+                            for split in (False, True)} | {"frame": frame}
+  return out
+
+def synthetic_buffers(frame, n: int = CAMERA_BUFFERS) -> list[dict[str, CameraBuffer]]:
+  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size
+  from sunnypilot.modeld_v2.road_scene import road_scene
+  road, wide = SENSOR_CAMERAS[sensor_for_size(frame.width, frame.height)]
+  return [{"img": CameraBuffer(road_scene(frame, road.focal_length, t=i * 0.05)), "big_img": CameraBuffer(road_scene(frame, wide.focal_length, t=i * 0.05))}
+          for i in range(n)]
+
+class Unfused:
+  """The warp bundle, then the model bundle: frames and host inputs written into their tensors each step."""
+  def __init__(self, model_path: str, warp_path: str):
+    from tinygrad import Tensor
+
+    from sunnypilot.modeld_v2.helpers import load_model
+    self.warp, self.model = load_model(warp_path), load_model(model_path)
+    zeros = lambda spec: Tensor(np.zeros(spec[0], np.dtype(spec[1]))).realize()
+    self.frames = zeros(self.warp["input_specs"]["input_frame"])
+    self.tfm = zeros(self.warp["input_specs"]["M_inv"])
+    states = [n for n in self.model["input_specs"] if f"next_{n}" in self.model["output_specs"]]
+    self.tensors = {n: zeros(s) for n, s in self.model["input_specs"].items() if n != "new_img"}
+    self.outputs = {n: self.tensors[n[5:]] if n[5:] in states else zeros(s) for n, s in self.model["output_specs"].items()}
+    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s[0], np.float32) for n, s in self.model["input_specs"].items()
+                                                                       if n not in states and n != "new_img"}
+
+  def copy_frames(self, bufs: dict) -> None:
+    from sunnypilot.modeld_v2.artifact import write_tensor
+    write_tensor(self.frames, np.stack([np.frombuffer(bufs[k].data, np.uint8, count=self.frames.shape[1]) for k in ("img", "big_img")]))
+
+  def run(self):
+    from sunnypilot.modeld_v2.artifact import write_tensor
+    write_tensor(self.tfm, self.numpy_inputs["tfm"])
+    for n, v in self.numpy_inputs.items():
+      if n != "tfm": write_tensor(self.tensors[n], v)
+    new_img = self.warp["run"](input_frame=self.frames, M_inv=self.tfm)
+    self.model["run"](new_img=new_img, **self.tensors, output_buffers=self.outputs)
+
+  def output_array(self) -> np.ndarray: return self.outputs["outputs"].numpy()
+
+def frame_bytes_copied(path: str, frame_size: int, in_place: bool) -> int:
+  """Camera bytes the host copies per step on each path (read off the code path: copies into host/device buffers and uploads)."""
+  return {"fused split": 0 if in_place else 2 * frame_size, "fused packed": 4 * frame_size, "unfused": 2 * frame_size, "legacy": 4 * frame_size}[path]
+
+def set_inputs(adapter, step: int, m_inv: np.ndarray) -> None:
+  adapter.numpy_inputs["tfm"][:] = m_inv
+  adapter.numpy_inputs["desire"][:] = 0
+  adapter.numpy_inputs["traffic_convention"][:] = [1, 0]
+  adapter.numpy_inputs["action_t"][:] = [0.2 + 0.001 * (step % 10), 0.45]
+
+def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
+  """GPU floor: the fused part's linear (one graph) launched and waited for, back to back, no Python between frames."""
+  from tinygrad import Device
+  from tinygrad.engine.realize import run_linear
+  run = adapter.run_model
+  bound = run._bound[run._input_key(dict(host=adapter.host, **adapter.input_queues, **adapter.frame_inputs, output_buffers=adapter.outputs))]
+  times = []
+  for _ in range(rounds):
+    Device[run.device].synchronize()
+    t = time.perf_counter()
+    run_linear(run._linear, {}, input_uops=bound, jit=True, wait=True)
+    times.append((time.perf_counter() - t) * 1e3)
+  return times
+
+def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple, log) -> dict:
+  from tinygrad import Device
+
+  from sunnypilot.modeld_v2.calibration import sensor_for_size, warp_matrices
+  from sunnypilot.modeld_v2.legacy import LegacyModelAdapter
+  from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+  warps, dev = built["warps"][size], Device.DEFAULT
+  bufs = synthetic_buffers(warps["frame"])
+  m_inv = warp_matrices(sensor_for_size(*size))
+  adapters = {"fused split": NativeTinygradAdapter(built["model"], warps[True], cache=False),
+              "fused packed": NativeTinygradAdapter(built["model"], warps[False], cache=False),
+              "unfused": Unfused(built["model"], warps[False]), "legacy": LegacyModelAdapter(*legacy_pickles)}
+  times: dict[str, list[float]] = {p: [] for p in PATHS}
+  floors: list[float] = []
+  outputs: dict[str, np.ndarray] = {}
+  log(f"{size[0]}x{size[1]}: {frames} frames per path, interleaved ...")
+  for step in range(frames + 20):
+    for path, adapter in adapters.items():
+      set_inputs(adapter, step, m_inv)
+      t = time.perf_counter()
+      adapter.copy_frames(bufs[step % CAMERA_BUFFERS])
+      adapter.run()
+      outputs[path] = adapter.output_array()
+      if step >= 20: times[path].append((time.perf_counter() - t) * 1e3)
+      if step >= 20 and path == "fused split": floors.append(adapter.run_model.replay_s * 1e3)  # its kernels, timed inside the same call
+  agree = {p: bool(np.allclose(outputs[p], outputs["fused split"], rtol=1e-4, atol=1e-5)) for p in PATHS}
+  split_run = adapters["fused split"].run_model
+  if split_run._direct: floor_how = "the fused split part's kernel calls, timed inside each call"
+  else:
+    floors, floor_how = device_floor_ms(adapters["fused split"]), "the fused split part's graph run back to back with wait=True"
+  floor = float(np.percentile(floors, 50))
+  in_place = adapters["fused split"].in_place
+  rows = {}
+  for path in PATHS:
+    t = np.array(times[path])
+    # fused split: overhead per call against its own kernel time; others: against the fused split's median kernel time (same kernels)
+    overhead = t - np.array(floors) if path == "fused split" and split_run._direct else t - floor
+    rows[path] = {"p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95)), "p99": float(np.percentile(t, 99)),
+                  "host_overhead_ms": float(np.percentile(overhead, 50)), "frame_bytes_copied": frame_bytes_copied(path, warps["frame"].size, in_place),
+                  "host_upload_bytes": adapters[path].packed_input.nbytes if path.startswith("fused") else None, "agrees_with_fused_split": agree[path]}
+  return {"camera": f"{size[0]}x{size[1]}", "device": dev, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows, "times": times}
+
+LOAD_SCRIPT = """
+import functools, json, sys, time
+from tinygrad import Device
+Device[Device.DEFAULT]
+kind, model, warp, cache = sys.argv[1:5]
+import os; os.environ["MODELD_V2_CACHE"] = cache
+from sunnypilot.modeld_v2.frame_fusion import frame_part
+from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.artifact import tinygrad_version
+tinygrad_version()
+t = time.perf_counter()
+if kind == "legacy":
+  from sunnypilot.modeld_v2.legacy import LegacyModelAdapter
+  with open(model, "rb") as f: pickles = f.read()
+  with open(warp, "rb") as f: warp_pickle = f.read()
+  spec = json.loads(sys.argv[5])
+  LegacyModelAdapter(warp_pickle, pickles, spec)
+else:
+  load_model(model, cache=kind == "cached", extend=functools.partial(frame_part, warp))
+print(json.dumps({"ms": (time.perf_counter() - t) * 1e3}))
+"""
+
+def bench_load(built: dict, size: tuple[int, int], legacy_pickles: tuple, workdir: str, runs: int) -> dict:
+  warps = built["warps"][size]
+  legacy_model, legacy_warp = os.path.join(workdir, "legacy_model.pkl"), os.path.join(workdir, "legacy_warp.pkl")
+  with open(legacy_model, "wb") as f: f.write(legacy_pickles[1])
+  with open(legacy_warp, "wb") as f: f.write(legacy_pickles[0])
+  spec = json.dumps(legacy_pickles[2], default=list)
+  cache = os.path.join(workdir, "load_cache")
+  def fresh(kind: str, *paths: str) -> float:
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, kind, *paths, cache, spec], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["ms"]
+  fresh("cached", built["model"], warps[True])  # fill the cache once
+  med = lambda kind, *p: statistics.median(fresh(kind, *p) for _ in range(runs))
+  return {"bundle cold (read + fuse)": med("cold", built["model"], warps[True]), "bundle, load cache hit": med("cached", built["model"], warps[True]),
+          "unpickle legacy TinyJits": med("legacy", legacy_model, legacy_warp), "recompile from ONNX": built["compile_s"] * 1e3}
+
+def table(results: list[dict], loads: dict) -> str:
+  lines = []
+  for r in results:
+    lines += [f"\n{r['camera']} on {r['device']}, {r['frames']} frames; kernel-only floor {r['floor_ms']:.2f} ms ({r['floor']})", "",
+              "| path | p50 ms | p95 ms | p99 ms | host overhead ms (median of total - floor) | frame bytes copied / step | matches fused split |",
+              "|---|---|---|---|---|---|---|"]
+    for path, row in r["paths"].items():
+      lines.append(f"| {path} | {row['p50']:.2f} | {row['p95']:.2f} | {row['p99']:.2f} | {row['host_overhead_ms']:.2f} | {row['frame_bytes_copied']:,} "
+                   f"| {'yes' if row['agrees_with_fused_split'] else 'NO'} |")
+    legacy, split = r["paths"]["legacy"]["host_overhead_ms"], r["paths"]["fused split"]["host_overhead_ms"]
+    lines.append(f"\nfused split host overhead = {100 * split / legacy:.1f}% of legacy's" if legacy > 0 else "")
+  if loads:
+    lines += ["", "| load (fresh process) | " + " | ".join(loads[next(iter(loads))]) + " |", "|---|" + "---|" * len(loads[next(iter(loads))])]
+    for camera, row in loads.items(): lines.append(f"| {camera} | " + " | ".join(f"{v:.1f} ms" for v in row.values()) + " |")
+  return "\n".join(lines)
+
+def plot(results: list[dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+  for ax, r in zip(axes[0], results):
+    ax.boxplot([r["times"][p] for p in PATHS], tick_labels=[p.replace(" ", "\n") for p in PATHS], showfliers=False)
+    ax.axhline(r["floor_ms"], color="gray", linestyle="--", label="kernel-only floor")
+    ax.set_title(f"{r['camera']} on {r['device']}: copy_frames + run + readback")
+    ax.set_ylabel("ms per frame")
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+def main(argv: list[str] | None = None) -> int:
+  from tinygrad import Device
+
+  from sunnypilot.modeld_v2.legacy import capture_legacy
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--model", default="tiny", help="tiny, full (random-weight stand-ins) or a path to an ONNX")
+  parser.add_argument("--layout", default="native", choices=("native", "supercombo"), help="stand-in layout for tiny/full")
+  parser.add_argument("--camera", default="1344x760,1928x1208", help="camera sizes, comma separated")
+  parser.add_argument("--frames", type=int, default=1000, help="timed frames per path and camera size")
+  parser.add_argument("--load-runs", type=int, default=3, help="fresh processes per load measurement (0: skip loads)")
+  parser.add_argument("--workdir", default="out/bench_work")
+  parser.add_argument("--json")
+  parser.add_argument("--plot", help="PNG of the latency distributions")
+  args = parser.parse_args(argv)
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  cameras = [tuple(int(x) for x in c.split("x")) for c in args.camera.split(",")]
+  built = build(args.model, args.layout, cameras, args.workdir, log)
+  results, loads = [], {}
+  for size in cameras:
+    frame = built["warps"][size]["frame"]
+    legacy = capture_legacy({"model": built["onnx"]}, frame.spec)
+    results.append(bench_frames(built, size, args.frames, legacy, log))
+    if args.load_runs: loads[f"{size[0]}x{size[1]}"] = bench_load(built, size, legacy, args.workdir, args.load_runs)
+  print(f"model {args.model} ({args.layout}{', random-weight stand-in' if args.model in ('tiny', 'full') else ''}), {built['kernels']} model kernels, "
+        f"device {Device.DEFAULT}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+  print(table(results, loads))
+  if args.plot: plot(results, args.plot)
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump({"model": args.model, "layout": args.layout, "device": Device.DEFAULT, "loads": loads,
+                 "results": [{k: v for k, v in r.items() if k != "times"} for r in results],
+                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, f, indent=2)
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())

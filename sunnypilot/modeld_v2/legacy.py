@@ -1,0 +1,82 @@
+"""The old way, kept only as the benchmarks' baseline: pickled TinyJits for the warp and the model, frames copied every step.
+
+Nothing in the runtime uses this module. It unpickles TinyJits it pickled itself, which is exactly the cost and the risk
+the plain bundles remove.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+from tinygrad import Device, Tensor, TinyJit
+
+from sunnypilot.modeld_v2.model_adapters import VISION_INPUTS, BaseModelAdapter
+
+def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
+  """Capture the legacy warp and model TinyJits as old modeld shipped them (host inputs uploaded inside the JIT), pickled."""
+  from tinygrad.nn.onnx import OnnxRunner
+
+  from sunnypilot.modeld_v2 import compile_modeld as cm
+  from sunnypilot.modeld_v2.warp import make_frame_prepare, parse_frame
+  dev, frame = Device.canonicalize(device), parse_frame(frame_spec)
+  warp = make_frame_prepare(frame, 512, 256)
+  warp_jit = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame.to(dev)[i], M_inv.to(dev)[i]) for i in range(2))))
+  infos = {k: cm.load_onnx(p) for k, p in onnx_paths.items()}
+  layout = cm.detect_layout(onnx_paths["model"], infos["model"]) if "model" in infos else "split"
+  shapes = {k: s for info in infos.values() for k, (s, _) in info["inputs"].items()}
+  slices = cm._slices(onnx_paths.get("model") or onnx_paths["vision"], infos.get("model") or infos["vision"])
+  if layout == "split":
+    n_vision = infos["vision"]["outputs"]["outputs"][0][-1]
+    slices |= {k: [a + n_vision, b + n_vision] for k, (a, b) in cm._slices(onnx_paths["policy"], infos["policy"]).items()}
+  step = cm.make_step(layout, {k: OnnxRunner(p) for k, p in onnx_paths.items()}, shapes, slices, 4)
+  if layout == "native":
+    states = {s: infos["model"]["inputs"][s] for s in cm.native_states(onnx_paths["model"], infos["model"])}
+    host = {k: infos["model"]["inputs"][k] for k in cm.NATIVE_INPUTS[1:]}
+    n_out = infos["model"]["outputs"]["outputs"][0]
+  else:
+    states = cm.make_supercombo_input_queues(shapes, 4)
+    host = {"desire": ((1, shapes["desire_pulse"][2]), np.float32), "traffic_convention": (shapes["traffic_convention"], np.float32),
+            "action_t": (shapes["action_t"], np.float32)}
+    n_out = (1, max(b for _, b in slices.values()))
+  model_jit = TinyJit(lambda new_img, output_buffers, **kw: step(new_img=new_img, output_buffers=output_buffers,
+                                                                 **{k: v.to(dev) if k in host else v for k, v in kw.items()}))
+  specs = {"host": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in host.items()}, "states": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in states.items()},
+           "outputs": tuple(n_out), "frame_size": frame.size, "planes": (2, cm.FRAME_PLANES, 128, 256)}
+  legacy = LegacyModelAdapter.__new__(LegacyModelAdapter)
+  legacy._setup(warp_jit, model_jit, specs, dev)
+  for _ in range(2):  # call 0 runs eagerly, call 1 captures
+    legacy.copy_frames({k: np.zeros(frame.size, np.uint8) for k in VISION_INPUTS})
+    legacy.run()
+  return pickle.dumps(warp_jit), pickle.dumps(model_jit), specs
+
+class LegacyModelAdapter(BaseModelAdapter):
+  """Old modeld: unpickle two TinyJits; each step copies both frames into a numpy buffer the warp JIT uploads, then runs the model JIT
+  (tinygrad's `_prepare_jit_inputs` on every call)."""
+  def __init__(self, warp_pickle: bytes, model_pickle: bytes, specs: dict, device: str | None = None):
+    self._setup(pickle.loads(warp_pickle), pickle.loads(model_pickle), specs, Device.canonicalize(device))
+
+  def _setup(self, warp_jit, model_jit, specs: dict, device: str) -> None:
+    self.warp_jit, self.model_jit, self.device = warp_jit, model_jit, device
+    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(s, np.dtype(d)) for k, (s, d) in specs["host"].items()}
+    self.npy = {k: Tensor(v, device="NPY") for k, v in self.numpy_inputs.items()}  # NPY tensors read these arrays in place
+    self.frames = np.zeros((2, specs["frame_size"]), np.uint8)
+    self.npy_frames = Tensor(self.frames, device="NPY")
+    self.states = {k: Tensor(np.zeros(s, np.dtype(d)), device=device).realize() for k, (s, d) in specs["states"].items()}
+    self.outputs = {"outputs": Tensor(np.zeros(specs["outputs"], np.float32), device=device).realize()} | {f"next_{k}": v for k, v in self.states.items()}
+
+  def copy_frames(self, bufs: dict[str, Any]) -> None:
+    for i, key in enumerate(VISION_INPUTS):
+      if key in bufs:
+        data = bufs[key].data if hasattr(bufs[key], "data") else bufs[key]
+        np.copyto(self.frames[i], np.frombuffer(data, dtype=np.uint8, count=self.frames.shape[1]))
+
+  def reset_warmup_buffers(self) -> None:
+    for v in self.numpy_inputs.values(): v[:] = 0
+
+  def run(self) -> Tensor:
+    new_img = self.warp_jit(input_frame=self.npy_frames, M_inv=self.npy["tfm"])
+    self.model_jit(new_img=new_img, output_buffers=self.outputs, **{k: v for k, v in self.npy.items() if k != "tfm"}, **self.states)
+    return self.outputs["outputs"]
+
+  def output_array(self) -> np.ndarray: return self.outputs["outputs"].numpy()
