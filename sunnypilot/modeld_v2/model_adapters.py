@@ -60,6 +60,9 @@ class NativeTinygradAdapter(BaseModelAdapter):
     self.frame_inputs: dict[str, Tensor] = {}
     self._blob_cache: dict[tuple[str, int], Tensor] = {}  # (stream, pointer) -> the camera buffer mapped as a tensor
     self._uploads: dict[str, Tensor] = {}  # per split input: the device buffer numpy frames are uploaded into
+    out = self.outputs["outputs"]
+    self._output_view = np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.float32).reshape(out.shape) \
+      if self.run_model._direct else None
     if self.split and not self.in_place: log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
 
   def copy_frames(self, bufs: dict[str, Any]) -> None:
@@ -85,13 +88,17 @@ class NativeTinygradAdapter(BaseModelAdapter):
         write_tensor(self._uploads[name], data)
         self.frame_inputs[name] = self._uploads[name]
 
-  def reset_warmup_buffers(self) -> None:
-    """Back to a clean start: zero host inputs and states; drop frame tensors, camera mappings and input bindings (warmup, reconnect)."""
-    self.packed_input[:] = 0
+  def drop_camera_buffers(self) -> None:
+    """Forget every camera mapping and the bindings made with them (camerad restarted: its old buffers are gone)."""
     self.frame_inputs.clear()
     self._blob_cache.clear()
     self._uploads.clear()
     self.run_model.reset()
+
+  def reset_warmup_buffers(self) -> None:
+    """Back to a clean start: zero host inputs and states; drop frame tensors, camera mappings and input bindings."""
+    self.packed_input[:] = 0
+    self.drop_camera_buffers()
     for name in self.state_pairs: write_tensor(self.input_queues[name], np.zeros(self.input_queues[name].shape, self.input_queues[name].dtype.fmt))
 
   def run(self) -> Tensor:
@@ -100,7 +107,6 @@ class NativeTinygradAdapter(BaseModelAdapter):
     return self.outputs["outputs"]
 
   def output_array(self) -> np.ndarray:
-    """This step's outputs (1, N) as numpy: zero-copy where the device's memory is host memory."""
-    buf = self.outputs["outputs"].uop.base.buffer
-    if hasattr(buf.allocator, "_as_buffer"): return np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.float32).reshape(self.outputs["outputs"].shape)
-    return self.outputs["outputs"].numpy()
+    """This step's outputs (1, N) as numpy, valid until the next run(): on the direct CPU replay a view of the output buffer itself
+    (the kernels have finished when run() returns), elsewhere a copy read back from the device."""
+    return self.outputs["outputs"].numpy() if self._output_view is None else self._output_view

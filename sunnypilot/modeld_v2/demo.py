@@ -1,0 +1,138 @@
+"""The demo: build the embedded default artifacts if missing, start a camera replay and modeld, run N frames, summarize.
+
+  python -m sunnypilot.modeld_v2.demo [--frames 100] [--camera 1928x1208] [--size tiny|full] [--onnx model.onnx]
+
+The default model is a RANDOM-WEIGHT STAND-IN with openpilot's inputs and outputs: the pipeline is real, the predictions are noise.
+Point it at a real driving model with --onnx (native or supercombo) or --vision/--policy (a split pair).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+
+STAND_IN_BANNER = ("NOTE: the model is a random-weight stand-in (openpilot's I/O, seeded random weights): outputs are noise.\n"
+                   "      Use a real model with --onnx driving.onnx (or --vision vision.onnx --policy policy.onnx).")
+
+def build_artifacts(folder: str, camera: tuple[int, int], size: str, onnx: str | None, vision: str | None, policy: str | None, log) -> str:
+  """model.bin and the camera's --split-frames warp in `folder`, built for this device unless already there."""
+  from sunnypilot.modeld_v2 import stand_in_models
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.compile_warp import compile_warp
+  from sunnypilot.modeld_v2.warp import camerad_frame
+  os.makedirs(folder, exist_ok=True)
+  model = os.path.join(folder, "model.bin")
+  if not os.path.exists(model):
+    if onnx is None and vision is None:
+      onnx = os.path.join(folder, f"native_{size}_stand_in.onnx")
+      log(f"generating the embedded default model ({size} native, random weights) ...")
+      stand_in_models.write("native", size, onnx)
+    log("compiling the driving model ...")
+    compile_model(model, onnx=onnx, vision=vision, policy=policy, log=lambda s: log(f"  {s}"))
+  frame = camerad_frame(*camera)
+  warp = os.path.join(folder, f"warp_{camera[0]}x{camera[1]}_split.bin")
+  if not os.path.exists(warp):
+    log(f"compiling the camera warp for {camera[0]}x{camera[1]} ...")
+    compile_warp(frame.spec, "512x256", warp, split_frames=True)
+  return warp
+
+def collect(frames: int, timeout: float, procs: list[subprocess.Popen]) -> list[dict]:
+  """modelV2 (+ matching cameraOdometry/drivingModelData) fields of the first `frames` published frames."""
+  from sunnypilot.modeld_v2.messaging import sub_master
+  sm = sub_master(["modelV2", "cameraOdometry", "drivingModelData"])
+  out, deadline = [], time.monotonic() + timeout
+  while len(out) < frames and time.monotonic() < deadline and all(p.poll() is None for p in procs):
+    sm.update(100)
+    if sm.updated["modelV2"]:
+      m = sm["modelV2"]
+      out.append({"frameId": m.frameId, "frameIdExtra": m.frameIdExtra, "frameDropPerc": m.frameDropPerc, "ms": m.modelExecutionTime * 1e3,
+                  "x_end": m.position.x[-1], "lane_probs": list(m.laneLineProbs), "lead_prob": m.leadsV3[0].prob,
+                  "desire_state": int(np.argmax(m.meta.desireState)), "trans": list(sm["cameraOdometry"].trans)})
+  return out
+
+def plot_latency(rows: list[dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  ms = [r["ms"] for r in rows]
+  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.5))
+  a.plot([r["frameId"] for r in rows], ms, lw=1)
+  a.axhline(50, color="red", ls="--", label="20 Hz budget")
+  a.set_xlabel("frame id"), a.set_ylabel("modelExecutionTime (ms)"), a.legend()
+  b.hist(ms, bins=30)
+  b.set_xlabel("modelExecutionTime (ms)"), b.set_ylabel("frames")
+  fig.suptitle("modeld_v2 demo (random-weight stand-in model)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+
+def main(argv: list[str] | None = None) -> int:
+  from tinygrad import Device
+
+  from sunnypilot.modeld_v2.messaging import ensure_prefix_dir
+  from sunnypilot.modeld_v2.preview import preview
+  from sunnypilot.modeld_v2.warp import parse_size
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--frames", type=int, default=100)
+  parser.add_argument("--camera", default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="the embedded stand-in's size")
+  parser.add_argument("--onnx", help="a real driving model (native or supercombo) instead of the stand-in")
+  parser.add_argument("--vision", help="a real split model's vision half (with --policy)")
+  parser.add_argument("--policy", help="a real split model's policy half (with --vision)")
+  parser.add_argument("--artifacts", help="where bundles are built and reused (default out/artifacts/<device>_<model>)")
+  parser.add_argument("--out", default="out", help="where the summary PNGs go")
+  args = parser.parse_args(argv)
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  try: camera = parse_size(args.camera)
+  except ValueError as e: parser.error(str(e))
+  if bool(args.vision) != bool(args.policy): parser.error("give both --vision and --policy")
+  real = args.onnx or args.vision
+  folder = args.artifacts or os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_{'custom' if real else args.size}")
+  if not real: log(STAND_IN_BANNER)
+  warp = build_artifacts(folder, camera, args.size, args.onnx, args.vision, args.policy, log)
+  os.makedirs(args.out, exist_ok=True)
+  prefix = f"demo_{uuid.uuid4().hex[:8]}"
+  env = os.environ | {"OPENPILOT_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
+  os.environ["OPENPILOT_PREFIX"] = prefix
+  ensure_prefix_dir()
+  py = [sys.executable, "-m"]
+  procs = [subprocess.Popen(py + ["sunnypilot.modeld_v2.modeld", "--artifacts", folder, "--max-frames", str(args.frames)], env=env),
+           subprocess.Popen(py + ["sunnypilot.modeld_v2.camera_replay", "--camera", args.camera, "--start-delay", "0.5"], env=env)]
+  try:
+    rows = collect(args.frames, timeout=120 + args.frames * 0.5, procs=procs)
+  finally:
+    try: procs[0].wait(timeout=10)  # modeld stops by itself after --max-frames
+    except subprocess.TimeoutExpired: pass
+    for p in procs:
+      if p.poll() is None: p.send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=30) for p in procs]
+    shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
+  if not rows:
+    log(f"no modelV2 messages arrived (modeld exit {codes[0]}, camera_replay exit {codes[1]})")
+    return 1
+  ms = np.array([r["ms"] for r in rows])
+  ids = [r["frameId"] for r in rows]
+  last = rows[-1]
+  plot_latency(rows, latency_png := os.path.join(args.out, "demo_latency.png"))
+  preview(warp, preview_png := os.path.join(args.out, "demo_preview.png"))
+  print(f"""
+modeld_v2 demo on {Device.DEFAULT}, {args.camera} cameras, {'model ' + real if real else f'{args.size} random-weight stand-in model'}
+  frames in (camera frame ids {ids[0]}..{ids[-1]}): {ids[-1] - ids[0] + 1}
+  frames out (modelV2 published):   {len(rows)}
+  drops: {ids[-1] - ids[0] + 1 - len(rows)} frame ids unpublished, frameDropPerc max {max(r['frameDropPerc'] for r in rows):.2f}%
+  modelExecutionTime: p50 {np.percentile(ms, 50):.1f} ms, p95 {np.percentile(ms, 95):.1f} ms, max {ms.max():.1f} ms (budget 50 ms at 20 Hz)
+  last frame {last['frameId']}: plan x at 10 s {last['x_end']:.2f} m, lane line probs {np.round(last['lane_probs'], 2).tolist()},
+    lead prob {last['lead_prob']:.2f}, desire state {last['desire_state']}, cameraOdometry trans {np.round(last['trans'], 3).tolist()}
+  wrote {latency_png} and {preview_png} (what the model sees)
+  modeld exit code {codes[0]}, camera_replay exit code {codes[1]}""")
+  if not real: print(STAND_IN_BANNER)
+  return 0 if codes[0] == 0 and len(rows) == args.frames else 1
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,71 @@
+"""cereal messaging: openpilot's `cereal.messaging` when it is importable, else a thin PubMaster/SubMaster over msgq with comma's schemas.
+
+Same topic names and message fields as openpilot. On a PC, OPENPILOT_PREFIX selects a private namespace (/dev/shm/msgq_<prefix>).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+try:  # on a device with openpilot
+  from cereal import log  # type: ignore[import-not-found]
+  from cereal import messaging as _openpilot_messaging  # type: ignore[import-not-found]
+except ImportError:
+  _openpilot_messaging = None
+  from openpilot_logging.cereal import log
+
+def ensure_prefix_dir() -> None:
+  """msgq needs /dev/shm/msgq_<prefix> to exist before the first socket (openpilot's OpenpilotPrefix makes it)."""
+  if prefix := os.environ.get("OPENPILOT_PREFIX"): os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
+
+def has_service(name: str) -> bool: return name in log.Event.schema.union_fields
+
+def new_message(service: str, valid: bool = True) -> Any:
+  if _openpilot_messaging is not None: return _openpilot_messaging.new_message(service, valid=valid)
+  msg = log.Event.new_message(logMonoTime=time.monotonic_ns(), valid=valid)
+  msg.init(service)
+  return msg
+
+class PubMaster:
+  def __init__(self, services: list[str]):
+    import msgq
+    ensure_prefix_dir()
+    self.socks = {s: msgq.pub_sock(s) for s in services}
+
+  def send(self, service: str, msg: Any) -> None:
+    self.socks[service].send(msg.to_bytes() if hasattr(msg, "to_bytes") else msg)
+
+class SubMaster:
+  """Latest message per service; `updated` says which arrived in the last update(). Unknown services in this schema are skipped."""
+  def __init__(self, services: list[str]):
+    import msgq
+    ensure_prefix_dir()
+    self.services = [s for s in services if has_service(s)]
+    self.socks = {s: msgq.sub_sock(s, conflate=True, timeout=0) for s in self.services}
+    self.data: dict[str, Any] = {s: getattr(new_message(s), s) for s in self.services}
+    self.updated = dict.fromkeys(self.services, False)
+    self.seen = dict.fromkeys(self.services, False)
+    self.recv_frame = dict.fromkeys(self.services, 0)
+    self.frame = 0
+
+  def update(self, timeout_ms: int = 0) -> None:
+    self.frame += 1
+    deadline = time.monotonic() + timeout_ms / 1000
+    self.updated = dict.fromkeys(self.services, False)
+    while True:
+      for s, sock in self.socks.items():
+        if (raw := sock.receive(non_blocking=True)) is not None:
+          with log.Event.from_bytes(raw) as event: self.data[s] = getattr(event, s).as_builder().as_reader()
+          self.updated[s] = self.seen[s] = True
+          self.recv_frame[s] = self.frame
+      if any(self.updated.values()) or time.monotonic() >= deadline: return
+      time.sleep(0.001)
+
+  def __getitem__(self, service: str) -> Any: return self.data[service]
+
+def pub_master(services: list[str]) -> Any:
+  return _openpilot_messaging.PubMaster(services) if _openpilot_messaging is not None else PubMaster(services)
+
+def sub_master(services: list[str]) -> Any:
+  return _openpilot_messaging.SubMaster([s for s in services if has_service(s)]) if _openpilot_messaging is not None else SubMaster(services)
