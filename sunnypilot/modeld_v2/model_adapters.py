@@ -14,7 +14,33 @@ from sunnypilot.modeld_v2.helpers import load_model
 
 log = logging.getLogger("modeld_v2")
 VISION_INPUTS = ("img", "big_img")  # modeld's names for the road and wide camera buffers, in the warp's order
-MAPS_HOST_MEMORY = ("CPU", "QCOM")  # devices whose kernels can read a host pointer in place (Tensor.from_blob); others need an upload
+MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
+CU_MEMHOSTREGISTER_DEVICEMAP = 0x02
+
+class CudaHostRegistration:
+  """CUDA reads host memory only through a device pointer of registered pages: register each camera buffer once, unregister on reset."""
+  def __init__(self, device: str):
+    from tinygrad.runtime.autogen import cuda
+    self.cuda, self.dev, self.registered = cuda, Device[device], []
+
+  def _check(self, status, what: str) -> None:
+    if status != 0: raise RuntimeError(f"{what} failed with CUDA error {status}")
+
+  def map(self, ptr: int, length: int) -> int:
+    """The device pointer of host memory [ptr, ptr+length), which stays valid until unmap_all()."""
+    import ctypes
+    self._check(self.cuda.cuCtxSetCurrent(self.dev.context), "cuCtxSetCurrent")
+    self._check(self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP), "cuMemHostRegister")
+    self.registered.append(ptr)
+    dptr = self.cuda.CUdeviceptr_v2()
+    self._check(self.cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(dptr), ctypes.c_void_p(ptr), 0), "cuMemHostGetDevicePointer")
+    return dptr.value
+
+  def unmap_all(self) -> None:
+    import ctypes
+    self.dev.synchronize()  # no kernel may still be reading them
+    for ptr in self.registered: self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
+    self.registered.clear()
 
 class BaseModelAdapter:
   """The per-frame interface modeld uses: fill `numpy_inputs`, `copy_frames(bufs)`, `run()`, read the outputs."""
@@ -34,17 +60,19 @@ class NativeTinygradAdapter(BaseModelAdapter):
   """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame.
 
   Packed warps copy both frames into the host buffer. --split-frames warps read each visionipc buffer in place: it is mapped once per
-  (stream, pointer) with Tensor.from_blob and bound by pointer, so steady state copies no frame bytes. numpy frames (warmup, tests) are
-  uploaded instead: cached host memory must not be read in place by a GPU.
+  (stream, pointer) with Tensor.from_blob (on CUDA after registering its pages) and bound by pointer, so steady state copies no frame
+  bytes. numpy frames (warmup, tests) are uploaded instead: cached host memory must not be read in place by a GPU.
   """
-  def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True):
+  def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True, map_camera_buffers: bool = True):
     self.model_device = Device.canonicalize(device)
     self.jits = load_model(model_path, cache=cache, extend=functools.partial(frame_part, warp_path), device=self.model_device)
     self.run_model = self.jits["run"]
     fused = self.jits["metadata"]["fused"]
     self.warp_frame_size = fused["frame_size"]
     self.split = [name for name in SPLIT_FRAMES if name in self.run_model.input_names]  # the warp reads the camera buffers in place
-    self.in_place = bool(self.split) and self.model_device.split(":")[0] in MAPS_HOST_MEMORY
+    kind = self.model_device.split(":")[0]
+    self.in_place = bool(self.split) and map_camera_buffers and kind in MAPS_HOST_MEMORY
+    self._cuda = CudaHostRegistration(self.model_device) if self.in_place and kind == "CUDA" else None
     self.state_pairs = {name: f"next_{name}" for name in self.jits["input_specs"] if f"next_{name}" in self.jits["output_specs"]}
     self.input_queues = {name: Tensor(np.zeros(shape, np.dtype(dtype)), device=self.model_device).realize()
                          for name, (shape, dtype, _) in self.jits["input_specs"].items() if name in self.state_pairs}
@@ -80,7 +108,8 @@ class NativeTinygradAdapter(BaseModelAdapter):
         if (key, ptr) not in self._blob_cache:
           if ptr % ALIGNMENT: raise ValueError(f"{key}: camera buffer at {ptr:#x} is not {ALIGNMENT}-byte aligned")
           if length < self.warp_frame_size: raise ValueError(f"{key}: camera buffer has {length} bytes, the warp reads {self.warp_frame_size}")
-          self._blob_cache[(key, ptr)] = Tensor.from_blob(ptr, (self.warp_frame_size,), dtype="uint8", device=self.model_device)
+          device_ptr = self._cuda.map(ptr, length) if self._cuda else ptr
+          self._blob_cache[(key, ptr)] = Tensor.from_blob(device_ptr, (self.warp_frame_size,), dtype="uint8", device=self.model_device)
         self.frame_inputs[name] = self._blob_cache[(key, ptr)]
       else:
         data = np.frombuffer(buf.data if hasattr(buf, "data") else buf, dtype=np.uint8, count=self.warp_frame_size)
@@ -94,6 +123,7 @@ class NativeTinygradAdapter(BaseModelAdapter):
     self._blob_cache.clear()
     self._uploads.clear()
     self.run_model.reset()
+    if self._cuda: self._cuda.unmap_all()
 
   def reset_warmup_buffers(self) -> None:
     """Back to a clean start: zero host inputs and states; drop frame tensors, camera mappings and input bindings."""

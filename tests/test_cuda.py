@@ -1,0 +1,61 @@
+"""CUDA: the generic replay path (graph batches) and camera buffers registered with the driver. Skipped where no CUDA device exists."""
+import mmap
+
+import numpy as np
+import pytest
+from tinygrad import Device
+
+from sunnypilot.modeld_v2 import stand_in_models
+from sunnypilot.modeld_v2.artifact import PlainJit
+from sunnypilot.modeld_v2.compile_modeld import compile_model
+from sunnypilot.modeld_v2.compile_warp import compile_warp
+from sunnypilot.modeld_v2.warp import camerad_frame
+
+from conftest import capture, conv_net
+
+def _cuda_present() -> bool:
+  try: return Device.DEFAULT.startswith("CUDA") or bool(Device["CUDA"])
+  except Exception: return False
+
+pytestmark = pytest.mark.skipif(not _cuda_present(), reason="no CUDA device here (run with DEV=CUDA on a GPU machine)")
+
+class Buf:
+  """A VisionBuf stand-in: page-aligned shared memory with .data."""
+  def __init__(self, data: np.ndarray):
+    self.map = mmap.mmap(-1, data.nbytes)
+    self.data = memoryview(self.map)
+    np.frombuffer(self.data, np.uint8)[:] = data
+
+def test_cuda_round_trip_replays_through_a_graph():
+  assert Device.DEFAULT.startswith("CUDA"), "run this file with DEV=CUDA"
+  fn, make = conv_net()
+  jit, part, _ = capture(fn, make)
+  plain = PlainJit(*part)
+  assert not plain._direct and any(c.src[0].arg == "graph" for c in plain._linear.src if c.src[0].op.name == "CUSTOM_FUNCTION")
+  for _ in range(3):
+    img = make()["img"]
+    assert jit(img=img).numpy().tobytes() == plain(img=img).numpy().tobytes()
+
+def test_registered_camera_buffers_match_the_upload_path(tmp_path):
+  from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+  frame = camerad_frame(1344, 760)
+  stand_in_models.write("native", "tiny", str(tmp_path / "m.onnx"), seed=5)
+  compile_model(str(tmp_path / "m.bin"), onnx=str(tmp_path / "m.onnx"), log=lambda s: None)
+  compile_warp(frame.spec, "512x256", str(tmp_path / "w.bin"), split_frames=True)
+  registered = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), cache=False)
+  uploaded = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), cache=False, map_camera_buffers=False)
+  assert registered.in_place and registered._cuda is not None and not uploaded.in_place
+  rng = np.random.default_rng(0)
+  bufs = [{k: Buf(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]
+  for step in range(12):
+    outs = []
+    for adapter in (registered, uploaded):
+      adapter.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2) * [[2, 2, 1]] + [[0, 0, 100], [0, 0, 80], [0, 0, 0]]
+      adapter.numpy_inputs["traffic_convention"][:] = [1, 0]
+      adapter.copy_frames(bufs[step % len(bufs)])
+      adapter.run()
+      outs.append(adapter.output_array().tobytes())
+    assert outs[0] == outs[1], f"step {step}: registered camera buffers differ from uploaded frames"
+  assert len(registered._cuda.registered) == 10, "each camera buffer registered once"
+  registered.reset_warmup_buffers()
+  assert registered._cuda.registered == [] and registered._blob_cache == {}
