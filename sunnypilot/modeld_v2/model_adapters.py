@@ -91,7 +91,8 @@ class NativeTinygradAdapter(BaseModelAdapter):
     out = self.outputs["outputs"]
     self._output_view = np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.float32).reshape(out.shape) \
       if self.run_model._direct else None
-    if self.split and not self.in_place: log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
+    if self.split and map_camera_buffers and not self.in_place:
+      log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
 
   def copy_frames(self, bufs: dict[str, Any]) -> None:
     """Take this step's camera frames: {"img": road, "big_img": wide}, each a VisionBuf (has .data) or a numpy array."""

@@ -21,6 +21,7 @@ import numpy as np
 from sunnypilot.modeld_v2.model_outputs import FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
 
 OPSET = 17
+IR_VERSION = 8  # what opset 17 needs; newer onnx writes newer IR versions that older onnxruntimes refuse
 MODEL_H, MODEL_W = 128, 256  # the (6, H, W) planes of one warped camera frame
 NATIVE_HISTORY = {"tiny": 4, "full": 24}
 # per size: conv layers (out channels, kernel, stride) of each camera's backbone
@@ -79,7 +80,8 @@ class _Graph:
 
   def model(self, metadata: dict[str, str]):
     graph = self.helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
-    model = self.helper.make_model(graph, opset_imports=[self.helper.make_opsetid("", OPSET)], producer_name="sunnypilot-modeld-v2 stand-in")
+    model = self.helper.make_model(graph, opset_imports=[self.helper.make_opsetid("", OPSET)], producer_name="sunnypilot-modeld-v2 stand-in",
+                                   ir_version=IR_VERSION)
     for key, value in metadata.items(): model.metadata_props.add(key=key, value=value)
     return model
 
