@@ -139,3 +139,12 @@ def test_preview_of_a_synthetic_road_scene(bundles, tmp_path):
   assert ((y[0::2, 0::2] == planes[0]) | ties[0]).all() and ((image[MODEL_H:, :MODEL_W // 2] == planes[4]) | ties[4]).all()
   # and it shows a road: bright lane-line pixels below the horizon (model row 47.6), sky above it
   assert (y[60:] > 200).sum() > 100 and y[:40].mean() > y[60:].mean()
+
+def test_degenerate_transforms_stay_inside_the_frame(bundles):
+  """A zero, NaN or infinite M_inv (a broken calibration) must not read outside the camera buffer: the output is defined, no crash."""
+  frame, paths = bundles["camerad 1344x760"]
+  run = load_model(paths[True])["run"]
+  bufs = np.full((2, frame.size), 7, np.uint8)
+  for m in (np.zeros((2, 3, 3)), np.full((2, 3, 3), np.nan), np.full((2, 3, 3), np.inf)):
+    out = run(frame=realized(bufs[0]), big_frame=realized(bufs[1]), M_inv=realized(m.astype(np.float32))).numpy()
+    assert out.shape == (2, 6, MODEL_H // 2, MODEL_W // 2) and set(np.unique(out)) <= {0, 7}

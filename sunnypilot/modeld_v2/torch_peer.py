@@ -18,7 +18,7 @@ class TorchOnnx:
     from onnx import numpy_helper
     self.torch, self.model = torch, onnx.load(path)
     self.consts = {i.name: numpy_helper.to_array(i) for i in self.model.graph.initializer}
-    self.values = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in self.consts.items()}
+    self.values = {k: torch.from_numpy(np.array(v)).to(device) for k, v in self.consts.items()}
     self.outputs = [o.name for o in self.model.graph.output]
 
   def _ints(self, name: str) -> list[int]: return [int(x) for x in np.asarray(self.consts[name]).reshape(-1)]
@@ -62,8 +62,8 @@ def torch_warp(frame, m_inv, width: int, height: int, stride: int, uv_offset: in
   x = torch.arange(w2, device=dev, dtype=torch.float32).view(1, 1, w2) * step + torch.tensor([0, 0, 1, 1, 0, 0.], device=dev).view(6, 1, 1)
   y = torch.arange(h2, device=dev, dtype=torch.float32).view(1, h2, 1) * step + torch.tensor([0, 1, 0, 1, 0, 0.], device=dev).view(6, 1, 1)
   sx, sy, sw = (m[:, r, 0].view(6, 1, 1) * x + m[:, r, 1].view(6, 1, 1) * y + m[:, r, 2].view(6, 1, 1) for r in range(3))
-  ix = torch.minimum(torch.clamp(torch.round(sx / sw), min=0), torch.where(chroma, width // 2 - 1, width - 1)).long()
-  iy = torch.minimum(torch.clamp(torch.round(sy / sw), min=0), torch.where(chroma, height // 2 - 1, height - 1)).long()
+  coord = lambda v, hi: torch.minimum(torch.clamp(torch.nan_to_num(torch.round(v / sw)), min=0), hi).long()  # NaN/inf stay in the image
+  ix, iy = coord(sx, torch.where(chroma, width // 2 - 1, width - 1)), coord(sy, torch.where(chroma, height // 2 - 1, height - 1))
   base = torch.tensor([0, 0, 0, 0, uv_offset, uv_offset + 1], device=dev).view(6, 1, 1)
   return frame[base + iy * stride + ix * torch.where(chroma, 2, 1)]
 
@@ -77,7 +77,7 @@ class TorchPeer:
     shape = lambda name: [d.dim_value for d in inputs[name].type.tensor_type.shape.dim]
     self.frames = torch.zeros(2, frame.size, dtype=torch.uint8, device=device)
     self.host = {k: torch.zeros(shape(k), device=device) for k in ("desire", "traffic_convention", "action_t")}
-    self.m_inv = torch.zeros(2, 3, 3, device=device)
+    self.m_inv = torch.eye(3, device=device).repeat(2, 1, 1)
     self.states = {k: torch.zeros(shape(k), device=device) for k in inputs if k.startswith("state_")}
     self.pinned = torch.zeros(2, frame.size, dtype=torch.uint8).pin_memory() if device == "cuda" else None
     self.graph = None
