@@ -50,22 +50,30 @@ class TorchOnnx:
       env[node.output[0]] = y
     return {k: env[k] for k in self.outputs}
 
-def torch_warp(frame, m_inv, width: int, height: int, stride: int, uv_offset: int, model_w: int = 512, model_h: int = 256):
-  """The warp of warp.make_frame_prepare in torch: (size,) uint8 + (3, 3) -> (6, H/2, W/2) uint8."""
-  import torch
-  dev, h2, w2 = frame.device, model_h // 2, model_w // 2
-  chroma = torch.tensor([0, 0, 0, 0, 1, 1], device=dev, dtype=torch.bool).view(6, 1, 1)
-  scale = torch.ones(6, 3, 3, device=dev)
-  scale[4:] = torch.tensor([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], device=dev)
-  m = m_inv.view(1, 3, 3) * scale
-  step = torch.where(chroma, 1.0, 2.0)
-  x = torch.arange(w2, device=dev, dtype=torch.float32).view(1, 1, w2) * step + torch.tensor([0, 0, 1, 1, 0, 0.], device=dev).view(6, 1, 1)
-  y = torch.arange(h2, device=dev, dtype=torch.float32).view(1, h2, 1) * step + torch.tensor([0, 1, 0, 1, 0, 0.], device=dev).view(6, 1, 1)
-  sx, sy, sw = (m[:, r, 0].view(6, 1, 1) * x + m[:, r, 1].view(6, 1, 1) * y + m[:, r, 2].view(6, 1, 1) for r in range(3))
-  coord = lambda v, hi: torch.minimum(torch.clamp(torch.nan_to_num(torch.round(v / sw)), min=0), hi).long()  # NaN/inf stay in the image
-  ix, iy = coord(sx, torch.where(chroma, width // 2 - 1, width - 1)), coord(sy, torch.where(chroma, height // 2 - 1, height - 1))
-  base = torch.tensor([0, 0, 0, 0, uv_offset, uv_offset + 1], device=dev).view(6, 1, 1)
-  return frame[base + iy * stride + ix * torch.where(chroma, 2, 1)]
+class TorchWarp:
+  """The warp of warp.make_frame_prepare in torch: (size,) uint8 + (3, 3) -> (6, H/2, W/2) uint8. Constants are made once, so a call
+  holds only tensor ops (CUDA-graph capturable)."""
+  def __init__(self, frame, device: str, model_w: int = 512, model_h: int = 256):
+    import torch
+    h2, w2, dev = model_h // 2, model_w // 2, device
+    self.chroma = torch.tensor([0, 0, 0, 0, 1, 1], device=dev, dtype=torch.bool).view(6, 1, 1)
+    self.scale = torch.ones(6, 3, 3, device=dev)
+    self.scale[4:] = torch.tensor([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], device=dev)
+    every = torch.where(self.chroma, 1.0, 2.0)
+    self.x = torch.arange(w2, device=dev, dtype=torch.float32).view(1, 1, w2) * every + torch.tensor([0, 0, 1, 1, 0, 0.], device=dev).view(6, 1, 1)
+    self.y = torch.arange(h2, device=dev, dtype=torch.float32).view(1, h2, 1) * every + torch.tensor([0, 1, 0, 1, 0, 0.], device=dev).view(6, 1, 1)
+    self.max_x = torch.where(self.chroma, frame.width // 2 - 1, frame.width - 1).float()
+    self.max_y = torch.where(self.chroma, frame.height // 2 - 1, frame.height - 1).float()
+    self.base = torch.tensor([0, 0, 0, 0, frame.uv_offset, frame.uv_offset + 1], device=dev).view(6, 1, 1)
+    self.step = torch.where(self.chroma, 2, 1)
+    self.stride, self.torch = frame.stride, torch
+
+  def __call__(self, frame_bytes, m_inv):
+    torch = self.torch
+    m = m_inv.view(1, 3, 3) * self.scale
+    sx, sy, sw = (m[:, r, 0].view(6, 1, 1) * self.x + m[:, r, 1].view(6, 1, 1) * self.y + m[:, r, 2].view(6, 1, 1) for r in range(3))
+    coord = lambda v, hi: torch.minimum(torch.clamp(torch.nan_to_num(torch.round(v / sw)), min=0), hi).long()  # NaN/inf stay in the image
+    return frame_bytes[self.base + coord(sy, self.max_y) * self.stride + coord(sx, self.max_x) * self.step]
 
 class TorchPeer:
   """Native-layout model + warp in torch: `step(road, wide, host)` copies both frames up, runs, feeds the state back, reads outputs."""
@@ -80,6 +88,7 @@ class TorchPeer:
     self.m_inv = torch.eye(3, device=device).repeat(2, 1, 1)
     self.states = {k: torch.zeros(shape(k), device=device) for k in inputs if k.startswith("state_")}
     self.pinned = torch.zeros(2, frame.size, dtype=torch.uint8).pin_memory() if device == "cuda" else None
+    self.warp = TorchWarp(frame, device)
     self.graph = None
     if graph:
       stream = torch.cuda.Stream()
@@ -91,8 +100,7 @@ class TorchPeer:
       with torch.cuda.graph(self.graph): self.out = self._compute()
 
   def _compute(self):
-    f = self.frame
-    new_img = self.torch.stack([torch_warp(self.frames[i], self.m_inv[i], f.width, f.height, f.stride, f.uv_offset) for i in range(2)])
+    new_img = self.torch.stack([self.warp(self.frames[i], self.m_inv[i]) for i in range(2)])
     out = self.model({"new_img": new_img} | self.host | self.states)
     for k, v in self.states.items(): v.copy_(out[f"next_{k}"])
     return out["outputs"]
