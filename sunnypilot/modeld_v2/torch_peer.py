@@ -90,6 +90,7 @@ class TorchPeer:
     self.pinned = torch.zeros(2, frame.size, dtype=torch.uint8).pin_memory() if device == "cuda" else None
     self.warp = TorchWarp(frame, device)
     self.graph = None
+    if device == "cuda": self._primary_context()
     if graph:
       stream = torch.cuda.Stream()
       stream.wait_stream(torch.cuda.current_stream())
@@ -105,8 +106,19 @@ class TorchPeer:
     for k, v in self.states.items(): v.copy_(out[f"next_{k}"])
     return out["outputs"]
 
+  def _primary_context(self) -> None:
+    """tinygrad runs CUDA in a context of its own and leaves it current; torch expects the device's primary context."""
+    import ctypes
+
+    from tinygrad.runtime.autogen import cuda
+    if not hasattr(self, "_ctx"):
+      self._ctx = cuda.CUcontext()
+      cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self._ctx), 0)
+    cuda.cuCtxSetCurrent(self._ctx)
+
   def step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
     torch = self.torch
+    if self.device == "cuda": self._primary_context()
     staging = self.pinned if self.pinned is not None else torch.empty(2, self.frame.size, dtype=torch.uint8)
     staging[0].numpy()[:] = road[:self.frame.size]
     staging[1].numpy()[:] = wide[:self.frame.size]
