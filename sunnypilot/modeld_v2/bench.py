@@ -216,6 +216,8 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
       if step >= 20: times[path].append((time.perf_counter() - t) * 1e3)
       if step >= 20 and path == "fused split": floors.append(adapter.run_model.replay_s * 1e3)  # its kernels, timed inside the same call
   max_diff = {p: float(np.abs(outputs[p] - outputs["fused split"]).max()) for p in adapters}
+  for adapter in adapters.values():
+    if hasattr(adapter, "drop_camera_buffers"): adapter.drop_camera_buffers()  # unregister the camera buffers before they are freed
   split_run = adapters["fused split"].run_model
   if split_run._direct: floor_how = "the fused split part's kernel calls, timed inside each call"
   else:

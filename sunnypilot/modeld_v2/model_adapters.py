@@ -15,7 +15,7 @@ from sunnypilot.modeld_v2.helpers import load_model
 log = logging.getLogger("modeld_v2")
 VISION_INPUTS = ("img", "big_img")  # modeld's names for the road and wide camera buffers, in the warp's order
 MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
-CU_MEMHOSTREGISTER_DEVICEMAP = 0x02
+CU_MEMHOSTREGISTER_DEVICEMAP, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 0x02, 712
 
 class CudaHostRegistration:
   """CUDA reads host memory only through a device pointer of registered pages: register each camera buffer once, unregister on reset."""
@@ -30,7 +30,11 @@ class CudaHostRegistration:
     """The device pointer of host memory [ptr, ptr+length), which stays valid until unmap_all()."""
     import ctypes
     self._check(self.cuda.cuCtxSetCurrent(self.dev.context), "cuCtxSetCurrent")
-    self._check(self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP), "cuMemHostRegister")
+    status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
+    if status == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:  # a stale registration of memory that went away and came back at this address
+      self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
+      status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
+    self._check(status, "cuMemHostRegister")
     self.registered.append(ptr)
     dptr = self.cuda.CUdeviceptr_v2()
     self._check(self.cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(dptr), ctypes.c_void_p(ptr), 0), "cuMemHostGetDevicePointer")
