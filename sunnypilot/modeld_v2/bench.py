@@ -216,8 +216,6 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
       if step >= 20: times[path].append((time.perf_counter() - t) * 1e3)
       if step >= 20 and path == "fused split": floors.append(adapter.run_model.replay_s * 1e3)  # its kernels, timed inside the same call
   max_diff = {p: float(np.abs(outputs[p] - outputs["fused split"]).max()) for p in adapters}
-  for adapter in adapters.values():
-    if hasattr(adapter, "drop_camera_buffers"): adapter.drop_camera_buffers()  # unregister the camera buffers before they are freed
   split_run = adapters["fused split"].run_model
   if split_run._direct: floor_how = "the fused split part's kernel calls, timed inside each call"
   else:
@@ -235,6 +233,8 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
                   "frame_bytes_copied": frame_bytes_copied(path, warps["frame"].size, in_place),
                   "host_upload_bytes": adapters[path].packed_input.nbytes if path.startswith("fused") else None,
                   "max_abs_diff_vs_fused_split": max_diff[path]}
+  for adapter in adapters.values():
+    if hasattr(adapter, "drop_camera_buffers"): adapter.drop_camera_buffers()  # unregister the camera buffers before they are freed
   return {"camera": f"{size[0]}x{size[1]}", "device": dev, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows, "times": times,
           "tinygrad_device_bytes": device_bytes, "torch_cuda_peak_bytes": _torch_peak()}
 
