@@ -93,8 +93,9 @@ class NativeTinygradAdapter(BaseModelAdapter):
     self._blob_cache: dict[tuple[str, int], Tensor] = {}  # (stream, pointer) -> the camera buffer mapped as a tensor
     self._uploads: dict[str, Tensor] = {}  # per split input: the device buffer numpy frames are uploaded into
     out = self.outputs["outputs"]
-    self._output_view = np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.float32).reshape(out.shape) \
-      if self.run_model._direct else None
+    self._output_buffer = out.uop.base.buffer
+    self._output_view = np.frombuffer(self._output_buffer.as_memoryview(force_zero_copy=True), np.float32).reshape(out.shape) \
+      if self.run_model._direct else np.empty(out.shape, np.float32)
     if self.split and map_camera_buffers and not self.in_place:
       log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
 
@@ -143,5 +144,7 @@ class NativeTinygradAdapter(BaseModelAdapter):
 
   def output_array(self) -> np.ndarray:
     """This step's outputs (1, N) as numpy, valid until the next run(): on the direct CPU replay a view of the output buffer itself
-    (the kernels have finished when run() returns), elsewhere a copy read back from the device."""
-    return self.outputs["outputs"].numpy() if self._output_view is None else self._output_view
+    (the kernels have finished when run() returns), elsewhere read back into one preallocated array (no scheduling, no allocation)."""
+    if not self.run_model._direct:
+      self._output_buffer.allocator._copyout(memoryview(self._output_view).cast("B"), self._output_buffer._buf)  # waits for the device
+    return self._output_view
