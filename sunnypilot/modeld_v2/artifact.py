@@ -101,7 +101,10 @@ def _ret_tensors(ret: Any) -> tuple[dict, list[Tensor]]:
 
 def _read_bytes(buf: Buffer) -> bytes: return bytes(buf.as_memoryview())
 
-def _copyin(buf: Buffer, data: bytes | memoryview) -> None: buf.allocator._copyin(buf._buf, memoryview(bytearray(data)))  # ctypes wants it writable
+def _copyin(buf: Buffer, data: bytes | memoryview) -> None:
+  """Copy bytes into a buffer once: host-visible memory directly, other devices through the allocator (ctypes wants a writable view)."""
+  if hasattr(buf.allocator, "_as_buffer"): np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+  else: buf.allocator._copyin(buf._buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
 
 def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tuple[dict, bytes]:
   """Turn a captured TinyJit and its recorded kernel LINEAR into a part `(header, blob)`.
@@ -272,7 +275,7 @@ class _Jit:
 
   def _allocate(self, spec: dict) -> Buffer:
     base = Buffer(self.device, spec["nbytes"], dtypes.uint8).allocate()
-    if "init" in spec: _copyin(base, bytes(self.blob[spec["init"][0]:spec["init"][1]]))
+    if "init" in spec: _copyin(base, self.blob[spec["init"][0]:spec["init"][1]])
     return base
 
   def _view(self, a: dict) -> Buffer:
@@ -441,9 +444,12 @@ def write_bundle(path: str, parts: dict[str, tuple[dict, bytes]], extras: dict) 
 
 def read_bundle(path: str) -> tuple[dict, memoryview]:
   """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data."""
-  with open(path, "rb") as f: data = f.read()
+  with open(path, "rb") as f:  # into a writable, uninitialised buffer: weights are copied to the device straight from it
+    data = memoryview(np.empty(os.fstat(f.fileno()).st_size, np.uint8))
+    f.readinto(data)
   if len(data) < PREAMBLE.size: raise ArtifactError(f"{path}: {len(data)} bytes is too short to be a bundle (truncated?)")
   magic, version, head_len, digest = PREAMBLE.unpack_from(data)
+  magic = bytes(magic)
   if magic != MAGIC: raise ArtifactError(f"{path}: not a modeld_v2 bundle (magic {magic!r}, expected {MAGIC!r})")
   if version != FORMAT_VERSION: raise ArtifactError(f"{path}: bundle format version {version}, this loader reads version {FORMAT_VERSION}")
   if PREAMBLE.size + head_len > len(data): raise ArtifactError(f"{path}: header runs past the end of the file (truncated?)")

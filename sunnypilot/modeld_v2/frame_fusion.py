@@ -34,14 +34,14 @@ class _Blobs:
 
   def __len__(self) -> int: return self.starts[-1]
 
-  def __getitem__(self, span: slice) -> bytes:
+  def __getitem__(self, span: slice) -> memoryview | bytes:
     start, stop, _ = span.indices(len(self))
-    out = bytearray()
     for blob, base, end in zip(self.blobs, self.starts, self.starts[1:]):
-      if start < end and stop > base: out += blob[max(start, base) - base:min(stop, end) - base]
-    return bytes(out)
+      if base <= start and stop <= end: return memoryview(blob)[start - base:stop - base]  # inside one blob: a view, no copy
+    return b"".join(bytes(memoryview(blob)[max(start, base) - base:min(stop, end) - base])
+                    for blob, base, end in zip(self.blobs, self.starts, self.starts[1:]) if start < end and stop > base)
 
-  def __bytes__(self) -> bytes: return self[0:len(self)]
+  def __bytes__(self) -> bytes: return bytes(self[0:len(self)])
 
 def frame_part(warp_path: str, parts: dict, extras: dict) -> tuple[dict, dict]:
   """The model bundle's parts and extras, with the warp of `warp_path` fused in front of the model: `(parts, extras)` of the fused part."""
