@@ -20,7 +20,7 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 import numpy as np
-from tinygrad import Device, Tensor, dtypes
+from tinygrad import Device, Tensor, dtypes, helpers
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target, getenv
@@ -219,6 +219,8 @@ def _outputs(ret: Any, layout: list, written: list[int]) -> dict[str, np.ndarray
 
 def _label(name: str, key: str | None) -> str: return name if key is None else f"{name}[{key}]"
 
+def _digests(outputs: dict[str, np.ndarray]) -> dict[str, str]: return {label: hashlib.sha256(v.tobytes()).hexdigest() for label, v in outputs.items()}
+
 def _self_check(run, header: dict, blob: bytes, check: dict, layout: list, seed: int) -> dict | None:
   if _device_kind(header["device"]) == "NULL": return None  # NULL buffers hold no data: nothing to compare
   values, written = check_values(header["inputs"], seed), [s["slot"] for s in header["inputs"] if s["written"]]
@@ -228,7 +230,19 @@ def _self_check(run, header: dict, blob: bytes, check: dict, layout: list, seed:
     results.append(_outputs(replay(**check), layout, written))
   for label, expected in results[0].items():
     if expected.tobytes() != results[1][label].tobytes(): raise ArtifactError(f"self-check failed: plain replay differs from the TinyJit replay in {label}")
-  return {"seed": seed, "outputs": {label: hashlib.sha256(v.tobytes()).hexdigest() for label, v in results[0].items()}}
+  return {"seed": seed, "outputs": _digests(results[0])}
+
+def verify_part(header: dict, blob: Any, device: str | None = None) -> dict[str, bool]:
+  """Replay a part on its recorded check's seeded inputs: {output label: digest matches what the capture recorded}."""
+  if header.get("check") is None: raise ArtifactError("this part has no recorded check (built on NULL, or fused at load time)")
+  values = check_values(header["inputs"], header["check"]["seed"])
+  layout = [(s["name"], s["key"], Tensor(v, device=s["device"]).realize()) for s, v in zip(header["inputs"], values)]
+  kwargs: dict[str, Any] = {name: {} for name in header["kwargs"]}
+  for name, key, t in layout:
+    if key is None: kwargs[name] = t
+    else: kwargs[name][key] = t
+  got = _digests(_outputs(PlainJit(header, blob, device)(**kwargs), layout, [s["slot"] for s in header["inputs"] if s["written"]]))
+  return {label: got.get(label) == digest for label, digest in header["check"]["outputs"].items()}
 
 # *** replay ***
 
@@ -422,7 +436,7 @@ class PlainJit(_Jit):
 def provenance(device: str) -> dict:
   dev = Device[Device.canonicalize(device)]
   return {"format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": _device_kind(device), "target": repr(dev.renderer.target),
-          "flags": {flag: getenv(flag, 0) if flag != "JIT_BATCH_SIZE" else JIT_BATCH_SIZE.value for flag in BUILD_FLAGS}}
+          "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS}}
 
 def write_bundle(path: str, parts: dict[str, tuple[dict, bytes]], extras: dict) -> int:
   """Write named parts and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file, atomically. Returns its size in bytes."""

@@ -1,0 +1,59 @@
+"""Look inside a bundle, or check it still computes what it computed when it was built.
+
+  python -m sunnypilot.modeld_v2.inspect_bundle inspect model.bin   # provenance, inputs/outputs, buffers, kernels, per-program table
+  python -m sunnypilot.modeld_v2.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+
+def describe(path: str) -> str:
+  from sunnypilot.modeld_v2.artifact import read_bundle
+  head, blob = read_bundle(path)
+  prov, extras = head["provenance"], head.get("extras", {})
+  lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov['tinygrad']} for {prov['device']} ({prov['target']}), format {prov['format']}",
+           f"  flags: {', '.join(f'{k}={v}' for k, v in prov['flags'].items())}"]
+  if meta := extras.get("metadata"): lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in ('output_slices', 'input_shapes'))}")
+  for kind in ("input_specs", "output_specs"):
+    for name, (shape, dtype, device) in extras.get(kind, {}).items(): lines.append(f"  {kind[:-6]:6s} {name:24s} {tuple(shape)} {dtype} {device}")
+  for name, part in head["parts"].items():
+    h = part["header"]
+    calls = collections.Counter(c["kind"] for c in h["calls"])
+    weights = sum(b["init"][1] - b["init"][0] for b in h["buffers"] if "init" in b)
+    inputs = ", ".join(s["name"] + (f"[{s['key']}]" if s["key"] else "") for s in h["inputs"])
+    check = "none" if h.get("check") is None else f"seed {h['check']['seed']}, {len(h['check']['outputs'])} output digests"
+    lines += [f"  part {name!r}: {sum(calls.values())} calls ({', '.join(f'{n} {k}' for k, n in calls.items())}), {len(h['programs'])} distinct programs, "
+              f"{len(h['buffers'])} buffers ({sum(b['nbytes'] for b in h['buffers']):,} bytes, {weights:,} of them weights)",
+              f"    inputs: {inputs}", f"    check: {check}",
+              f"    {'program':40s} {'global':>14s} {'local':>12s} {'binary':>9s} {'calls':>6s}"]
+    uses = collections.Counter(c["program"] for c in h["calls"] if c["kind"] == "program")
+    for i, p in enumerate(h["programs"]):
+      size = p["lib"][1] - p["lib"][0]
+      lines.append(f"    {p['name'][:40]:40s} {str(tuple(p['global_size'])):>14s} {str(tuple(p['local_size'] or ())):>12s} {size:>9,d} {uses[i]:>6d}")
+  return "\n".join(lines)
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("command", choices=("inspect", "verify"))
+  parser.add_argument("bundle")
+  args = parser.parse_args(argv)
+  from sunnypilot.modeld_v2.artifact import ArtifactError, read_parts, verify_part
+  try:
+    if args.command == "inspect":
+      print(describe(args.bundle))
+      return 0
+    ok = True
+    for name, (header, blob) in read_parts(args.bundle)[0].items():
+      for label, match in verify_part(header, blob).items():
+        print(f"{'PASS' if match else 'FAIL'} {name}: {label}")
+        ok &= match
+    print(f"{args.bundle}: {'verified' if ok else 'MISMATCH: this device computes something else than the build recorded'}")
+    return 0 if ok else 1
+  except (ArtifactError, OSError) as e:
+    print(f"{args.bundle}: {e}", file=sys.stderr)
+    return 2
+
+if __name__ == "__main__":
+  sys.exit(main())

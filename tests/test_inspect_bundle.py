@@ -1,0 +1,21 @@
+
+from sunnypilot.modeld_v2.artifact import write_bundle
+from sunnypilot.modeld_v2.inspect_bundle import main
+
+from conftest import capture, conv_net
+
+def test_inspect_and_verify(tmp_path, capsys):
+  fn, make = conv_net()
+  _, (header, blob), _ = capture(fn, make)
+  good, bad, corrupt = str(tmp_path / "good.bin"), str(tmp_path / "bad.bin"), str(tmp_path / "corrupt.bin")
+  write_bundle(good, {"run": (header, blob)}, {"metadata": {"kind": "test"}})
+  assert main(["inspect", good]) == 0
+  out = capsys.readouterr().out
+  assert "tinygrad 0.14.0 for CPU" in out and "program" in out and f"{len(header['programs'])} distinct programs" in out and "check: seed 0" in out
+  assert main(["verify", good]) == 0 and "PASS run: return[0]" in capsys.readouterr().out
+  wrong = header | {"check": header["check"] | {"outputs": {k: "0" * 64 for k in header["check"]["outputs"]}}}
+  write_bundle(bad, {"run": (wrong, blob)}, {})  # a valid file whose recorded results differ from what it computes
+  assert main(["verify", bad]) == 1 and "FAIL run: return[0]" in capsys.readouterr().out
+  with open(good, "rb") as f: data = f.read()
+  with open(corrupt, "wb") as f: f.write(data[:-10])
+  assert main(["verify", corrupt]) == 2 and "truncated" in capsys.readouterr().err
