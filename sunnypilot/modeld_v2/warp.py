@@ -72,14 +72,16 @@ def make_frame_prepare(frame: NV12Frame, model_w: int, model_h: int) -> Callable
   # per plane: model-pixel offsets (dx, dy) of the Y sub-grids, whether it is chroma, and the byte offset of U or V
   dx, dy = np.array([0, 0, 1, 1, 0, 0], np.float32), np.array([0, 1, 0, 1, 0, 0], np.float32)
   chroma = np.array([0, 0, 0, 0, 1, 1], bool)
-  x = np.arange(w2, dtype=np.float32)[None, None, :] * np.where(chroma, 1, 2)[:, None, None] + dx[:, None, None]
-  y = np.arange(h2, dtype=np.float32)[None, :, None] * np.where(chroma, 1, 2)[:, None, None] + dy[:, None, None]
+  every = np.where(chroma, 1, 2).astype(np.float32)[:, None, None]  # float32 all the way: GPUs without float64 (Adreno) compile it as is
+  x = np.arange(w2, dtype=np.float32)[None, None, :] * every + dx[:, None, None]
+  y = np.arange(h2, dtype=np.float32)[None, :, None] * every + dy[:, None, None]
   max_x = np.where(chroma, frame.width // 2 - 1, frame.width - 1).astype(np.float32)[:, None, None]
   max_y = np.where(chroma, frame.height // 2 - 1, frame.height - 1).astype(np.float32)[:, None, None]
   step = np.where(chroma, 2, 1).astype(np.int32)[:, None, None]
   base = np.array([0, 0, 0, 0, frame.uv_offset, frame.uv_offset + 1], np.int32)[:, None, None]
   scale = np.stack([np.ones((3, 3), np.float32)] * 4 + [UV_SCALE] * 2)  # (6, 3, 3)
   consts = [Tensor(a) for a in (x, y, max_x, max_y, step, base, scale)]
+  assert all(a.dtype in (np.float32, np.int32) for a in (x, y, max_x, max_y, step, base, scale))
 
   def prepare(frame_bytes: Tensor, m_inv: Tensor) -> Tensor:
     x, y, max_x, max_y, step, base, scale = consts
