@@ -73,6 +73,29 @@ def record_kernel_linear() -> Iterator[list[UOp]]:
   finally:
     jit.jit_lower = lower
 
+@contextlib.contextmanager
+def host_backed_null() -> Iterator[None]:
+  """While capturing on NULL (cross-compiling), keep what is copied into NULL buffers in host memory, so ONNX constants can be read and
+  weights land in the bundle. Kernels still do not run: only data copied in from the host is real."""
+  from tinygrad.runtime.ops_null import NullAllocator
+  saved = {k: NullAllocator.__dict__[k] for k in ("_alloc", "_copyin", "_copyout", "_offset")}
+  def copyin(self, dest, src: memoryview): dest[:len(src)] = src.cast("B")
+  def copyout(self, dest: memoryview, src): dest.cast("B")[:] = src[:dest.nbytes]
+  NullAllocator._alloc = lambda self, size, options: memoryview(bytearray(size))
+  NullAllocator._copyin, NullAllocator._copyout = copyin, copyout
+  NullAllocator._offset = lambda self, buf, size, offset: buf[offset:offset + size]
+  global _null_holds_data
+  _null_holds_data = True
+  try: yield
+  finally:
+    for k, v in saved.items(): setattr(NullAllocator, k, v)
+    _null_holds_data = False
+_null_holds_data = False
+
+def capture_context():
+  """What a capture on this process's device needs: host-backed NULL buffers when cross-compiling, else nothing."""
+  return host_backed_null() if _device_kind(Device.DEFAULT) == "NULL" else contextlib.nullcontext()
+
 def input_layout(kwargs: dict[str, Any]) -> list[tuple[str, str | None, Tensor]]:
   """(name, key, tensor) per JIT input slot, in tinygrad's `_prepare_jit_inputs` order: named tensors sorted, then dict entries not seen yet."""
   if not all(isinstance(v, (Tensor, dict)) for v in kwargs.values()):
@@ -170,7 +193,7 @@ def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tup
     returns[-1]["shape"] = list(t.shape)
   # weights and constants: any buffer range the replay reads before writing it carries its bytes (once per buffer)
   for (index, _, _), mode in first_access.items():
-    if mode == "r" and "init" not in buffers[index] and _device_kind(device) != "NULL":
+    if mode == "r" and "init" not in buffers[index] and (_device_kind(device) != "NULL" or _null_holds_data):
       data = _read_bytes(next(b for i, b in base_index.values() if i == index))
       buffers[index]["init"] = [len(blob), len(blob) + len(data)]
       blob += data
@@ -434,8 +457,9 @@ class PlainJit(_Jit):
 # *** bundle files ***
 
 def provenance(device: str) -> dict:
-  dev = Device[Device.canonicalize(device)]
-  return {"format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": _device_kind(device), "target": repr(dev.renderer.target),
+  target = Device[Device.canonicalize(device)].renderer.target
+  if target.device == "NULL" and target.renderer == "IR3": target = dataclasses.replace(target, device="QCOM")  # cross-compiled for Adreno
+  return {"format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": target.device or _device_kind(device), "target": repr(target),
           "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS}}
 
 def write_bundle(path: str, parts: dict[str, tuple[dict, bytes]], extras: dict) -> int:

@@ -183,6 +183,10 @@ def _np_str(dtype) -> str: return np.dtype(dtype).str
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
                   log=print) -> dict:
   """Compile one ONNX (native or supercombo) or a vision+policy pair into a bundle at `output`. Returns a summary."""
+  from sunnypilot.modeld_v2.artifact import capture_context
+  with capture_context(): return _compile_model(output, onnx, vision, policy, frame_skip, log)
+
+def _compile_model(output: str, onnx: str | None, vision: str | None, policy: str | None, frame_skip: int | None, log) -> dict:
   from tinygrad import Device, Tensor, TinyJit
   from tinygrad.nn.onnx import OnnxRunner
 

@@ -14,6 +14,10 @@ from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
 
 def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42) -> dict:
   """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary."""
+  from sunnypilot.modeld_v2.artifact import capture_context
+  with capture_context(): return _compile_warp(frame_spec, warp_to, output, split_frames, seed)
+
+def _compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool, seed: int) -> dict:
   from tinygrad import Device, Tensor, TinyJit
 
   from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle

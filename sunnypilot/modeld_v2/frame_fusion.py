@@ -43,9 +43,9 @@ class _Blobs:
 
   def __bytes__(self) -> bytes: return bytes(self[0:len(self)])
 
-def frame_part(warp_path: str, parts: dict, extras: dict) -> tuple[dict, dict]:
+def frame_part(warp_path: str, parts: dict, extras: dict, allow_device: bool = False) -> tuple[dict, dict]:
   """The model bundle's parts and extras, with the warp of `warp_path` fused in front of the model: `(parts, extras)` of the fused part."""
-  warp_parts, warp_extras = read_parts(warp_path)
+  warp_parts, warp_extras = read_parts(warp_path, allow_device=allow_device)
   (model, model_blob), (warp, warp_blob) = parts["run"], warp_parts["run"]
   meta, warp_meta = extras["metadata"], warp_extras["metadata"]
   if meta.get("kind") != "model" or warp_meta.get("kind") != "warp": raise ArtifactError(f"frame_part fuses a warp bundle into a model bundle ({warp_path})")

@@ -31,19 +31,20 @@ def _cache_key(path: str, extend: Callable, device: str) -> str | None:
          "tinygrad": tinygrad_version(), "device": device}
   return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
-def load_model(path: str, cache: bool = True, extend: Callable | None = None, device: str | None = None) -> dict[str, Any]:
+def load_model(path: str, cache: bool = True, extend: Callable | None = None, device: str | None = None, allow_device: bool = False) -> dict[str, Any]:
   """Read a bundle, apply `extend` (e.g. `functools.partial(frame_part, warp_path)`), return `{"run", "input_specs", "output_specs", "metadata"}`.
 
-  With `extend`, the result is cached on disk as a plain bundle keyed by content (never the input bindings); `cache=False` bypasses it."""
+  With `extend`, the result is cached on disk as a plain bundle keyed by content (never the input bindings); `cache=False` bypasses it.
+  `allow_device` loads a bundle built for another device anyway: mock execution of QCOM bundles on NULL."""
   from tinygrad import Device
   dev = Device.canonicalize(device)
   cached = os.path.join(cache_dir(), f"{key}.bin") if cache and extend is not None and (key := _cache_key(path, extend, dev)) else None
   parts = None
   if cached and os.path.exists(cached):
-    try: parts, extras = read_parts(cached, dev)
+    try: parts, extras = read_parts(cached, dev, allow_device)
     except ArtifactError as e: print(f"load_model: ignoring a bad cache entry {cached}: {e}", file=sys.stderr)
   if parts is None:
-    parts, extras = read_parts(path, dev)
+    parts, extras = read_parts(path, dev, allow_device)
     if extend is not None: parts, extras = extend(parts, extras)
     if cached:
       try:
