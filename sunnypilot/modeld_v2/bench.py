@@ -29,6 +29,12 @@ import numpy as np
 
 CAMERA_BUFFERS = 18  # camerad's count per stream
 
+def write_json(path: str | None, data) -> None:
+  """Write a benchmark's results as JSON (if asked), creating the folder."""
+  if not path: return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f: json.dump(data, f, indent=2, default=str)
+
 class CameraBuffer:
   """A VisionBuf stand-in: a page-aligned shared mapping with `.data`, like visionipc's."""
   def __init__(self, data: np.ndarray):
@@ -341,12 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         f"device {Device.DEFAULT}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
   print(table(results, loads))
   if args.plot: plot(results, args.plot)
-  if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-      json.dump({"model": args.model, "layout": args.layout, "device": Device.DEFAULT, "loads": loads,
-                 "results": [{k: v for k, v in r.items() if k != "times"} for r in results],
-                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}, f, indent=2)
+  write_json(args.json, {"model": args.model, "layout": args.layout, "device": Device.DEFAULT, "loads": loads,
+                         "results": [{k: v for k, v in r.items() if k != "times"} for r in results],
+                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   return 0
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit, dtypes
 
 from sunnypilot.modeld_v2.artifact import PlainJit, record_kernel_linear, serialize_jit, write_bundle
+from sunnypilot.modeld_v2.bench import write_json
 
 def small_kernels(n: int = 13):
   """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""
@@ -121,9 +122,7 @@ def main(argv: list[str] | None = None) -> None:
       print(f"benchmarking {name} on {Device.DEFAULT} ...", file=sys.stderr, flush=True)
       rows.append(bench_case(name, make_case, args.calls, args.loads, tmp))
   print(table(rows))
-  if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f: json.dump(rows, f, indent=2)
+  write_json(args.json, rows)
 
 if __name__ == "__main__":
   main()

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -16,6 +15,7 @@ import numpy as np
 from tinygrad import Device, Tensor
 
 from sunnypilot.modeld_v2 import stand_in_models
+from sunnypilot.modeld_v2.bench import write_json
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.helpers import load_model
 
@@ -61,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
   for r in rows:
     print(f"| {r['layout']} | {r['size']} | {r['device']} | {r['gflops']:.3f} | {r['mparams']:.2f} | {r['compile_s']:.1f} | {r['kernels']} "
           f"| {r['bundle_mb']:.1f} | {r['step_ms_median']:.2f} | {r['step_ms_p95']:.2f} |")
-  if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f: json.dump(rows, f, indent=2)
+  write_json(args.json, rows)
   return 0
 
 if __name__ == "__main__":

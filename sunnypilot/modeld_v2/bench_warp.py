@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -15,6 +14,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor
 
+from sunnypilot.modeld_v2.bench import write_json
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.helpers import load_model
 from sunnypilot.modeld_v2.warp import camerad_frame
@@ -49,9 +49,7 @@ def main(argv: list[str] | None = None) -> int:
   print("| frame | layout | device | kernels | bundle bytes | ms per pair (median) | p95 |\n|---|---|---|---|---|---|---|")
   for r in rows:
     print(f"| {r['frame']} | {r['layout']} | {r['device']} | {r['kernels']} | {r['bundle_bytes']} | {r['ms_median']:.2f} | {r['ms_p95']:.2f} |")
-  if args.json:
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f: json.dump(rows, f, indent=2)
+  write_json(args.json, rows)
   return 0
 
 if __name__ == "__main__":
