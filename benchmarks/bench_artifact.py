@@ -1,6 +1,6 @@
 """Benchmark plain artifacts against pickled TinyJits: load, first call, and per-call host overhead on the same kernels.
 
-  python -m sunnypilot.modeld_v2.bench_artifact [--calls 3000] [--loads 5] [--json out/bench_artifact.json]
+  python -m benchmarks.bench_artifact [--calls 3000] [--loads 5] [--json out/bench_artifact.json]
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit, dtypes
 
+from benchmarks.bench import write_json
 from sunnypilot.modeld_v2.artifact import PlainJit, record_kernel_linear, serialize_jit, write_bundle
-from sunnypilot.modeld_v2.bench import write_json
 
 def small_kernels(n: int = 13):
   """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""

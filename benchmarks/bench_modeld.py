@@ -1,6 +1,6 @@
 """Driving-model benchmark: compile time, bundle size, kernels and per-step time of the stand-in models (tiny and full) on this device.
 
-  python -m sunnypilot.modeld_v2.bench_modeld [--sizes tiny,full] [--steps 50] [--json out/bench_modeld.json]
+  python -m benchmarks.bench_modeld [--sizes tiny,full] [--steps 50] [--json out/bench_modeld.json]
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor
 
+from benchmarks.bench import write_json
 from sunnypilot.modeld_v2 import stand_in_models
-from sunnypilot.modeld_v2.bench import write_json
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.helpers import load_model
 

@@ -1,6 +1,6 @@
 """modeld benchmark: this runtime side by side with the legacy pickled TinyJits (and peers), on this machine's device.
 
-  python -m sunnypilot.modeld_v2.bench --model tiny --camera 1344x760,1928x1208 --frames 1000 --json out/bench.json --plot out/bench.png
+  python -m benchmarks.bench --model tiny --camera 1344x760,1928x1208 --frames 1000 --json out/bench.json --plot out/bench.png
 
 Per camera size, in one process and interleaved frame by frame, it times copy_frames + run + readback for
   fused split   the fused warp+model part, camera buffers read in place (bound by pointer; on CUDA registered with the driver)
@@ -159,7 +159,7 @@ def make_peers(onnx_path: str, frame, layout: str) -> dict:
   try:
     import torch
   except ImportError: return peers
-  from sunnypilot.modeld_v2.torch_peer import TorchPeer
+  from benchmarks.torch_peer import TorchPeer
   if torch.cuda.is_available():
     for name, graph in (("torch eager (CUDA)", False), ("torch CUDA graph", True)):
       try: peers[name] = PeerAdapter(TorchPeer(onnx_path, frame, "cuda", graph=graph), "torch")
@@ -189,8 +189,8 @@ def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
 def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple, log, peers: bool, layout: str) -> dict:
   from tinygrad import Device
 
+  from benchmarks.legacy import LegacyModelAdapter
   from sunnypilot.modeld_v2.calibration import sensor_for_size, warp_matrices
-  from sunnypilot.modeld_v2.legacy import LegacyModelAdapter
   from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
   warps, dev = built["warps"][size], Device.DEFAULT
   bufs = synthetic_buffers(warps["frame"])
@@ -262,7 +262,7 @@ from sunnypilot.modeld_v2.artifact import tinygrad_version
 tinygrad_version()
 t = time.perf_counter()
 if kind == "legacy":
-  from sunnypilot.modeld_v2.legacy import LegacyModelAdapter
+  from benchmarks.legacy import LegacyModelAdapter
   with open(model, "rb") as f: pickles = f.read()
   with open(warp, "rb") as f: warp_pickle = f.read()
   spec = json.loads(sys.argv[5])
@@ -322,7 +322,7 @@ def plot(results: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
-  from sunnypilot.modeld_v2.legacy import capture_legacy
+  from benchmarks.legacy import capture_legacy
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default="tiny", help="tiny, full (random-weight stand-ins) or a path to an ONNX")
   parser.add_argument("--layout", default="native", choices=("native", "supercombo"), help="stand-in layout for tiny/full")

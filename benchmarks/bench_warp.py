@@ -1,6 +1,6 @@
 """Warp benchmark: time per (road, wide) frame pair, kernel count and bundle size, for camerad's frame sizes, packed and --split-frames.
 
-  python -m sunnypilot.modeld_v2.bench_warp [--runs 200] [--json out/bench_warp.json]
+  python -m benchmarks.bench_warp [--runs 200] [--json out/bench_warp.json]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor
 
-from sunnypilot.modeld_v2.bench import write_json
+from benchmarks.bench import write_json
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.helpers import load_model
 from sunnypilot.modeld_v2.warp import camerad_frame
