@@ -165,7 +165,8 @@ def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tup
   for call in calls:
     ast, args = call.src[0], [arg(u) for u in call.src[1:] if not u.is_bound_var]
     if ast.op is Ops.COPY:
-      access(args[1], "r"), access(args[0], "w")
+      access(args[1], "r")
+      access(args[0], "w")
       header_calls.append({"kind": "copy", "args": args})
       continue
     info: ProgramInfo = ast.arg
@@ -174,7 +175,8 @@ def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tup
     lib = ast.src[-1].arg
     if (key := (info.name, lib)) not in program_index:
       program_index[key] = len(programs)
-      params = ast.to_elf().signature[:len(ast.to_elf().signature) - len(info.vars)]
+      signature = ast.to_elf().signature
+      params = signature[:len(signature) - len(info.vars)]
       programs.append({"name": info.function_name, "lib": [len(blob), len(blob) + len(lib)], "target": repr(info.target),
                        "global_size": list(info.global_size), "local_size": None if info.local_size is None else list(info.local_size),
                        "globals": list(info.globals), "outs": list(info.outs), "ins": list(info.ins),

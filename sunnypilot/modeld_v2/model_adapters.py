@@ -1,6 +1,7 @@
 """What modeld drives each frame: inputs in named numpy views, camera frames in, one fused run, outputs out."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 from typing import Any
@@ -28,7 +29,6 @@ class CudaHostRegistration:
 
   def map(self, ptr: int, length: int) -> int:
     """The device pointer of host memory [ptr, ptr+length), which stays valid until unmap_all()."""
-    import ctypes
     self._check(self.cuda.cuCtxSetCurrent(self.dev.context), "cuCtxSetCurrent")
     status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
     if status == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:  # a stale registration of memory that went away and came back at this address
@@ -41,7 +41,6 @@ class CudaHostRegistration:
     return dptr.value
 
   def unmap_all(self) -> None:
-    import ctypes
     self.dev.synchronize()  # no kernel may still be reading them
     for ptr in self.registered: self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
     self.registered.clear()
