@@ -302,3 +302,22 @@ def test_bindings_are_cached_bounded_and_never_pickled(small_part):
   clone(**inputs | {"output_buffers": {k: realized(v.numpy()) for k, v in inputs["output_buffers"].items()}})
   plain.reset()
   assert plain._bound == {}
+
+def test_one_time_weight_preparation_runs_once_at_load():
+  """TinyJit(prune=True) splits off calls that do not depend on inputs (weight preparation): the loader runs them once, not per call."""
+  from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit
+  rng = np.random.default_rng(8)
+  weights = realized(rng.standard_normal((8, 8)).astype(np.float32))
+  fn = lambda x: (x @ (weights * 2 + 1).contiguous()).relu()
+  jit = TinyJit(fn, prune=True)
+  with record_kernel_linear() as recorded:
+    for _ in range(2): inputs = {"x": realized(rng.standard_normal((4, 8)).astype(np.float32))}; jit(**inputs)
+  assert len(recorded.onetime) == 1, "the weight preparation was split off"
+  header, blob = serialize_jit(jit, recorded[0], inputs, onetime=recorded.onetime[0])
+  assert header["onetime_calls"] and len(header["calls"]) == 1
+  prepared = {a["buffer"] for c in header["onetime_calls"] for i, a in enumerate(c["args"]) if i in header["programs"][c["program"]]["outs"]}
+  assert not any("init" in header["buffers"][b] for b in prepared), "what the one-time calls write is computed at load, not stored"
+  plain = PlainJit(header, blob)
+  for _ in range(3):
+    x = realized(rng.standard_normal((4, 8)).astype(np.float32))
+    assert jit(x=x).numpy().tobytes() == plain(x=x).numpy().tobytes()

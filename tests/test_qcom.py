@@ -46,6 +46,10 @@ def test_weights_and_constants_are_in_the_bundle(bundles):
   from sunnypilot.modeld_v2.artifact import read_bundle
   model = read_bundle(bundles["model"])[0]["parts"]["run"]["header"]
   assert sum(b["init"][1] - b["init"][0] for b in model["buffers"] if "init" in b) > 10**6, "captured on NULL, the weights still came from the ONNX"
+  # IMAGE relayouts of the weights are one-time calls the loader runs once; what they write is not stored (it would be NULL's nothing)
+  assert model["onetime_calls"], "the relayouts were split off the per-frame calls"
+  prepared = {a["buffer"] for c in model["onetime_calls"] for i, a in enumerate(c["args"]) if i in model["programs"][c["program"]]["outs"]}
+  assert prepared and not any("init" in model["buffers"][b] for b in prepared)
 
 def test_qcom_bundle_refuses_cpu(bundles):
   from sunnypilot.modeld_v2.artifact import ArtifactError, read_parts

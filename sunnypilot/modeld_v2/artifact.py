@@ -58,20 +58,32 @@ def tinygrad_version() -> str: return package_version("tinygrad")
 
 # *** capture ***
 
+class Recording(list):
+  """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
+  def __init__(self):
+    super().__init__()
+    self.onetime: list[UOp] = []
+
 @contextlib.contextmanager
-def record_kernel_linear() -> Iterator[list[UOp]]:
-  """Record the kernel LINEAR (compiled, memory planned, graph split) of each TinyJit capture that happens inside the block."""
+def record_kernel_linear() -> Iterator[Recording]:
+  """Record the kernel LINEAR (compiled, memory planned, graph split) of each TinyJit capture that happens inside the block, and with
+  prune=True the one-time calls (weight preparation, e.g. IMAGE relayouts) that run once at capture instead of every call."""
   import tinygrad.engine.jit as jit
-  recorded: list[UOp] = []
-  lower = jit.jit_lower
+  from tinygrad.engine.realize import compile_linear
+  recorded = Recording()
+  lower, prune = jit.jit_lower, jit.prune_linear
   def recording_lower(*args, **kwargs):
     recorded.append(linear := lower(*args, **kwargs))
     return linear
-  jit.jit_lower = recording_lower
+  def recording_prune(*args, **kwargs):
+    kept, onetime = prune(*args, **kwargs)
+    if onetime.src: recorded.onetime.append(compile_linear(onetime))  # the capture compiles the same kernels: served from the cache
+    return kept, onetime
+  jit.jit_lower, jit.prune_linear = recording_lower, recording_prune
   try:
     yield recorded
   finally:
-    jit.jit_lower = lower
+    jit.jit_lower, jit.prune_linear = lower, prune
 
 @contextlib.contextmanager
 def host_backed_null() -> Iterator[None]:
@@ -129,19 +141,20 @@ def _copyin(buf: Buffer, data: bytes | memoryview) -> None:
   if hasattr(buf.allocator, "_as_buffer"): np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
   else: buf.allocator._copyin(buf._buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
 
-def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tuple[dict, bytes]:
+def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None) -> tuple[dict, bytes]:
   """Turn a captured TinyJit and its recorded kernel LINEAR into a part `(header, blob)`.
 
   `check` is the keyword inputs of the capture (Tensors and dicts of Tensors such as `output_buffers`): it fixes the input layout, and the
   self-check overwrites their contents with seeded values, replays `run` and the new part on them, and requires bit-identical results.
+  `onetime` is the recorded one-time LINEAR of a prune=True capture: the loader runs those calls once, before the first replay.
   """
   if getattr(run, "captured", None) is None: raise ArtifactError("the TinyJit has not captured yet: call it twice before serializing")
   layout = input_layout(check)
-  calls = _flat_calls(linear)
+  calls, onetime_calls = _flat_calls(linear), _flat_calls(onetime) if onetime is not None else []
   if not calls: raise ArtifactError("the captured kernel list is empty")
   device = next((a.device for c in calls for a in c.src[1:] if a.op is Ops.BUFFER and isinstance(a.device, str) and _device_kind(a.device) != "NPY"),
                 Device.DEFAULT)
-  blob, buffers, base_index, programs, program_index, header_calls = bytearray(), [], {}, [], {}, []
+  blob, buffers, base_index, programs, program_index = bytearray(), [], {}, [], {}
   first_access: dict[tuple, str] = {}  # (buffer, offset, nbytes) -> "r" or "w": what the replay does to it first
 
   def buffer_arg(buf: Buffer) -> dict:
@@ -162,30 +175,37 @@ def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tup
   def access(a: dict, mode: str) -> None:
     if "buffer" in a: first_access.setdefault((a["buffer"], a["offset"], a["nbytes"]), mode)
 
-  for call in calls:
-    ast, args = call.src[0], [arg(u) for u in call.src[1:] if not u.is_bound_var]
-    if ast.op is Ops.COPY:
-      access(args[1], "r")
-      access(args[0], "w")
-      header_calls.append({"kind": "copy", "args": args})
-      continue
-    info: ProgramInfo = ast.arg
-    if any(v.arg.name not in info.runtimevars for v in info.vars):
-      raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
-    lib = ast.src[-1].arg
-    if (key := (info.name, lib)) not in program_index:
-      program_index[key] = len(programs)
-      signature = ast.to_elf().signature
-      params = signature[:len(signature) - len(info.vars)]
-      programs.append({"name": info.function_name, "lib": [len(blob), len(blob) + len(lib)], "target": repr(info.target),
-                       "global_size": list(info.global_size), "local_size": None if info.local_size is None else list(info.local_size),
-                       "globals": list(info.globals), "outs": list(info.outs), "ins": list(info.ins),
-                       "signature": [[n, s, _dtype_name(dt), list(shape)] for n, s, dt, shape in params],
-                       "runtime_vars": [[v.arg.name, v.arg.slot, _dtype_name(v.dtype), *v.arg.vmin_vmax] for v in info.vars]})
-      blob += lib
-    for i in info.ins: access(args[i], "r")
-    for i in info.outs: access(args[i], "w")
-    header_calls.append({"kind": "program", "program": program_index[key], "args": args})
+  def serialize_calls(calls: list[UOp]) -> list[dict]:
+    out = []
+    for call in calls:
+      ast, args = call.src[0], [arg(u) for u in call.src[1:] if not u.is_bound_var]
+      if ast.op is Ops.COPY:
+        access(args[1], "r")
+        access(args[0], "w")
+        out.append({"kind": "copy", "args": args})
+        continue
+      info: ProgramInfo = ast.arg
+      if any(v.arg.name not in info.runtimevars for v in info.vars):
+        raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
+      lib = ast.src[-1].arg
+      if (key := (info.name, lib)) not in program_index:
+        program_index[key] = len(programs)
+        signature = ast.to_elf().signature
+        params = signature[:len(signature) - len(info.vars)]
+        programs.append({"name": info.function_name, "lib": [len(blob), len(blob) + len(lib)], "target": repr(info.target),
+                         "global_size": list(info.global_size), "local_size": None if info.local_size is None else list(info.local_size),
+                         "globals": list(info.globals), "outs": list(info.outs), "ins": list(info.ins),
+                         "signature": [[n, s, _dtype_name(dt), list(shape)] for n, s, dt, shape in params],
+                         "runtime_vars": [[v.arg.name, v.arg.slot, _dtype_name(v.dtype), *v.arg.vmin_vmax] for v in info.vars]})
+        blob.extend(lib)
+      for i in info.ins: access(args[i], "r")
+      for i in info.outs: access(args[i], "w")
+      out.append({"kind": "program", "program": program_index[key], "args": args})
+    return out
+
+  header_onetime = serialize_calls(onetime_calls)  # first: what they write (prepared weights) needs no bytes in the bundle
+  if any("input" in a for c in header_onetime for a in c["args"]): raise ArtifactError("a one-time call reads a JIT input")
+  header_calls = serialize_calls(calls)
 
   ret_kind, ret_tensors = _ret_tensors(run.captured.ret)
   returns = []
@@ -203,7 +223,8 @@ def serialize_jit(run, linear: UOp, check: dict[str, Any], seed: int = 0) -> tup
   header = {"device": device, "input_names": sorted(name for name, key, _ in layout if key is None), "kwargs": sorted(check),
             "inputs": [{"slot": i, "name": name, "key": key, "dtype": _dtype_name(t.dtype), "shape": list(t.shape), "device": t.device,
                         "written": i in written} for i, (name, key, t) in enumerate(layout)],
-            "buffers": buffers, "programs": programs, "calls": header_calls, "returns": ret_kind | {"tensors": returns}, "check": None}
+            "buffers": buffers, "programs": programs, "onetime_calls": header_onetime, "calls": header_calls,
+            "returns": ret_kind | {"tensors": returns}, "check": None}
   header["check"] = _self_check(run, header, bytes(blob), check, layout, seed)
   return header, bytes(blob)
 
@@ -307,8 +328,12 @@ class _Jit:
     self._checked: dict[tuple[int, UOp], Buffer] = {}
     if self._direct:
       self._runtimes = [Device[self.device].runtime(p.to_elf()) for p in self._programs]
-      self._templates = self._step_templates()
-    else: self._linear = self._build_linear()
+      self._templates = self._step_templates(header["calls"])
+      for fxn, args, _ in self._step_templates(header.get("onetime_calls", [])): fxn(*args)  # weight preparation, once
+    else:
+      from tinygrad.engine.realize import run_linear
+      self._linear = self._build_linear(header["calls"])
+      if onetime := header.get("onetime_calls"): run_linear(self._build_linear(onetime, graph=False), {}, jit=True)  # weight preparation, once
     self._ret = [None if "input" in r else Tensor(UOp.from_buffer(self._view(r))).reshape(tuple(r["shape"])) for r in header["returns"]["tensors"]]
     self._same_ret = None if any(t is None for t in self._ret) else self._returned({})  # nothing returned is an input: the same objects every call
 
@@ -331,7 +356,7 @@ class _Jit:
         if "input" in a: access[a["input"]][1 if _writes(call, self.header["programs"], i) else 0].append(j)
     return access
 
-  def _build_linear(self) -> UOp:
+  def _build_linear(self, header_calls: list[dict], graph: bool = True) -> UOp:
     from tinygrad.engine.jit import graph_split_rewrite
     def arg(a: dict) -> UOp:
       if "input" in a:
@@ -339,12 +364,13 @@ class _Jit:
         return UOp.param(a["input"], _dtype(spec["dtype"]), (int(np.prod(spec["shape"])),), spec["device"])
       return UOp.from_buffer(self._view(a))
     calls = []
-    for call in self.header["calls"]:
+    for call in header_calls:
       args = [arg(a) for a in call["args"]]
       if call["kind"] == "copy": calls.append(UOp(Ops.COPY, args[1].dtype, src=(args[1],), arg=args[0].device).call(*args))
       else: calls.append(self._programs[call["program"]].call(*args))
     linear = UOp(Ops.LINEAR, src=tuple(calls))
-    return graph_split_rewrite(linear, max_batch_size=JIT_BATCH_SIZE.value) if JIT < 2 and Device[self.device].graph is not None else linear
+    use_graph = graph and JIT < 2 and Device[self.device].graph is not None
+    return graph_split_rewrite(linear, max_batch_size=JIT_BATCH_SIZE.value) if use_graph else linear
 
   def _returned(self, kwargs: dict) -> Any:
     specs, kind = self.header["returns"]["tensors"], self.header["returns"]["kind"]
@@ -420,11 +446,11 @@ class _Jit:
         raise InputError(f"inputs {_label(self.inputs[other]['name'], self.inputs[other]['key'])} and "
                          f"{_label(self.inputs[slot]['name'], self.inputs[slot]['key'])} share a buffer, and the part reads one after writing the other")
 
-  def _step_templates(self) -> list[tuple[Any, tuple, bool]]:
+  def _step_templates(self, header_calls: list[dict]) -> list[tuple[Any, tuple, bool]]:
     """Per CPU call: the function, its arguments with fixed buffers resolved once (input slots stay `_Slot`s until bound), and whether
     it has any slot: most calls touch only weights and arenas, so binding rebuilds just the few that read or write inputs."""
     templates = []
-    for call in self.header["calls"]:
+    for call in header_calls:
       arg = lambda a, as_int: _Slot(a["input"], as_int) if "input" in a else _address(self._view(a)) if as_int else ctypes.c_uint64(_address(self._view(a)))
       if call["kind"] == "copy":
         dst, src = call["args"]
@@ -526,12 +552,13 @@ def validate_part(header: dict, blob_len: int) -> None:
     for sig in p["signature"]: _dtype(sig[2])
   if [s["slot"] for s in inputs] != list(range(len(inputs))): raise ArtifactError("input slots are not 0..n-1 in order")
   for spec in inputs: _dtype(spec["dtype"])
-  for a in [a for c in header["calls"] for a in c["args"]] + header["returns"]["tensors"]:
+  calls = header["calls"] + header.get("onetime_calls", [])
+  for a in [a for c in calls for a in c["args"]] + header["returns"]["tensors"]:
     if "input" in a:
       if not 0 <= a["input"] < len(inputs): raise ArtifactError(f"argument refers to input slot {a['input']} of {len(inputs)}")
     elif not 0 <= a["buffer"] < len(buffers): raise ArtifactError(f"argument refers to buffer {a['buffer']} of {len(buffers)}")
     else: within([a["offset"], a["offset"] + a["nbytes"]], buffers[a["buffer"]]["nbytes"], "argument"); _dtype(a["dtype"])
-  for c in header["calls"]:
+  for c in calls:
     if c["kind"] not in ("program", "copy") or (c["kind"] == "program" and not 0 <= c["program"] < len(programs)):
       raise ArtifactError(f"unknown call {c.get('kind')!r}/{c.get('program')!r}")
 

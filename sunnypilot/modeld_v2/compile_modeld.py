@@ -228,7 +228,7 @@ def _compile_model(output: str, onnx: str | None, vision: str | None, policy: st
     n_out = max(b for _, b in slices.values()) if layout == "split" else infos["model"]["outputs"]["outputs"][0][-1]
     out_specs = {"outputs": ((1, n_out), np.float32)} | {f"next_{q}": queues[q] for q in queues}
   step = make_step(layout, runners, shapes, slices, frame_skip)
-  jit = TinyJit(step)
+  jit = TinyJit(step, prune=True)
   log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures) ...")
   with record_kernel_linear() as recorded:
     for _ in range(2):
@@ -237,7 +237,7 @@ def _compile_model(output: str, onnx: str | None, vision: str | None, policy: st
   if len(recorded) != 1: raise RuntimeError(f"expected one captured kernel list, got {len(recorded)}")
   t1 = time.perf_counter()
   log(f"captured in {t1 - t0:.1f} s; serializing and self-checking against the TinyJit replay ...")
-  part = serialize_jit(jit, recorded[0], inputs)
+  part = serialize_jit(jit, recorded[0], inputs, onetime=recorded.onetime[0] if recorded.onetime else None)
   metadata = {"kind": "model", "layout": layout, "frame_skip": frame_skip, "output_slices": slices,
               "input_shapes": {k: list(s) for k, s in shapes.items()}, "output_shapes": {k: list(s) for k, (s, _) in out_specs.items()},
               "stand_in": meta.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in paths.items()}}

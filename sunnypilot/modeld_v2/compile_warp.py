@@ -41,7 +41,7 @@ def _compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool
     run(**inputs)
   if len(recorded) != 1: raise RuntimeError(f"expected one captured kernel list, got {len(recorded)}")
   print("serializing and self-checking against the TinyJit replay ...", file=sys.stderr)
-  part = serialize_jit(run, recorded[0], inputs)
+  part = serialize_jit(run, recorded[0], inputs, onetime=recorded.onetime[0] if recorded.onetime else None)
   specs |= {"M_inv": ((2, 3, 3), "<f4", dev)}
   out_shape = (2, 6, model_h // 2, model_w // 2)
   metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}

@@ -88,6 +88,8 @@ def frame_part(warp_path: str, parts: dict, extras: dict, allow_device: bool = F
             "programs": model["programs"] + [p | {"lib": [p["lib"][0] + shift, p["lib"][1] + shift]} for p in warp["programs"]],
             "calls": [{"kind": "copy", "args": [{"buffer": upload, "offset": 0, "nbytes": packed, "dtype": u8}, {"input": slot_of[("host", None)]}]}] +
                      remap(warp["calls"], warp_args, n_model_buffers, len(model["programs"])) + remap(model["calls"], model_args, 0, 0),
+            "onetime_calls": remap(model.get("onetime_calls", []), {}, 0, 0) +
+                             remap(warp.get("onetime_calls", []), {}, n_model_buffers, len(model["programs"])),
             "returns": model["returns"]}
   fused_specs = {"host": ([packed], "|u1", "NPY")} | {n: extras["input_specs"][n] for n in states} | \
                 {n: ([frame_size], "|u1", model["device"]) for n in frame_specs}
