@@ -41,6 +41,11 @@ def _forbidden(*a, **k): raise AssertionError("compile or schedule after the dev
 realize.compile_linear = realize.lower_and_compile = realize.to_program = device.Compiler.compile = device.Compiler.compile_cached = _forbidden
 """
 
+@pytest.fixture(autouse=True, scope="session")
+def private_load_cache(tmp_path_factory):
+  """The load cache of every test (and the processes they start) lives in a temporary folder, not in ~/.cache."""
+  os.environ["MODELD_V2_CACHE"] = str(tmp_path_factory.mktemp("load_cache"))
+
 @pytest.fixture
 def tmp_bundle(tmp_path):
   return str(tmp_path / "bundle.bin")

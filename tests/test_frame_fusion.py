@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from sunnypilot.modeld_v2 import artifact, stand_in_models
+from sunnypilot.modeld_v2 import artifact, helpers, stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.frame_fusion import _Blobs, frame_part, pack_layout
@@ -142,5 +142,9 @@ def test_load_cache_hit_equals_miss_and_files_invalidate_it(bundles, tmp_path, m
   assert NativeTinygradAdapter(model, warp).split and len(os.listdir(tmp_path / "cache")) == 2
   shutil.copy(bundles["supercombo"], model)
   assert "img_q" in NativeTinygradAdapter(model, warp).input_queues and len(os.listdir(tmp_path / "cache")) == 3
+  monkeypatch.setattr(helpers, "MAX_CACHE_ENTRIES", 2)
+  shutil.copy(bundles["packed"], warp)
+  NativeTinygradAdapter(model, warp)
+  assert len(os.listdir(tmp_path / "cache")) == 2, "the cache keeps the newest entries only"
   cached = load_model(model, extend=functools.partial(frame_part, warp))
-  assert "_bound" not in cached["run"].__getstate__() and cached["metadata"]["fused"]["split_frames"]
+  assert "_bound" not in cached["run"].__getstate__() and not cached["metadata"]["fused"]["split_frames"], "the packed warp now"

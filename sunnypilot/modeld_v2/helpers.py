@@ -11,6 +11,8 @@ from typing import Any
 
 from sunnypilot.modeld_v2.artifact import MAGIC, PREAMBLE, ArtifactError, PlainJit, read_parts, tinygrad_version, write_bundle
 
+MAX_CACHE_ENTRIES = 8  # fused parts of the last few model/warp combinations; older ones are removed
+
 def cache_dir() -> str:
   """Where fused parts are cached: $MODELD_V2_CACHE, else ~/.cache/sunnypilot_modeld_v2."""
   return os.environ.get("MODELD_V2_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sunnypilot_modeld_v2")
@@ -31,6 +33,10 @@ def _cache_key(path: str, extend: Callable, device: str) -> str | None:
          "tinygrad": tinygrad_version(), "device": device}
   return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
+def _prune_cache(folder: str) -> None:
+  entries = sorted((e for e in os.scandir(folder) if e.name.endswith(".bin")), key=lambda e: e.stat().st_mtime, reverse=True)
+  for e in entries[MAX_CACHE_ENTRIES:]: os.remove(e.path)
+
 def load_model(path: str, cache: bool = True, extend: Callable | None = None, device: str | None = None, allow_device: bool = False) -> dict[str, Any]:
   """Read a bundle, apply `extend` (e.g. `functools.partial(frame_part, warp_path)`), return `{"run", "input_specs", "output_specs", "metadata"}`.
 
@@ -50,6 +56,7 @@ def load_model(path: str, cache: bool = True, extend: Callable | None = None, de
       try:
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         write_bundle(cached, {name: (h, bytes(b)) for name, (h, b) in parts.items()}, extras)
+        _prune_cache(os.path.dirname(cached))
       except OSError as e: print(f"load_model: cannot write the load cache ({e}); continuing without it", file=sys.stderr)
   return {"run": PlainJit(*parts["run"], device=dev), "input_specs": extras.get("input_specs", {}), "output_specs": extras.get("output_specs", {}),
           "metadata": extras.get("metadata", {})}
