@@ -321,3 +321,26 @@ def test_one_time_weight_preparation_runs_once_at_load():
   for _ in range(3):
     x = realized(rng.standard_normal((4, 8)).astype(np.float32))
     assert jit(x=x).numpy().tobytes() == plain(x=x).numpy().tobytes()
+
+def test_generic_replay_path_on_cpu():
+  """The LINEAR replay GPUs use (run_linear over rebuilt PROGRAMs), forced on CPU: bit-identical to the TinyJit replay, with a host upload."""
+  out = run_python("""
+import numpy as np
+from tinygrad import Device, Tensor, TinyJit, dtypes
+from sunnypilot.modeld_v2.artifact import PlainJit, record_kernel_linear, serialize_jit
+rng = np.random.default_rng(0)
+w = Tensor(rng.standard_normal((8, 6, 3, 3)).astype(np.float32)).realize()
+fn = lambda img, host: (img.cast(dtypes.float32) * host.to(Device.DEFAULT)[0]).conv2d(w).relu().sum(axis=(2, 3))
+make = lambda: dict(img=Tensor(rng.integers(0, 256, (1, 6, 16, 16), dtype=np.uint8)).realize(),
+                    host=Tensor(rng.standard_normal(4).astype(np.float32), device="NPY"))
+jit = TinyJit(fn)
+with record_kernel_linear() as rec:
+  for _ in range(2): inputs = make(); jit(**inputs)
+plain = PlainJit(*serialize_jit(jit, rec[0], inputs))  # the self-check already compared the two once
+assert not plain._direct, "PLAIN_JIT_LINEAR=1 selects the linear replay"
+for _ in range(3):
+  inputs = make()
+  assert jit(**inputs).numpy().tobytes() == plain(**inputs).numpy().tobytes()
+print("ok")
+""", env={"PLAIN_JIT_LINEAR": "1"})
+  assert out.strip() == "ok"
