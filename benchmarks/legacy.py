@@ -22,23 +22,11 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
   dev, frame = Device.canonicalize(device), parse_frame(frame_spec)
   warp = make_frame_prepare(frame, 512, 256)
   warp_jit = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame.to(dev)[i], M_inv.to(dev)[i]) for i in range(2))))
-  infos = {k: cm.load_onnx(p) for k, p in onnx_paths.items()}
-  layout = cm.detect_layout(onnx_paths["model"], infos["model"]) if "model" in infos else "split"
-  shapes = {k: s for info in infos.values() for k, (s, _) in info["inputs"].items()}
-  slices = cm._slices(onnx_paths.get("model") or onnx_paths["vision"], infos.get("model") or infos["vision"])
-  if layout == "split":
-    n_vision = infos["vision"]["outputs"]["outputs"][0][-1]
-    slices |= {k: [a + n_vision, b + n_vision] for k, (a, b) in cm._slices(onnx_paths["policy"], infos["policy"]).items()}
-  step = cm.make_step(layout, {k: OnnxRunner(p) for k, p in onnx_paths.items()}, shapes, slices, 4)
-  if layout == "native":
-    states = {s: infos["model"]["inputs"][s] for s in cm.native_states(onnx_paths["model"], infos["model"])}
-    host = {k: infos["model"]["inputs"][k] for k in cm.NATIVE_INPUTS[1:]}
-    n_out = infos["model"]["outputs"]["outputs"][0]
-  else:
-    states = cm.make_supercombo_input_queues(shapes, 4)
-    host = {"desire": ((1, shapes["desire_pulse"][2]), np.float32), "traffic_convention": (shapes["traffic_convention"], np.float32),
-            "action_t": (shapes["action_t"], np.float32)}
-    n_out = (1, max(b for _, b in slices.values()))
+  plan = cm.plan_model(onnx_paths.get("model"), onnx_paths.get("vision"), onnx_paths.get("policy"))
+  step = cm.make_step(plan["layout"], {k: OnnxRunner(p) for k, p in plan["paths"].items()}, plan["shapes"], plan["slices"], plan["frame_skip"])
+  states = {k: v for k, v in plan["specs"].items() if f"next_{k}" in plan["out_specs"]}
+  host = {k: v for k, v in plan["specs"].items() if k not in states and k != "new_img"}
+  n_out = plan["out_specs"]["outputs"][0]
   model_jit = TinyJit(lambda new_img, output_buffers, **kw: step(new_img=new_img, output_buffers=output_buffers,
                                                                  **{k: v.to(dev) if k in host else v for k, v in kw.items()}))
   specs = {"host": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in host.items()}, "states": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in states.items()},

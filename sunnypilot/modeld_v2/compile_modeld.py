@@ -180,18 +180,9 @@ def make_step(layout: str, runners: dict, shapes: dict, slices: dict, frame_skip
 
 def _np_str(dtype) -> str: return np.dtype(dtype).str
 
-def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
-                  log=print) -> dict:
-  """Compile one ONNX (native or supercombo) or a vision+policy pair into a bundle at `output`. Returns a summary."""
-  from sunnypilot.modeld_v2.artifact import capture_context
-  with capture_context(): return _compile_model(output, onnx, vision, policy, frame_skip, log)
-
-def _compile_model(output: str, onnx: str | None, vision: str | None, policy: str | None, frame_skip: int | None, log) -> dict:
-  from tinygrad import Device, Tensor, TinyJit
-  from tinygrad.nn.onnx import OnnxRunner
-
-  from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle
-  t0, dev = time.perf_counter(), Device.DEFAULT
+def plan_model(onnx: str | None, vision: str | None, policy: str | None, frame_skip: int | None = None) -> dict:
+  """Read and check the ONNX (one, or a vision+policy pair): layout, output slices, input shapes, frame_skip, and the compiled step's
+  input and output specs {name: (shape, dtype)} (states X with outputs next_X)."""
   if onnx is not None and (vision or policy): raise ModelError("give --onnx, or --vision with --policy, not both")
   if onnx is None and not (vision and policy): raise ModelError("a split model needs both --vision and --policy")
   paths = {"model": onnx} if onnx else {"vision": vision, "policy": policy}
@@ -210,12 +201,6 @@ def _compile_model(output: str, onnx: str | None, vision: str | None, policy: st
     meta = infos["policy"]["metadata"] | infos["vision"]["metadata"]
   if layout != "native" and "hidden_state" not in slices: raise ModelError("output_slices has no hidden_state: the feature queue needs it")
   frame_skip = frame_skip or derive_frame_skip(meta)
-  log(f"{layout} model{'s' if layout == 'split' else ''} ({', '.join(paths.values())}), frame_skip {frame_skip}, on {dev}")
-  runners = {k: OnnxRunner(p) for k, p in paths.items()}
-  rng = np.random.default_rng(0)
-  def make(shape, dtype) -> Tensor:
-    value = rng.integers(0, 256, shape, dtype=np.uint8) if np.dtype(dtype) == np.uint8 else rng.standard_normal(shape).astype(dtype)
-    return Tensor(value, device=dev).realize()
   if layout == "native":
     model_in = infos["model"]["inputs"]
     states = native_states(onnx, infos["model"])
@@ -227,6 +212,30 @@ def _compile_model(output: str, onnx: str | None, vision: str | None, policy: st
              "traffic_convention": (shapes["traffic_convention"], np.float32), "action_t": (shapes["action_t"], np.float32)} | queues
     n_out = max(b for _, b in slices.values()) if layout == "split" else infos["model"]["outputs"]["outputs"][0][-1]
     out_specs = {"outputs": ((1, n_out), np.float32)} | {f"next_{q}": queues[q] for q in queues}
+  return {"paths": paths, "layout": layout, "slices": slices, "shapes": shapes, "meta": meta, "frame_skip": frame_skip,
+          "specs": specs, "out_specs": out_specs}
+
+def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
+                  log=print) -> dict:
+  """Compile one ONNX (native or supercombo) or a vision+policy pair into a bundle at `output`. Returns a summary."""
+  from sunnypilot.modeld_v2.artifact import capture_context
+  with capture_context(): return _compile_model(output, onnx, vision, policy, frame_skip, log)
+
+def _compile_model(output: str, onnx: str | None, vision: str | None, policy: str | None, frame_skip: int | None, log) -> dict:
+  from tinygrad import Device, Tensor, TinyJit
+  from tinygrad.nn.onnx import OnnxRunner
+
+  from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle
+  t0, dev = time.perf_counter(), Device.DEFAULT
+  plan = plan_model(onnx, vision, policy, frame_skip)
+  paths, layout, slices, shapes, meta, frame_skip = (plan[k] for k in ("paths", "layout", "slices", "shapes", "meta", "frame_skip"))
+  specs, out_specs = plan["specs"], plan["out_specs"]
+  log(f"{layout} model{'s' if layout == 'split' else ''} ({', '.join(paths.values())}), frame_skip {frame_skip}, on {dev}")
+  runners = {k: OnnxRunner(p) for k, p in paths.items()}
+  rng = np.random.default_rng(0)
+  def make(shape, dtype) -> Tensor:
+    value = rng.integers(0, 256, shape, dtype=np.uint8) if np.dtype(dtype) == np.uint8 else rng.standard_normal(shape).astype(dtype)
+    return Tensor(value, device=dev).realize()
   step = make_step(layout, runners, shapes, slices, frame_skip)
   jit = TinyJit(step, prune=True)
   log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures) ...")

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix, sensor_for_size
+from sunnypilot.modeld_v2.model_outputs import DESIRE_LEN, fill_model_msgs, parse_outputs
+
 DT_MDL = 0.05  # 20 Hz
 SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
-DESIRE_LEN = 8
 
 class VisionStreamType(enum.IntEnum):  # msgq-ipc has no enum for these
   ROAD = 0
@@ -152,7 +154,6 @@ class ModelD:
 
   # *** model ***
   def load(self) -> None:
-    from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
     c = self.client_main
     warp = find_warp(self.artifacts, c.width, c.height, c.stride, c.uv_offset, c.buffer_len)
@@ -162,6 +163,7 @@ class ModelD:
     self.slices = self.adapter.jits["metadata"]["output_slices"]
     road, wide = SENSOR_CAMERAS[sensor_for_size(c.width, c.height)]
     self.cameras = (wide, wide) if self.main_wide else (road, wide)
+    self._rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
     log(f"loaded {model_path} + {os.path.basename(warp)} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     for _ in range(3):  # warm up on zero frames, then forget them
@@ -170,13 +172,14 @@ class ModelD:
     self.adapter.reset_warmup_buffers()
 
   def transforms(self, rpy) -> np.ndarray:
-    from sunnypilot.modeld_v2.calibration import get_warp_matrix
-    return np.stack([get_warp_matrix(rpy, self.cameras[0].intrinsics), get_warp_matrix(rpy, self.cameras[1].intrinsics, bigmodel_frame=True)])
+    """M_inv for both cameras, recomputed only when the calibration changes."""
+    if self._rpy != (rpy := tuple(rpy)):
+      self._rpy, self._m_inv = rpy, np.stack([get_warp_matrix(rpy, self.cameras[0].intrinsics),
+                                              get_warp_matrix(rpy, self.cameras[1].intrinsics, bigmodel_frame=True)])
+    return self._m_inv
 
   def run(self, max_frames: int | None = None) -> int:
-    from sunnypilot.modeld_v2.calibration import DEFAULT_RPY
-    from sunnypilot.modeld_v2.messaging import new_message, pub_master, sub_master
-    from sunnypilot.modeld_v2.model_outputs import fill_model_msgs, parse_outputs
+    from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     pm = pub_master(["modelV2", "drivingModelData", "cameraOdometry"])
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
     if not self.wait_for_camerad(): return 0
@@ -207,12 +210,13 @@ class ModelD:
       outputs = self.adapter.output_array()
       execution_time = time.perf_counter() - t0
       if dropped > 0: continue  # prepare-only: the frame went through the model's queues, nothing is published
-      self.publish(pm, new_message, fill_model_msgs, parse_outputs(outputs, self.slices), outputs, meta_main, meta_extra, sm, drop_perc, execution_time)
+      self.publish(pm, parse_outputs(outputs, self.slices), outputs, meta_main, meta_extra, sm, drop_perc, execution_time)
       published += 1
     log(f"exiting after {published} published frames")
     return 0
 
-  def publish(self, pm, new_message, fill_model_msgs, parsed, outputs, meta_main, meta_extra, sm, drop_perc, execution_time) -> None:
+  def publish(self, pm, parsed, outputs, meta_main, meta_extra, sm, drop_perc, execution_time) -> None:
+    from sunnypilot.modeld_v2.messaging import new_message
     msgs = {s: new_message(s) for s in ("modelV2", "drivingModelData", "cameraOdometry")}
     model_v2, driving, odometry = msgs["modelV2"].modelV2, msgs["drivingModelData"].drivingModelData, msgs["cameraOdometry"].cameraOdometry
     fill_model_msgs(parsed, model_v2, driving, odometry)
