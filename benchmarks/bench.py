@@ -75,23 +75,23 @@ class Unfused:
   def __init__(self, model_path: str, warp_path: str):
     from tinygrad import Tensor
 
-    from sunnypilot.modeld_v2.helpers import load_model
+    from sunnypilot.modeld_v2.loader import load_model
     self.warp, self.model = load_model(warp_path), load_model(model_path)
-    zeros = lambda spec: Tensor(np.zeros(spec[0], np.dtype(spec[1]))).realize()
+    zeros = lambda spec: Tensor(np.zeros(spec.shape, spec.dtype)).realize()
     self.frames = zeros(self.warp["input_specs"]["input_frame"])
     self.tfm = zeros(self.warp["input_specs"]["M_inv"])
     states = [n for n in self.model["input_specs"] if f"next_{n}" in self.model["output_specs"]]
     self.tensors = {n: zeros(s) for n, s in self.model["input_specs"].items() if n != "new_img"}
     self.outputs = {n: self.tensors[n[5:]] if n[5:] in states else zeros(s) for n, s in self.model["output_specs"].items()}
-    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s[0], np.float32) for n, s in self.model["input_specs"].items()
+    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s.shape, np.float32) for n, s in self.model["input_specs"].items()
                                                                        if n not in states and n != "new_img"}
 
   def copy_frames(self, bufs: dict) -> None:
-    from sunnypilot.modeld_v2.artifact import write_tensor
+    from sunnypilot.modeld_v2.replay import write_tensor
     write_tensor(self.frames, np.stack([np.frombuffer(bufs[k].data, np.uint8, count=self.frames.shape[1]) for k in ("img", "big_img")]))
 
   def run(self):
-    from sunnypilot.modeld_v2.artifact import write_tensor
+    from sunnypilot.modeld_v2.replay import write_tensor
     write_tensor(self.tfm, self.numpy_inputs["tfm"])
     for n, v in self.numpy_inputs.items():
       if n != "tfm": write_tensor(self.tensors[n], v)
@@ -173,17 +173,12 @@ def set_inputs(adapter, step: int, m_inv: np.ndarray) -> None:
   adapter.numpy_inputs["action_t"][:] = [0.2 + 0.001 * (step % 10), 0.45]
 
 def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
-  """GPU floor: the fused part's linear (one graph) launched and waited for, back to back, no Python between frames."""
+  """GPU floor: the fused part's calls on the last frame's bindings (one graph) launched and waited for, back to back, no Python per input."""
   from tinygrad import Device
-  from tinygrad.engine.realize import run_linear
-  run = adapter.run_model
-  bound = run._bound[run._input_key(dict(host=adapter.host, **adapter.input_queues, **adapter.frame_inputs, output_buffers=adapter.outputs))]
   times = []
   for _ in range(rounds):
-    Device[run.device].synchronize()
-    t = time.perf_counter()
-    run_linear(run._linear, {}, input_uops=bound, jit=True, wait=True)
-    times.append((time.perf_counter() - t) * 1e3)
+    Device[adapter.run_model.device].synchronize()
+    times.append(adapter.run_model.run_bound(wait=True) * 1e3)
   return times
 
 def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple, log, peers: bool, layout: str) -> dict:
@@ -223,7 +218,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
       if step >= 20 and path == "fused split": floors.append(adapter.run_model.replay_s * 1e3)  # its kernels, timed inside the same call
   max_diff = {p: float(np.abs(outputs[p] - outputs["fused split"]).max()) for p in adapters}
   split_run = adapters["fused split"].run_model
-  if split_run._direct: floor_how = "the fused split part's kernel calls, timed inside each call"
+  if split_run.outputs_in_place: floor_how = "the fused split part's kernel calls, timed inside each call"
   else:
     floors, floor_how = device_floor_ms(adapters["fused split"]), "the fused split part's graph run back to back with wait=True"
   floor = float(np.percentile(floors, 50))
@@ -232,7 +227,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
   for path in adapters:
     t = np.array(times[path])
     # fused split: overhead per call against its own kernel time; others: against the fused split's median kernel time (same kernels)
-    overhead = t - np.array(floors) if path == "fused split" and split_run._direct else t - floor
+    overhead = t - np.array(floors) if path == "fused split" and split_run.outputs_in_place else t - floor
     ours = not isinstance(adapters[path], PeerAdapter)  # a peer runs other kernels: the floor says nothing about its overhead
     rows[path] = {"p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95)), "p99": float(np.percentile(t, 99)),
                   "host_overhead_ms": float(np.percentile(overhead, 50)) if ours else None,
@@ -251,14 +246,13 @@ def _torch_peak() -> int | None:
   return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
 
 LOAD_SCRIPT = """
-import functools, json, sys, time
+import json, sys, time
 from tinygrad import Device
 Device[Device.DEFAULT]
 kind, model, warp, cache = sys.argv[1:5]
 import os; os.environ["MODELD_V2_CACHE"] = cache
-from sunnypilot.modeld_v2.frame_fusion import frame_part
-from sunnypilot.modeld_v2.helpers import load_model
-from sunnypilot.modeld_v2.artifact import tinygrad_version
+from sunnypilot.modeld_v2.loader import load_fused
+from sunnypilot.modeld_v2.bundle import tinygrad_version
 tinygrad_version()
 t = time.perf_counter()
 if kind == "legacy":
@@ -268,7 +262,7 @@ if kind == "legacy":
   spec = json.loads(sys.argv[5])
   LegacyModelAdapter(warp_pickle, pickles, spec)
 else:
-  load_model(model, cache=kind == "cached", extend=functools.partial(frame_part, warp))
+  load_fused(model, warp, cache=kind == "cached")
 print(json.dumps({"ms": (time.perf_counter() - t) * 1e3}))
 """
 

@@ -15,10 +15,12 @@ import tempfile
 import time
 
 import numpy as np
-from tinygrad import Device, Tensor, TinyJit, dtypes
+from tinygrad import Device, Tensor, dtypes
 
 from benchmarks.bench import write_json
-from sunnypilot.modeld_v2.artifact import PlainJit, record_kernel_linear, serialize_jit, write_bundle
+from sunnypilot.modeld_v2.bundle import write_bundle
+from sunnypilot.modeld_v2.capture import capture
+from sunnypilot.modeld_v2.replay import PlainJit
 
 def small_kernels(n: int = 13):
   """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""
@@ -42,7 +44,8 @@ import numpy as np
 Device[Device.DEFAULT]
 kind, path, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 inputs = {name: Tensor(np.zeros(shape, dtype)).realize() for name, (shape, dtype) in names.items()}
-from sunnypilot.modeld_v2.artifact import PlainJit, read_parts, tinygrad_version
+from sunnypilot.modeld_v2.bundle import read_parts, tinygrad_version
+from sunnypilot.modeld_v2.replay import PlainJit
 tinygrad_version()  # both sides start with their code imported and tinygrad's metadata read
 t0 = time.perf_counter()
 if kind == "bundle":
@@ -72,10 +75,7 @@ def per_call_us(fn, inputs: dict, calls: int) -> float:
 
 def bench_case(name: str, make_case, calls: int, loads: int, tmp: str) -> dict:
   fn, make = make_case()
-  jit = TinyJit(fn)
-  with record_kernel_linear() as recorded:
-    for _ in range(2): inputs = make(); jit(**inputs)
-  part = serialize_jit(jit, recorded[0], inputs)
+  jit, part, inputs = capture(fn, make, prune=False)
   bundle, pickled = os.path.join(tmp, "bundle.bin"), os.path.join(tmp, "jit.pkl")
   write_bundle(bundle, {"run": part}, {})
   with open(pickled, "wb") as f: pickle.dump(jit, f)
@@ -83,10 +83,10 @@ def bench_case(name: str, make_case, calls: int, loads: int, tmp: str) -> dict:
   loads_b = [fresh_load("bundle", bundle, specs) for _ in range(loads)]
   loads_p = [fresh_load("pickle", pickled, specs) for _ in range(loads)]
   plain, inputs = PlainJit(*part), make()
-  bound = plain._bind(inputs) if plain._direct else None
-  floor = lambda **_: [f(*a) for f, a in bound]  # the same kernel calls with no Python between them: the CPU floor
+  plain(**inputs)
+  floor = lambda **_: plain.run_bound(wait=False)  # the same kernel calls on the bound inputs, no Python per input: the floor
   # interleaved, three rounds each, so drift on a shared machine hits both sides alike
-  rounds = [(per_call_us(jit, inputs, calls), per_call_us(plain, inputs, calls), per_call_us(floor, inputs, calls) if bound else 0.0) for _ in range(3)]
+  rounds = [(per_call_us(jit, inputs, calls), per_call_us(plain, inputs, calls), per_call_us(floor, inputs, calls)) for _ in range(3)]
   tinyjit_us, plain_us, floor_us = (statistics.median(r[i] for r in rounds) for i in range(3))
   med = lambda rows, key: statistics.median(r[key] for r in rows)
   return {"case": name, "device": Device.DEFAULT, "kernels": len(part[0]["calls"]), "inputs": len(part[0]["inputs"]),

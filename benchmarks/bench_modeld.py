@@ -17,7 +17,7 @@ from tinygrad import Device, Tensor
 from benchmarks.bench import write_json
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
-from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.loader import load_model
 
 def step_ms(path: str, steps: int) -> list[float]:
   """Per-step times of the loaded bundle with states written in place, as modeld runs it."""

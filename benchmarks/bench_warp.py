@@ -16,7 +16,7 @@ from tinygrad import Device, Tensor
 
 from benchmarks.bench import write_json
 from sunnypilot.modeld_v2.compile_warp import compile_warp
-from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 def main(argv: list[str] | None = None) -> int:

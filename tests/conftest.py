@@ -4,19 +4,9 @@ import sys
 
 import numpy as np
 import pytest
-from tinygrad import Device, Tensor, TinyJit, dtypes
-
-from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit
+from tinygrad import Device, Tensor, dtypes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-def capture(fn, make_inputs, calls: int = 2):
-  """TinyJit-capture `fn` on fresh inputs, return (jit, part, the capture's inputs)."""
-  jit = TinyJit(fn)
-  with record_kernel_linear() as recorded:
-    for _ in range(calls): inputs = make_inputs(); jit(**inputs)
-  assert len(recorded) == 1, f"expected one captured kernel list, got {len(recorded)}"
-  return jit, serialize_jit(jit, recorded[0], inputs), inputs
 
 def realized(a: np.ndarray, device: str | None = None) -> Tensor: return Tensor(a, device=device or Device.DEFAULT).realize()
 

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor, TinyJit, dtypes
 
-from sunnypilot.modeld_v2 import artifact
-from sunnypilot.modeld_v2.artifact import ArtifactError, InputError, PlainJit, read_parts, write_bundle
+from sunnypilot.modeld_v2 import bundle, replay
+from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts, write_bundle
+from sunnypilot.modeld_v2.capture import capture
+from sunnypilot.modeld_v2.replay import InputError, PlainJit
 
-from conftest import NO_COMPILE, capture, conv_net, realized, run_python
+from conftest import NO_COMPILE, conv_net, realized, run_python
 
 def same(a: Tensor, b: Tensor) -> bool: return a.numpy().tobytes() == b.numpy().tobytes()
 
@@ -104,7 +106,8 @@ from tinygrad import Tensor, Device
 img = Tensor(np.load({tmp_bundle!r} + ".img.npy")).realize()
 Device[Device.DEFAULT]
 {NO_COMPILE}
-from sunnypilot.modeld_v2.artifact import PlainJit, read_parts
+from sunnypilot.modeld_v2.bundle import read_parts
+from sunnypilot.modeld_v2.replay import PlainJit
 run = PlainJit(*read_parts({tmp_bundle!r})[0]["run"])
 for _ in range(3): out = run(img=img)
 print(bytes(out.uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
@@ -115,30 +118,28 @@ def test_null_device_replays_graph_batches_without_compiling(tmp_path):
   path = str(tmp_path / "null.bin")
   run_python(f"""
 import numpy as np
-from tinygrad import Tensor, TinyJit, dtypes
-from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle
+from tinygrad import Tensor, dtypes
+from sunnypilot.modeld_v2.bundle import write_bundle
+from sunnypilot.modeld_v2.capture import capture
 w = Tensor(np.ones((8, 6, 3, 3), np.float32)).realize()
 fn = lambda img, host: (img.cast(dtypes.float32) * host.to("NULL")[0]).conv2d(w).relu().contiguous().sum(axis=(2, 3)).contiguous()
-jit = TinyJit(fn)
-with record_kernel_linear() as rec:
-  for _ in range(2): inputs = dict(img=Tensor(np.zeros((1, 6, 16, 16), np.uint8)).realize(), host=Tensor(np.zeros(4, np.float32), device="NPY")); jit(**inputs)
-part = serialize_jit(jit, rec[0], inputs)
+part = capture(fn, lambda: dict(img=Tensor(np.zeros((1, 6, 16, 16), np.uint8)).realize(), host=Tensor(np.zeros(4, np.float32), device="NPY"))).part
 assert part[0]["check"] is None and not any("init" in b for b in part[0]["buffers"])
 write_bundle({path!r}, {{"run": part}}, {{}})
 """, env={"DEV": "NULL"})
   out = run_python(f"""
 import numpy as np
 from tinygrad import Tensor, Device
-from tinygrad.uop.ops import Ops
 img, host = Tensor(np.zeros((1, 6, 16, 16), np.uint8)).realize(), Tensor(np.zeros(4, np.float32), device="NPY")
 Device[Device.DEFAULT]
 {NO_COMPILE}
-from sunnypilot.modeld_v2.artifact import PlainJit, read_parts
+from sunnypilot.modeld_v2.bundle import read_parts
+from sunnypilot.modeld_v2.replay import PlainJit
 run = PlainJit(*read_parts({path!r})[0]["run"])
 for _ in range(3): run(img=img, host=host)
-print([c.src[0].arg if c.src[0].op is Ops.CUSTOM_FUNCTION else str(c.src[0].op) for c in run._linear.src])
+print(run.call_kinds)
 """, env={"DEV": "NULL", "JIT_BATCH_SIZE": "0"})
-  assert out.strip() == "['Ops.COPY', 'graph']", out
+  assert out.strip() == "['COPY', 'graph']", out
 
 def test_tinygrad_api_the_loader_reads():
   """Fails loudly when tinygrad changes what the loader depends on: then re-pin and re-check the artifact format."""
@@ -147,7 +148,7 @@ def test_tinygrad_api_the_loader_reads():
   from tinygrad.device import Buffer, TinyELF
   from tinygrad.helpers import Target
   from tinygrad.uop.ops import KernelInfo, Ops, ProgramInfo, UOp
-  assert artifact.tinygrad_version() == "0.14.0"
+  assert bundle.tinygrad_version() == "0.14.0"
   assert "linear = jit_lower(big_linear, held_bufs, input_buf_uops)" in inspect.getsource(jit._TinyJit.__call__), "record_kernel_linear wraps jit_lower"
   assert list(inspect.signature(jit.graph_split_rewrite).parameters) == ["linear", "max_batch_size"]
   assert list(inspect.signature(realize.run_linear).parameters)[:5] == ["linear", "var_vals", "input_uops", "update_stats", "jit"]
@@ -160,7 +161,7 @@ def test_tinygrad_api_the_loader_reads():
   assert list(inspect.signature(jit._prepare_jit_inputs).parameters) == ["args", "kwargs"]
   fn, make = conv_net()
   j, part, _ = capture(fn, make)
-  call = j.captured._linear.src[0]
+  call = j.captured.linear.src[0]
   assert call.op is Ops.CALL and call.src[0].op is Ops.PROGRAM and call.src[0].src[-1].op is Ops.BINARY and isinstance(call.src[0].arg, ProgramInfo)
   runtime = Device[Device.DEFAULT].runtime(call.src[0].to_elf())
   assert callable(runtime.fxn) and runtime.runtimevars == {}, "the direct CPU replay calls CPUProgram.fxn with c_uint64 pointers"
@@ -186,31 +187,32 @@ def small_part():
   weights = realized(rng.standard_normal((16, 32)).astype(np.float32))
   make = lambda: {"x": realized(rng.standard_normal((1, 16)).astype(np.float32)), "state": realized(np.zeros((1, 32), np.float32)),
                   "output_buffers": {"outputs": realized(np.zeros((1, 1), np.float32)), "next_state": realized(np.zeros((1, 32), np.float32))}}
-  return capture(stateful(weights), make)[1], make
+  captured = capture(stateful(weights), make)
+  return captured.part, make, captured.jit
 
 def test_wrong_and_missing_input_names(small_part):
-  part, make = small_part
+  part, make, _ = small_part
   plain, inputs = PlainJit(*part), make()
   with pytest.raises(InputError, match="expected inputs"): plain(**{k: v for k, v in inputs.items() if k != "x"})
   with pytest.raises(InputError, match="expected inputs"): plain(**inputs, extra=inputs["x"])
   with pytest.raises(InputError, match=r"output_buffers\[outputs\] is missing"): plain(**inputs | {"output_buffers": {"next_state": inputs["state"]}})
 
 def test_wrong_shape_dtype_device(small_part):
-  part, make = small_part
+  part, make, _ = small_part
   plain, inputs = PlainJit(*part), make()
   with pytest.raises(InputError, match=r"input x: expected shape \(1, 16\)"): plain(**inputs | {"x": realized(np.zeros((16,), np.float32))})
   with pytest.raises(InputError, match="input x: expected shape"): plain(**inputs | {"x": realized(np.zeros((1, 16), np.int32))})
   with pytest.raises(InputError, match="input x: expected a CPU tensor"): plain(**inputs | {"x": Tensor(np.zeros((1, 16), np.float32), device="NPY")})
 
 def test_non_realized_and_view_inputs(small_part):
-  part, make = small_part
+  part, make, _ = small_part
   plain, inputs = PlainJit(*part), make()
   with pytest.raises(InputError, match="input x is not realized"): plain(**inputs | {"x": inputs["x"] + 1})
   big = realized(np.zeros((2, 16), np.float32))
   with pytest.raises(InputError, match="input x"): plain(**inputs | {"x": big[1:]})
 
 def test_misaligned_pointer(small_part):
-  part, make = small_part
+  part, make, _ = small_part
   plain, inputs = PlainJit(*part), make()
   raw = np.zeros(64 + 4, np.uint8)
   ptr = raw.ctypes.data + (4 - raw.ctypes.data % 16) % 16 + 4  # 4 bytes past a 16-byte boundary
@@ -218,7 +220,7 @@ def test_misaligned_pointer(small_part):
   with pytest.raises(InputError, match="not 16-byte aligned"): plain(**inputs | {"x": x})
 
 def test_aliasing_that_would_read_after_write_is_rejected(small_part):
-  part, make = small_part
+  part, make, _ = small_part
   inputs = make()
   PlainJit(*part)(**inputs | {"output_buffers": {"outputs": inputs["output_buffers"]["outputs"], "next_state": inputs["state"]}})  # next_X into X
   def late_read(x, state, output_buffers):
@@ -235,8 +237,8 @@ def test_aliasing_that_would_read_after_write_is_rejected(small_part):
 @pytest.mark.parametrize("field,value,message", [("device", "QCOM", "built for device QCOM"), ("tinygrad", "0.13.0", "built with tinygrad 0.13.0"),
                                                   ("target", "CPU::arm64,native", "kernels built for CPU::arm64"), ("format", 99, "format 99")])
 def test_bundle_for_another_device_arch_version_format(small_part, tmp_bundle, monkeypatch, field, value, message):
-  real = artifact.provenance
-  monkeypatch.setattr(artifact, "provenance", lambda device: real(device) | {field: value})
+  real = bundle.provenance
+  monkeypatch.setattr(bundle, "provenance", lambda device: real(device) | {field: value})
   write_bundle(tmp_bundle, {"run": small_part[0]}, {})
   monkeypatch.undo()
   with pytest.raises(ArtifactError, match=message): read_parts(tmp_bundle)
@@ -253,7 +255,7 @@ def test_format_version_and_magic_in_the_preamble(small_part, tmp_bundle):
 def test_truncated_and_edited_files(small_part, tmp_bundle):
   write_bundle(tmp_bundle, {"run": small_part[0]}, {})
   data = open(tmp_bundle, "rb").read()
-  for cut in (0, 10, artifact.PREAMBLE.size + 5, len(data) - 1):
+  for cut in (0, 10, bundle.PREAMBLE.size + 5, len(data) - 1):
     open(tmp_bundle, "wb").write(data[:cut])
     with pytest.raises(ArtifactError, match="truncated|too short"): read_parts(tmp_bundle)
   edited = data.replace(b'"nbytes":128', b'"nbytes":256', 1)
@@ -265,7 +267,7 @@ def test_fuzzed_bundles_are_rejected_cleanly(small_part, tmp_bundle):
   write_bundle(tmp_bundle, {"run": small_part[0]}, {})
   data = open(tmp_bundle, "rb").read()
   rng = np.random.default_rng(7)
-  positions = list(range(artifact.PREAMBLE.size + 8)) + list(rng.integers(0, len(data), 300))
+  positions = list(range(bundle.PREAMBLE.size + 8)) + list(rng.integers(0, len(data), 300))
   for pos in positions:
     mutated = bytearray(data)
     mutated[pos] ^= 1 << int(rng.integers(0, 8))
@@ -281,40 +283,47 @@ def test_rehashed_bundle_with_a_bad_reference_is_rejected(small_part, tmp_bundle
     write_bundle(tmp_bundle, {"run": (bad, blob)}, {})  # a valid hash over a hostile header
     with pytest.raises(ArtifactError, match="malformed"): read_parts(tmp_bundle)
 
-def test_bindings_are_cached_bounded_and_never_pickled(small_part):
+@pytest.mark.parametrize("linear", [False, True], ids=["direct", "graph back-end"])
+def test_each_tensor_is_bound_once_per_slot(small_part, monkeypatch, linear):
+  """Fixed slots bind once and camera-like rotating tensors once each; results equal the TinyJit replay whichever tensor is patched in."""
+  if linear: monkeypatch.setenv("PLAIN_JIT_LINEAR", "1")
+  part, make, jit = small_part
+  plain, fixed = PlainJit(*part), make()
+  rng = np.random.default_rng(10)
+  xs = [realized(rng.standard_normal((1, 16)).astype(np.float32)) for _ in range(18)]
+  jit_inputs = make()
+  for step in range(54):
+    plain(**fixed | {"x": xs[step % 18]})
+    jit(**jit_inputs | {"x": realized(xs[step % 18].numpy()), "state": realized(fixed["state"].numpy())})
+    assert fixed["output_buffers"]["outputs"].numpy().tobytes() == jit_inputs["output_buffers"]["outputs"].numpy().tobytes(), step
+  assert plain.bindings_made == len(plain.inputs) - 1 + 18, "each fixed slot once, each of the 18 rotating tensors once"
+  plain.forget(xs[:3])
+  for x in xs[:6]: plain(**fixed | {"x": x})
+  assert plain.bindings_made == len(plain.inputs) - 1 + 18 + 3, "forgotten tensors bind again, the others do not"
+
+def test_bindings_stay_bounded_and_are_not_pickled(small_part):
   import pickle
-  part, make = small_part
-  plain = PlainJit(*part)
-  sets = [make() for _ in range(artifact.MAX_BINDINGS + 3)]
-  for inputs in sets[:3]:
-    plain(**inputs)
-  assert len(plain._bound) == 3
-  plain(**sets[0])
-  assert len(plain._bound) == 3, "a known buffer set is not bound again"
-  for inputs in sets: plain(**inputs)
-  assert 0 < len(plain._bound) <= artifact.MAX_BINDINGS
-  state = plain.__getstate__()
-  assert "_bound" not in state and set(state) == {"header", "blob", "device"}
-  clone = pickle.loads(pickle.dumps(plain))  # a _Jit's own state is plain data; bundles are never unpickled
-  assert clone._bound == {}
-  inputs = make()
+  part, make, _ = small_part
+  plain, inputs = PlainJit(*part), make()
+  rng = np.random.default_rng(11)
+  for _ in range(replay.MAX_BINDINGS_PER_SLOT + 20): plain(**inputs | {"x": realized(rng.standard_normal((1, 16)).astype(np.float32))})
+  assert plain.bindings == len(plain.inputs) - 1 + replay.MAX_BINDINGS_PER_SLOT, "a caller allocating per call evicts its oldest tensors"
+  clone = pickle.loads(pickle.dumps(plain))  # a replay pickles as its plain data; its bindings point at live buffers and stay behind
+  assert clone.bindings == 0 and clone.bindings_made == 0
+  out = {k: realized(v.numpy()) for k, v in inputs["output_buffers"].items()}
+  clone(**inputs | {"output_buffers": out})
   plain(**inputs)
-  clone(**inputs | {"output_buffers": {k: realized(v.numpy()) for k, v in inputs["output_buffers"].items()}})
+  assert clone.bindings_made == len(plain.inputs) and out["outputs"].numpy().tobytes() == inputs["output_buffers"]["outputs"].numpy().tobytes()
   plain.reset()
-  assert plain._bound == {}
+  assert plain.bindings == 0
 
 def test_one_time_weight_preparation_runs_once_at_load():
   """TinyJit(prune=True) splits off calls that do not depend on inputs (weight preparation): the loader runs them once, not per call."""
-  from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit
   rng = np.random.default_rng(8)
   weights = realized(rng.standard_normal((8, 8)).astype(np.float32))
-  fn = lambda x: (x @ (weights * 2 + 1).contiguous()).relu()
-  jit = TinyJit(fn, prune=True)
-  with record_kernel_linear() as recorded:
-    for _ in range(2): inputs = {"x": realized(rng.standard_normal((4, 8)).astype(np.float32))}; jit(**inputs)
-  assert len(recorded.onetime) == 1, "the weight preparation was split off"
-  header, blob = serialize_jit(jit, recorded[0], inputs, onetime=recorded.onetime[0])
-  assert header["onetime_calls"] and len(header["calls"]) == 1
+  make = lambda: {"x": realized(rng.standard_normal((4, 8)).astype(np.float32))}
+  jit, (header, blob), _ = capture(lambda x: (x @ (weights * 2 + 1).contiguous()).relu(), make)
+  assert header["onetime_calls"] and len(header["calls"]) == 1, "the weight preparation was split off"
   prepared = {a["buffer"] for c in header["onetime_calls"] for i, a in enumerate(c["args"]) if i in header["programs"][c["program"]]["outs"]}
   assert not any("init" in header["buffers"][b] for b in prepared), "what the one-time calls write is computed at load, not stored"
   plain = PlainJit(header, blob)
@@ -326,18 +335,17 @@ def test_generic_replay_path_on_cpu():
   """The LINEAR replay GPUs use (run_linear over rebuilt PROGRAMs), forced on CPU: bit-identical to the TinyJit replay, with a host upload."""
   out = run_python("""
 import numpy as np
-from tinygrad import Device, Tensor, TinyJit, dtypes
-from sunnypilot.modeld_v2.artifact import PlainJit, record_kernel_linear, serialize_jit
+from tinygrad import Device, Tensor, dtypes
+from sunnypilot.modeld_v2.capture import capture
+from sunnypilot.modeld_v2.replay import PlainJit
 rng = np.random.default_rng(0)
 w = Tensor(rng.standard_normal((8, 6, 3, 3)).astype(np.float32)).realize()
 fn = lambda img, host: (img.cast(dtypes.float32) * host.to(Device.DEFAULT)[0]).conv2d(w).relu().sum(axis=(2, 3))
 make = lambda: dict(img=Tensor(rng.integers(0, 256, (1, 6, 16, 16), dtype=np.uint8)).realize(),
                     host=Tensor(rng.standard_normal(4).astype(np.float32), device="NPY"))
-jit = TinyJit(fn)
-with record_kernel_linear() as rec:
-  for _ in range(2): inputs = make(); jit(**inputs)
-plain = PlainJit(*serialize_jit(jit, rec[0], inputs))  # the self-check already compared the two once
-assert not plain._direct, "PLAIN_JIT_LINEAR=1 selects the linear replay"
+jit, part, _ = capture(fn, make)  # the self-check already compared the two once
+plain = PlainJit(*part)
+assert not plain.outputs_in_place, "PLAIN_JIT_LINEAR=1 selects the linear replay"
 for _ in range(3):
   inputs = make()
   assert jit(**inputs).numpy().tobytes() == plain(**inputs).numpy().tobytes()

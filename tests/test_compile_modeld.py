@@ -5,9 +5,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from sunnypilot.modeld_v2 import stand_in_models
-from sunnypilot.modeld_v2.artifact import PlainJit, np_dtype
+from sunnypilot.modeld_v2.bundle import np_dtype
 from sunnypilot.modeld_v2.compile_modeld import ModelError, compile_model, read_output_slices
 from sunnypilot.modeld_v2.model_outputs import POLICY_SLICES, VISION_SLICES
+from sunnypilot.modeld_v2.replay import PlainJit
 
 from conftest import NO_COMPILE, realized, run_python
 
@@ -95,7 +96,7 @@ def test_50_steps_match_onnxruntime_and_the_tinyjit_replay(models, layout):
 
 def test_metadata_and_output_slices(models):
   meta = models["split"]["part"][0]
-  from sunnypilot.modeld_v2.helpers import load_model
+  from sunnypilot.modeld_v2.loader import load_model
   split = load_model(models["split"]["output"])["metadata"]
   n_vision = sum(VISION_SLICES.values())
   assert split["output_slices"]["hidden_state"] == [n_vision - 512, n_vision]
@@ -115,12 +116,12 @@ def test_fresh_process_without_compiler(models, tmp_path):
   out = run_python(f"""
 import numpy as np
 from tinygrad import Tensor, Device
-from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.loader import load_model
 d = np.load({str(tmp_path / 'inputs.npz')!r})
 new_img, desire, traffic, action_t = (Tensor(d[f"arr_{{i}}"]).realize() for i in range(4))
 model = load_model({summary['output']!r})
-states = {{k: Tensor(np.zeros(s, np.dtype(t))).realize() for k, (s, t, _) in model["input_specs"].items() if k.endswith("_q")}}
-outs = {{"outputs": Tensor(np.zeros(model["output_specs"]["outputs"][0], np.float32)).realize()}} | {{f"next_{{k}}": v for k, v in states.items()}}
+states = {{k: Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in model["input_specs"].items() if k.endswith("_q")}}
+outs = {{"outputs": Tensor(np.zeros(model["output_specs"]["outputs"].shape, np.float32)).realize()}} | {{f"next_{{k}}": v for k, v in states.items()}}
 Device[Device.DEFAULT]
 {NO_COMPILE}
 model = load_model({summary['output']!r})

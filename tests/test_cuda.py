@@ -6,12 +6,13 @@ import pytest
 from tinygrad import Device
 
 from sunnypilot.modeld_v2 import stand_in_models
-from sunnypilot.modeld_v2.artifact import PlainJit
+from sunnypilot.modeld_v2.capture import capture
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp
+from sunnypilot.modeld_v2.replay import PlainJit
 from sunnypilot.modeld_v2.warp import camerad_frame
 
-from conftest import capture, conv_net
+from conftest import conv_net
 
 def _cuda_present() -> bool:
   try: return Device.DEFAULT.startswith("CUDA") or bool(Device["CUDA"])
@@ -31,7 +32,7 @@ def test_cuda_round_trip_replays_through_a_graph():
   fn, make = conv_net()
   jit, part, _ = capture(fn, make)
   plain = PlainJit(*part)
-  assert not plain._direct and any(c.src[0].arg == "graph" for c in plain._linear.src if c.src[0].op.name == "CUSTOM_FUNCTION")
+  assert not plain.outputs_in_place and "graph" in plain.call_kinds
   for _ in range(3):
     img = make()["img"]
     assert jit(img=img).numpy().tobytes() == plain(img=img).numpy().tobytes()
@@ -44,7 +45,7 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path):
   compile_warp(frame.spec, "512x256", str(tmp_path / "w.bin"), split_frames=True)
   registered = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), cache=False)
   uploaded = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), cache=False, map_camera_buffers=False)
-  assert registered.in_place and registered._cuda is not None and not uploaded.in_place
+  assert registered.in_place and registered.registered_camera_buffers == 0 and not uploaded.in_place
   rng = np.random.default_rng(0)
   bufs = [{k: Buf(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]
   for step in range(12):
@@ -56,6 +57,6 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path):
       adapter.run()
       outs.append(adapter.output_array().tobytes())
     assert outs[0] == outs[1], f"step {step}: registered camera buffers differ from uploaded frames"
-  assert len(registered._cuda.registered) == 10, "each camera buffer registered once"
+  assert registered.registered_camera_buffers == 10, "each camera buffer registered once"
   registered.reset_warmup_buffers()
-  assert registered._cuda.registered == [] and registered._blob_cache == {}
+  assert registered.registered_camera_buffers == 0 and registered.camera_tensors == {}

@@ -6,11 +6,11 @@ import time
 import numpy as np
 import pytest
 
-from sunnypilot.modeld_v2 import artifact, helpers, stand_in_models
+from sunnypilot.modeld_v2 import loader, stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.frame_fusion import _Blobs, frame_part, pack_layout
-from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
 
@@ -58,8 +58,8 @@ def test_blobs_are_one_address_space():
 def test_fused_equals_warp_then_model(bundles, layout):
   adapter = NativeTinygradAdapter(bundles[layout], bundles["packed"], cache=False)
   warp, model = load_model(bundles["packed"])["run"], load_model(bundles[layout])
-  states = {n: realized(np.zeros(s, np.dtype(d))) for n, (s, d, _) in model["input_specs"].items() if f"next_{n}" in model["output_specs"]}
-  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s, np.dtype(d))) for n, (s, d, _) in model["output_specs"].items()}
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in model["input_specs"].items() if f"next_{n}" in model["output_specs"]}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
   header = adapter.run_model.header
   assert [c["kind"] for c in header["calls"]].count("copy") == 1 and header["calls"][0]["kind"] == "copy", "one host upload, first"
   rng = np.random.default_rng(0)
@@ -80,7 +80,8 @@ def test_split_frames_equal_packed_over_30_steps(bundles, layout):
   a, b = drive(packed, np.random.default_rng(1), 30), drive(split, np.random.default_rng(1), 30)
   assert a == b and len(set(a)) == 30
 
-def test_visionipc_buffers_read_in_place(bundles, openpilot_prefix):
+def test_visionipc_buffers_read_in_place_and_bound_once_each(bundles, openpilot_prefix):
+  """camerad's 2 streams x 18 rotating buffers for 100 frames: each buffer mapped and bound once, results bit-identical to the packed path."""
   from msgq.visionipc import VisionIpcClient, VisionIpcServer
   server = VisionIpcServer("camerad")
   for stream in (0, 2): server.create_buffers_with_sizes(stream, 18, FRAME.width, FRAME.height, FRAME.size, FRAME.stride, FRAME.uv_offset)
@@ -99,21 +100,17 @@ def test_visionipc_buffers_read_in_place(bundles, openpilot_prefix):
     return out
   split = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
   packed = NativeTinygradAdapter(bundles["native"], bundles["packed"], cache=False)
-  bound = []
-  def serve_and_count(step, frames):
-    bufs = serve(step, frames)
-    bound.append(len(split.run_model._bound))
-    return bufs
-  expected = drive(packed, np.random.default_rng(2), 40)
-  assert drive(split, np.random.default_rng(2), 40, serve_and_count) == expected, "in-place camera buffers give the packed result"
-  assert len(split._blob_cache) == 36, "each of 18 buffers per stream mapped once"
-  assert max(bound) <= artifact.MAX_BINDINGS and max(bound) > 1
+  expected = drive(packed, np.random.default_rng(2), 100)
+  assert drive(split, np.random.default_rng(2), 100, serve) == expected, "in-place camera buffers give the packed result"
+  assert len(split.camera_tensors) == 36, "each of 18 buffers per stream mapped once"
+  fixed_slots = len(split.run_model.inputs) - 2
+  assert split.run_model.bindings_made == fixed_slots + 36, "host, states and outputs bound once; each camera buffer once"
   last = serve(99, np.zeros((2, FRAME.size), np.uint8))
   split.copy_frames(last)
   ptr = np.frombuffer(last["img"].data, np.uint8).ctypes.data
   assert split.frame_inputs["frame"].uop.base.buffer._buf.va_addr == ptr, "the warp reads the visionipc buffer itself, not a copy"
   split.reset_warmup_buffers()
-  assert split._blob_cache == {} and split.frame_inputs == {} and split.run_model._bound == {}
+  assert split.camera_tensors == {} and split.frame_inputs == {} and split.run_model.bindings == fixed_slots, "camera bindings go with the buffers"
   assert not split.input_queues["state_feat_q"].numpy().any()
   packed.reset_warmup_buffers()
   assert drive(split, np.random.default_rng(3), 5, serve) == drive(packed, np.random.default_rng(3), 5), "correct again after the reset"
@@ -142,9 +139,9 @@ def test_load_cache_hit_equals_miss_and_files_invalidate_it(bundles, tmp_path, m
   assert NativeTinygradAdapter(model, warp).split and len(os.listdir(tmp_path / "cache")) == 2
   shutil.copy(bundles["supercombo"], model)
   assert "img_q" in NativeTinygradAdapter(model, warp).input_queues and len(os.listdir(tmp_path / "cache")) == 3
-  monkeypatch.setattr(helpers, "MAX_CACHE_ENTRIES", 2)
+  monkeypatch.setattr(loader, "MAX_CACHE_ENTRIES", 2)
   shutil.copy(bundles["packed"], warp)
   NativeTinygradAdapter(model, warp)
   assert len(os.listdir(tmp_path / "cache")) == 2, "the cache keeps the newest entries only"
   cached = load_model(model, extend=functools.partial(frame_part, warp))
-  assert "_bound" not in cached["run"].__getstate__() and not cached["metadata"]["fused"]["split_frames"], "the packed warp now"
+  assert not cached["metadata"]["fused"]["split_frames"], "the packed warp now"

@@ -1,8 +1,9 @@
 
-from sunnypilot.modeld_v2.artifact import write_bundle
+from sunnypilot.modeld_v2.bundle import write_bundle
+from sunnypilot.modeld_v2.capture import capture
 from sunnypilot.modeld_v2.inspect_bundle import main
 
-from conftest import capture, conv_net
+from conftest import conv_net
 
 def test_inspect_and_verify(tmp_path, capsys):
   fn, make = conv_net()

@@ -27,7 +27,7 @@ compile_model({paths['model']!r}, onnx={str(tmp / 'model.onnx')!r}, log=lambda s
   return paths
 
 def test_bundles_say_they_are_for_adreno(bundles):
-  from sunnypilot.modeld_v2.artifact import read_bundle
+  from sunnypilot.modeld_v2.bundle import read_bundle
   for path in bundles.values():
     prov = read_bundle(path)[0]["provenance"]
     assert (prov["device"], prov["target"]) == ("QCOM", "QCOM:IR3:a630") and prov["flags"] | {"IMAGE": 1, "FLOAT16": 1, "NOLOCALS": 1} == prov["flags"]
@@ -35,7 +35,7 @@ def test_bundles_say_they_are_for_adreno(bundles):
 
 def test_programs_disassemble_as_adreno_ir3(bundles):
   out = run_python(f"""
-from sunnypilot.modeld_v2.artifact import read_parts
+from sunnypilot.modeld_v2.bundle import read_parts
 from tinygrad.runtime.support.compiler_mesa import IR3Compiler
 header, blob = read_parts({bundles['split']!r}, device="NULL", allow_device=True)[0]["run"]
 for p in header["programs"]: IR3Compiler("a630").disassemble(bytes(blob[p["lib"][0]:p["lib"][1]]))
@@ -43,7 +43,7 @@ for p in header["programs"]: IR3Compiler("a630").disassemble(bytes(blob[p["lib"]
   assert "mov.f32f32" in out and "end" in out, out[:2000]
 
 def test_weights_and_constants_are_in_the_bundle(bundles):
-  from sunnypilot.modeld_v2.artifact import read_bundle
+  from sunnypilot.modeld_v2.bundle import read_bundle
   model = read_bundle(bundles["model"])[0]["parts"]["run"]["header"]
   assert sum(b["init"][1] - b["init"][0] for b in model["buffers"] if "init" in b) > 10**6, "captured on NULL, the weights still came from the ONNX"
   # IMAGE relayouts of the weights are one-time calls the loader runs once; what they write is not stored (it would be NULL's nothing)
@@ -52,33 +52,28 @@ def test_weights_and_constants_are_in_the_bundle(bundles):
   assert prepared and not any("init" in model["buffers"][b] for b in prepared)
 
 def test_qcom_bundle_refuses_cpu(bundles):
-  from sunnypilot.modeld_v2.artifact import ArtifactError, read_parts
+  from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts
   with pytest.raises(ArtifactError, match="built for device QCOM, this process runs on CPU"): read_parts(bundles["model"])
 
 def test_mock_qcom_replays_on_null_without_compiling(bundles):
   out = run_python(f"""
-import functools
 import numpy as np
 from tinygrad import Device, Tensor
-from tinygrad.uop.ops import Ops
-from sunnypilot.modeld_v2.frame_fusion import frame_part
-from sunnypilot.modeld_v2.helpers import load_model
-fuse = functools.partial(frame_part, {bundles['split']!r}, allow_device=True)
-specs = load_model({bundles['model']!r}, cache=False, extend=fuse, device="NULL", allow_device=True)["input_specs"]  # buffers made before the check
+from sunnypilot.modeld_v2.loader import load_fused, load_model
+specs = load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", cache=False, allow_device=True)["input_specs"]  # buffers made before the check
 frame, big = (Tensor(np.zeros({FRAME.size}, np.uint8)).realize() for _ in range(2))
 m = Tensor(np.zeros((2, 3, 3), np.float32)).realize()
-states = {{k: Tensor(np.zeros(s, np.dtype(d))).realize() for k, (s, d, _) in specs.items() if k.startswith("state")}}
+states = {{k: Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in specs.items() if k.startswith("state")}}
 outs = {{"outputs": Tensor(np.zeros((1, 6499), np.float32)).realize()}} | {{f"next_{{k}}": v for k, v in states.items()}}
-host = Tensor(np.zeros(specs["host"][0], np.uint8), device="NPY")
+host = Tensor(np.zeros(specs["host"].shape, np.uint8), device="NPY")
 Device[Device.DEFAULT]
 {NO_COMPILE}
-structure = lambda run: [c.src[0].arg if c.src[0].op is Ops.CUSTOM_FUNCTION else c.src[0].op.name for c in run._linear.src]
 warp = load_model({bundles['split']!r}, device="NULL", allow_device=True)["run"]
 for _ in range(3): warp(frame=frame, big_frame=big, M_inv=m)
-print("warp", structure(warp))
-fused = load_model({bundles['model']!r}, cache=False, extend=fuse, device="NULL", allow_device=True)
+print("warp", warp.call_kinds)
+fused = load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", cache=False, allow_device=True)
 for _ in range(3): fused["run"](host=host, frame=frame, big_frame=big, **states, output_buffers=outs)
-print("fused", structure(fused["run"]))
+print("fused", fused["run"].call_kinds)
 """, env={"DEV": "NULL", "JIT_BATCH_SIZE": "0"})
   lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
   assert lines["warp"] == "['graph']", out

@@ -218,35 +218,25 @@ def plan_model(onnx: str | None, vision: str | None, policy: str | None, frame_s
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
                   log=print) -> dict:
   """Compile one ONNX (native or supercombo) or a vision+policy pair into a bundle at `output`. Returns a summary."""
-  from sunnypilot.modeld_v2.artifact import capture_context
-  with capture_context(): return _compile_model(output, onnx, vision, policy, frame_skip, log)
-
-def _compile_model(output: str, onnx: str | None, vision: str | None, policy: str | None, frame_skip: int | None, log) -> dict:
-  from tinygrad import Device, Tensor, TinyJit
+  from tinygrad import Device, Tensor
   from tinygrad.nn.onnx import OnnxRunner
 
-  from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle
+  from sunnypilot.modeld_v2.bundle import write_bundle
+  from sunnypilot.modeld_v2.capture import capture, compile_session
   t0, dev = time.perf_counter(), Device.DEFAULT
   plan = plan_model(onnx, vision, policy, frame_skip)
   paths, layout, slices, shapes, meta, frame_skip = (plan[k] for k in ("paths", "layout", "slices", "shapes", "meta", "frame_skip"))
   specs, out_specs = plan["specs"], plan["out_specs"]
   log(f"{layout} model{'s' if layout == 'split' else ''} ({', '.join(paths.values())}), frame_skip {frame_skip}, on {dev}")
-  runners = {k: OnnxRunner(p) for k, p in paths.items()}
   rng = np.random.default_rng(0)
   def make(shape, dtype) -> Tensor:
     value = rng.integers(0, 256, shape, dtype=np.uint8) if np.dtype(dtype) == np.uint8 else rng.standard_normal(shape).astype(dtype)
     return Tensor(value, device=dev).realize()
-  step = make_step(layout, runners, shapes, slices, frame_skip)
-  jit = TinyJit(step, prune=True)
-  log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures) ...")
-  with record_kernel_linear() as recorded:
-    for _ in range(2):
-      inputs = {k: make(*s) for k, s in specs.items()} | {"output_buffers": {k: make(*s) for k, s in out_specs.items()}}
-      jit(**inputs)
-  if len(recorded) != 1: raise RuntimeError(f"expected one captured kernel list, got {len(recorded)}")
-  t1 = time.perf_counter()
-  log(f"captured in {t1 - t0:.1f} s; serializing and self-checking against the TinyJit replay ...")
-  part = serialize_jit(jit, recorded[0], inputs, onetime=recorded.onetime[0] if recorded.onetime else None)
+  make_inputs = lambda: {k: make(*s) for k, s in specs.items()} | {"output_buffers": {k: make(*s) for k, s in out_specs.items()}}
+  with compile_session() as null_holds_data:  # the ONNX weights load into device buffers: on NULL they must be host-backed too
+    step = make_step(layout, {k: OnnxRunner(p) for k, p in paths.items()}, shapes, slices, frame_skip)
+    log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
+    jit, part, inputs = capture(step, make_inputs, null_holds_data=null_holds_data)
   metadata = {"kind": "model", "layout": layout, "frame_skip": frame_skip, "output_slices": slices,
               "input_shapes": {k: list(s) for k, s in shapes.items()}, "output_shapes": {k: list(s) for k, (s, _) in out_specs.items()},
               "stand_in": meta.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in paths.items()}}

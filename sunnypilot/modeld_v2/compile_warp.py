@@ -14,34 +14,26 @@ from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
 
 def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42) -> dict:
   """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary."""
-  from sunnypilot.modeld_v2.artifact import capture_context
-  with capture_context(): return _compile_warp(frame_spec, warp_to, output, split_frames, seed)
+  from tinygrad import Device, Tensor
 
-def _compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool, seed: int) -> dict:
-  from tinygrad import Device, Tensor, TinyJit
-
-  from sunnypilot.modeld_v2.artifact import record_kernel_linear, serialize_jit, write_bundle
+  from sunnypilot.modeld_v2.bundle import write_bundle
+  from sunnypilot.modeld_v2.capture import capture, compile_session
   from sunnypilot.modeld_v2.warp import make_frame_prepare
   frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
   warp = make_frame_prepare(frame, model_w, model_h)
-  rng = np.random.default_rng(seed)
-  frames, dev = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), Device.DEFAULT
-  m_inv = Tensor((rng.standard_normal((2, 3, 3)) * 8).astype(np.float32), device=dev).realize()
+  rng, dev = np.random.default_rng(seed), Device.DEFAULT
+  def make_inputs() -> dict:
+    frames, m_inv = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), Tensor((rng.standard_normal((2, 3, 3)) * 8).astype(np.float32), device=dev)
+    if split_frames: return {"frame": Tensor(frames[0], device=dev).realize(), "big_frame": Tensor(frames[1], device=dev).realize(), "M_inv": m_inv.realize()}
+    return {"input_frame": Tensor(frames, device=dev).realize(), "M_inv": m_inv.realize()}
   if split_frames:
-    run = TinyJit(lambda frame, big_frame, M_inv: Tensor.stack(warp(frame, M_inv[0]), warp(big_frame, M_inv[1])), prune=True)
-    inputs = {"frame": Tensor(frames[0], device=dev).realize(), "big_frame": Tensor(frames[1], device=dev).realize(), "M_inv": m_inv}
+    fn = lambda frame, big_frame, M_inv: Tensor.stack(warp(frame, M_inv[0]), warp(big_frame, M_inv[1]))
     specs = dict.fromkeys(("frame", "big_frame"), ((frame.size,), "|u1", dev))
   else:
-    run = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame[i], M_inv[i]) for i in range(2))), prune=True)
-    inputs = {"input_frame": Tensor(frames, device=dev).realize(), "M_inv": m_inv}
+    fn = lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame[i], M_inv[i]) for i in range(2)))
     specs = {"input_frame": ((2, frame.size), "|u1", dev)}
   print(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {dev} ...", file=sys.stderr)
-  with record_kernel_linear() as recorded:
-    run(**inputs)
-    run(**inputs)
-  if len(recorded) != 1: raise RuntimeError(f"expected one captured kernel list, got {len(recorded)}")
-  print("serializing and self-checking against the TinyJit replay ...", file=sys.stderr)
-  part = serialize_jit(run, recorded[0], inputs, onetime=recorded.onetime[0] if recorded.onetime else None)
+  with compile_session() as null_holds_data: part = capture(fn, make_inputs, null_holds_data=null_holds_data).part
   specs |= {"M_inv": ((2, 3, 3), "<f4", dev)}
   out_shape = (2, 6, model_h // 2, model_w // 2)
   metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}

@@ -2,7 +2,8 @@
 
 The fused part takes `host` (one packed uint8 NPY buffer: the warp's M_inv as `tfm`, every non-state model input and, for a
 packed warp, both camera frames), each state, `output_buffers`, and with a --split-frames warp `frame` and `big_frame`, which
-modeld binds to the camera buffers by pointer. Fusing is a pure data transform on two parts; nothing is recompiled.
+modeld binds to the camera buffers by pointer. `fuse` is a pure data transform on two parts (no files, nothing recompiled); `frame_part`
+is the seed's name for reading a warp bundle and fusing it.
 """
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import os
 
 import numpy as np
 
-from sunnypilot.modeld_v2.artifact import ArtifactError, np_dtype, read_parts
+from sunnypilot.modeld_v2.bundle import ArtifactError, TensorSpec, np_dtype, read_parts, state_names
 
 SPLIT_FRAMES = ("big_frame", "frame")  # a --split-frames warp: one input per camera, bound by pointer, not packed into host
 HOST_ALIGN = 64  # every slot of the packed host buffer starts on a cache line, so float views are aligned on any device
 TFM = ("tfm", (2, 3, 3))  # the warp's M_inv (road, wide), first in the host buffer
+FUSION_VERSION = 1  # bump when the fused part's layout changes: load caches key on it
 
 def pack_layout(shapes: dict[str, tuple], frame_size: int) -> tuple[dict[str, int], int]:
   """Byte offsets of `tfm` and each float32 host input in the packed host buffer, then `frames` (two camera frames) if frame_size.
@@ -43,21 +45,26 @@ class _Blobs:
 
   def __bytes__(self) -> bytes: return bytes(self[0:len(self)])
 
-def frame_part(warp_path: str, parts: dict, extras: dict, allow_device: bool = False) -> tuple[dict, dict]:
-  """The model bundle's parts and extras, with the warp of `warp_path` fused in front of the model: `(parts, extras)` of the fused part."""
-  warp_parts, warp_extras = read_parts(warp_path, allow_device=allow_device)
+def frame_part(warp_path: str, parts: dict, extras: dict, device: str | None = None, allow_device: bool = False) -> tuple[dict, dict]:
+  """The seed's extension: read the warp bundle at `warp_path` for `device` and fuse it in front of the model's part."""
+  return fuse((parts, extras), read_parts(warp_path, device, allow_device), os.path.basename(warp_path))
+
+def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_name: str = "warp") -> tuple[dict, dict]:
+  """`(parts, extras)` of a model bundle and of a warp bundle -> `(parts, extras)` of the fused part. Pure: reads no files."""
+  (parts, extras), (warp_parts, warp_extras) = model_bundle, warp_bundle
   (model, model_blob), (warp, warp_blob) = parts["run"], warp_parts["run"]
   meta, warp_meta = extras["metadata"], warp_extras["metadata"]
-  if meta.get("kind") != "model" or warp_meta.get("kind") != "warp": raise ArtifactError(f"frame_part fuses a warp bundle into a model bundle ({warp_path})")
-  if model["device"] != warp["device"]: raise ArtifactError(f"the model is for {model['device']} and the warp {warp_path} for {warp['device']}")
+  if meta.get("kind") != "model" or warp_meta.get("kind") != "warp":
+    raise ArtifactError(f"fusion takes a model bundle and a warp bundle ({warp_name}), got a {meta.get('kind')} and a {warp_meta.get('kind')}")
+  if model["device"] != warp["device"]: raise ArtifactError(f"the model is for {model['device']} and the warp {warp_name} for {warp['device']}")
   if any("input" in r for r in model["returns"]["tensors"]): raise ArtifactError("a model part that returns one of its inputs cannot be fused")
-  states = sorted(name for name in extras["input_specs"] if f"next_{name}" in meta["output_shapes"])
-  host = {name: tuple(shape) for name, (shape, dtype, _) in extras["input_specs"].items() if name not in states and name != "new_img"}
-  if bad := [n for n, (_, d, _) in extras["input_specs"].items() if n in host and np.dtype(d) != np.float32]:
+  states = state_names(extras["input_specs"], extras["output_specs"])
+  host = {name: spec.shape for name, spec in extras["input_specs"].items() if name not in states and name != "new_img"}
+  if bad := [n for n, spec in extras["input_specs"].items() if n in host and np.dtype(spec.dtype) != np.float32]:
     raise ArtifactError(f"host inputs must be float32 to be packed, {bad} are not")
   returned = warp["returns"]["tensors"][0]
-  if returned["shape"] != list(extras["input_specs"]["new_img"][0]):
-    raise ArtifactError(f"the warp makes {returned['shape']} planes, the model takes new_img {extras['input_specs']['new_img'][0]}")
+  if tuple(returned["shape"]) != extras["input_specs"]["new_img"].shape:
+    raise ArtifactError(f"the warp makes {returned['shape']} planes, the model takes new_img {extras['input_specs']['new_img'].shape}")
   frame_specs = {s["name"]: s for s in warp["inputs"] if s["name"] in SPLIT_FRAMES}
   frame_size = next(int(np.prod(s["shape"])) for s in warp["inputs"] if s["name"] in ("input_frame", "frame")) // (1 if frame_specs else 2)
   offsets, packed = pack_layout(host, 0 if frame_specs else frame_size)
@@ -91,9 +98,9 @@ def frame_part(warp_path: str, parts: dict, extras: dict, allow_device: bool = F
             "onetime_calls": remap(model.get("onetime_calls", []), {}, 0, 0) +
                              remap(warp.get("onetime_calls", []), {}, n_model_buffers, len(model["programs"])),
             "returns": model["returns"]}
-  fused_specs = {"host": ([packed], "|u1", "NPY")} | {n: extras["input_specs"][n] for n in states} | \
-                {n: ([frame_size], "|u1", model["device"]) for n in frame_specs}
-  fused_meta = meta | {"fused": {"warp": os.path.basename(warp_path), "frame": warp_meta["frame"], "split_frames": bool(frame_specs),
+  fused_specs = {"host": TensorSpec((packed,), "|u1", "NPY")} | {n: extras["input_specs"][n] for n in states} | \
+                {n: TensorSpec((frame_size,), "|u1", model["device"]) for n in frame_specs}
+  fused_meta = meta | {"fused": {"warp": warp_name, "frame": warp_meta["frame"], "split_frames": bool(frame_specs),
                                  "host_layout": offsets, "host_bytes": packed, "host_shapes": {"tfm": list(TFM[1])} | {k: list(v) for k, v in host.items()},
                                  "frame_size": frame_size}}
   return {"run": (header, _Blobs(model_blob, warp_blob))}, extras | {"input_specs": fused_specs, "metadata": fused_meta}

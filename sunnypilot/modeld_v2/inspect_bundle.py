@@ -10,7 +10,7 @@ import collections
 import sys
 
 def describe(path: str) -> str:
-  from sunnypilot.modeld_v2.artifact import read_bundle
+  from sunnypilot.modeld_v2.bundle import read_bundle
   head, blob = read_bundle(path)
   prov, extras = head["provenance"], head.get("extras", {})
   lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov['tinygrad']} for {prov['device']} ({prov['target']}), format {prov['format']}",
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("command", choices=("inspect", "verify"))
   parser.add_argument("bundle")
   args = parser.parse_args(argv)
-  from sunnypilot.modeld_v2.artifact import ArtifactError, read_parts, verify_part
+  from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts
+  from sunnypilot.modeld_v2.capture import verify_part
   try:
     if args.command == "inspect":
       print(describe(args.bundle))

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 from typing import Any
 
 import numpy as np
 from tinygrad import Device, Tensor
 
-from sunnypilot.modeld_v2.artifact import ALIGNMENT, write_tensor
-from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES, frame_part
-from sunnypilot.modeld_v2.helpers import load_model
+from sunnypilot.modeld_v2.bundle import state_names
+from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES
+from sunnypilot.modeld_v2.loader import load_fused
+from sunnypilot.modeld_v2.replay import ALIGNMENT, write_tensor
 
 log = logging.getLogger("modeld_v2")
 VISION_INPUTS = ("img", "big_img")  # modeld's names for the road and wide camera buffers, in the warp's order
@@ -49,6 +49,11 @@ class BaseModelAdapter:
   """The per-frame interface modeld uses: fill `numpy_inputs`, `copy_frames(bufs)`, `run()`, read the outputs."""
   numpy_inputs: dict[str, np.ndarray]
 
+  @property
+  def registered_camera_buffers(self) -> int:
+    """Camera buffers registered with the CUDA driver now (0 elsewhere)."""
+    return len(self._cuda.registered) if self._cuda else 0
+
   def copy_frames(self, bufs: dict[str, Any]) -> None: raise NotImplementedError
   def reset_warmup_buffers(self) -> None: raise NotImplementedError
   def run(self) -> Tensor: raise NotImplementedError
@@ -68,7 +73,7 @@ class NativeTinygradAdapter(BaseModelAdapter):
   """
   def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True, map_camera_buffers: bool = True):
     self.model_device = Device.canonicalize(device)
-    self.jits = load_model(model_path, cache=cache, extend=functools.partial(frame_part, warp_path), device=self.model_device)
+    self.jits = load_fused(model_path, warp_path, device=self.model_device, cache=cache)
     self.run_model = self.jits["run"]
     fused = self.jits["metadata"]["fused"]
     self.warp_frame_size = fused["frame_size"]
@@ -76,58 +81,64 @@ class NativeTinygradAdapter(BaseModelAdapter):
     kind = self.model_device.split(":")[0]
     self.in_place = bool(self.split) and map_camera_buffers and kind in MAPS_HOST_MEMORY
     self._cuda = CudaHostRegistration(self.model_device) if self.in_place and kind == "CUDA" else None
-    self.state_pairs = {name: f"next_{name}" for name in self.jits["input_specs"] if f"next_{name}" in self.jits["output_specs"]}
-    self.input_queues = {name: Tensor(np.zeros(shape, np.dtype(dtype)), device=self.model_device).realize()
-                         for name, (shape, dtype, _) in self.jits["input_specs"].items() if name in self.state_pairs}
+    self.state_pairs = {name: f"next_{name}" for name in state_names(self.jits["input_specs"], self.jits["output_specs"])}
+    self.input_queues = {name: Tensor(np.zeros(spec.shape, spec.dtype), device=self.model_device).realize()
+                         for name, spec in self.jits["input_specs"].items() if name in self.state_pairs}
     offsets = fused["host_layout"]
     self.packed_input = np.zeros(fused["host_bytes"], dtype=np.uint8)
     self.host = Tensor(self.packed_input, device="NPY")  # the NPY buffer is this array: writes to the views land in the next upload
     self.numpy_inputs = {name: np.ndarray(tuple(shape), dtype=np.float32, buffer=self.packed_input, offset=offsets[name])
                          for name, shape in fused["host_shapes"].items()}
     self.frames = None if self.split else self.packed_input[offsets["frames"]:].reshape(2, self.warp_frame_size)
-    self.outputs = {name: Tensor(np.zeros(shape, np.dtype(dtype)), device=self.model_device).realize()
-                    for name, (shape, dtype, _) in self.jits["output_specs"].items()}
+    self.outputs = {name: Tensor(np.zeros(spec.shape, spec.dtype), device=self.model_device).realize()
+                    for name, spec in self.jits["output_specs"].items()}
     for name, next_name in self.state_pairs.items(): self.outputs[next_name] = self.input_queues[name]  # next_X is written into X
     self.frame_inputs: dict[str, Tensor] = {}
-    self._blob_cache: dict[tuple[str, int], Tensor] = {}  # (stream, pointer) -> the camera buffer mapped as a tensor
+    self.camera_tensors: dict[tuple[str, int], Tensor] = {}  # (stream, pointer) -> the camera buffer mapped as a tensor, once
     self._uploads: dict[str, Tensor] = {}  # per split input: the device buffer numpy frames are uploaded into
     out = self.outputs["outputs"]
     self._output_buffer = out.uop.base.buffer
     self._output_view = np.frombuffer(self._output_buffer.as_memoryview(force_zero_copy=True), np.float32).reshape(out.shape) \
-      if self.run_model._direct else np.empty(out.shape, np.float32)
+      if self.run_model.outputs_in_place else np.empty(out.shape, np.float32)
     if self.split and map_camera_buffers and not self.in_place:
       log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
 
+  @property
+  def registered_camera_buffers(self) -> int:
+    """Camera buffers registered with the CUDA driver now (0 elsewhere)."""
+    return len(self._cuda.registered) if self._cuda else 0
+
   def copy_frames(self, bufs: dict[str, Any]) -> None:
-    """Take this step's camera frames: {"img": road, "big_img": wide}, each a VisionBuf (has .data) or a numpy array."""
+    """Take this step's camera frames: {"img": road, "big_img": wide}, each a VisionBuf (shared camera memory with .data) or a numpy array.
+    Only VisionBufs are read in place: a numpy frame (warmup, tests) is host memory its owner may free or reuse, so it is always copied."""
     for i, key in enumerate(VISION_INPUTS):
       if key not in bufs: continue
       buf = bufs[key]
+      camera = hasattr(buf, "data") and not isinstance(buf, np.ndarray)
       if not self.split:
-        data = buf.data if hasattr(buf, "data") else buf
-        np.copyto(self.frames[i], np.frombuffer(data, dtype=np.uint8, count=self.warp_frame_size))
+        np.copyto(self.frames[i], np.frombuffer(buf.data if camera else buf, dtype=np.uint8, count=self.warp_frame_size))
         continue
       name = ("frame", "big_frame")[i]
-      if hasattr(buf, "data") and self.in_place:
+      if camera and self.in_place:
         ptr, length = _pointer(buf)
-        if (key, ptr) not in self._blob_cache:
+        if (key, ptr) not in self.camera_tensors:
           if ptr % ALIGNMENT: raise ValueError(f"{key}: camera buffer at {ptr:#x} is not {ALIGNMENT}-byte aligned")
           if length < self.warp_frame_size: raise ValueError(f"{key}: camera buffer has {length} bytes, the warp reads {self.warp_frame_size}")
           device_ptr = self._cuda.map(ptr, length) if self._cuda else ptr
-          self._blob_cache[(key, ptr)] = Tensor.from_blob(device_ptr, (self.warp_frame_size,), dtype="uint8", device=self.model_device)
-        self.frame_inputs[name] = self._blob_cache[(key, ptr)]
+          self.camera_tensors[(key, ptr)] = Tensor.from_blob(device_ptr, (self.warp_frame_size,), dtype="uint8", device=self.model_device)
+        self.frame_inputs[name] = self.camera_tensors[(key, ptr)]
       else:
-        data = np.frombuffer(buf.data if hasattr(buf, "data") else buf, dtype=np.uint8, count=self.warp_frame_size)
+        data = np.frombuffer(buf.data if camera else buf, dtype=np.uint8, count=self.warp_frame_size)
         if name not in self._uploads: self._uploads[name] = Tensor(np.zeros(self.warp_frame_size, np.uint8), device=self.model_device).realize()
         write_tensor(self._uploads[name], data)
         self.frame_inputs[name] = self._uploads[name]
 
   def drop_camera_buffers(self) -> None:
     """Forget every camera mapping and the bindings made with them (camerad restarted: its old buffers are gone)."""
+    self.run_model.forget([*self.camera_tensors.values(), *self._uploads.values()])
     self.frame_inputs.clear()
-    self._blob_cache.clear()
+    self.camera_tensors.clear()
     self._uploads.clear()
-    self.run_model.reset()
     if self._cuda: self._cuda.unmap_all()
 
   def reset_warmup_buffers(self) -> None:
@@ -144,6 +155,6 @@ class NativeTinygradAdapter(BaseModelAdapter):
   def output_array(self) -> np.ndarray:
     """This step's outputs (1, N) as numpy, valid until the next run(): on the direct CPU replay a view of the output buffer itself
     (the kernels have finished when run() returns), elsewhere read back into one preallocated array (no scheduling, no allocation)."""
-    if not self.run_model._direct:
+    if not self.run_model.outputs_in_place:
       self._output_buffer.allocator._copyout(memoryview(self._output_view).cast("B"), self._output_buffer._buf)  # waits for the device
     return self._output_view

@@ -88,7 +88,7 @@ class FrameMeta:
 
 def find_warp(artifacts: str, width: int, height: int, stride: int, uv_offset: int, size: int) -> str:
   """The warp bundle in `artifacts` built for this live buffer layout; split-frames first."""
-  from sunnypilot.modeld_v2.artifact import read_bundle
+  from sunnypilot.modeld_v2.bundle import read_bundle
   from sunnypilot.modeld_v2.warp import parse_frame
   seen, matches = [], []
   for path in sorted(glob.glob(os.path.join(artifacts, "*.bin"))):

@@ -34,7 +34,7 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   from tinygrad import Device, Tensor
 
   from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
-  from sunnypilot.modeld_v2.helpers import load_model
+  from sunnypilot.modeld_v2.loader import load_model
   from sunnypilot.modeld_v2.road_scene import road_scene
   from sunnypilot.modeld_v2.warp import parse_frame
   model = load_model(warp_path)

@@ -1,0 +1,105 @@
+"""Loading bundles for the runtime: one bundle (`load_model`), or a model with a warp fused in front (`load_fused`), whose fused part is
+cached on disk under an explicit key: both content hashes, the fusion version, the tinygrad version and the device.
+
+The cache folder must belong to this user and be writable by no one else (its entries hold native code); otherwise it is skipped. An entry
+is used only when it records the key it was built for; anything unreadable or mismatched is rebuilt.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import stat
+import sys
+from typing import Any
+
+from sunnypilot.modeld_v2.bundle import FORMAT_VERSION, MAGIC, PREAMBLE, ArtifactError, read_parts, tinygrad_version, write_bundle
+from sunnypilot.modeld_v2.frame_fusion import FUSION_VERSION, frame_part, fuse
+from sunnypilot.modeld_v2.replay import Replay
+
+MAX_CACHE_ENTRIES = 8  # fused parts of the last few model/warp combinations; older ones are removed
+CACHE_SUFFIX = ".fused.bin"
+
+def log(msg: str) -> None: print(f"load: {msg}", file=sys.stderr, flush=True)
+
+def cache_dir() -> str:
+  """Where fused parts are cached: $MODELD_V2_CACHE, else ~/.cache/sunnypilot_modeld_v2."""
+  return os.environ.get("MODELD_V2_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sunnypilot_modeld_v2")
+
+def content_hash(path: str) -> str:
+  """A bundle's content hash, from its preamble (the whole file is checked against it whenever the bundle is read)."""
+  try:
+    with open(path, "rb") as f: head = f.read(PREAMBLE.size)
+  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
+  if len(head) < PREAMBLE.size or head[:len(MAGIC)] != MAGIC: raise ArtifactError(f"{path}: not a modeld_v2 bundle")
+  return PREAMBLE.unpack(head)[3].hex()
+
+def fused_key(model_path: str, warp_path: str, device: str) -> dict[str, Any]:
+  """Everything a fused part depends on."""
+  return {"model": content_hash(model_path), "warp": content_hash(warp_path), "fusion": FUSION_VERSION, "format": FORMAT_VERSION,
+          "tinygrad": tinygrad_version(), "device": device}
+
+def private_folder(folder: str) -> bool:
+  """Create the cache folder for this user alone, or check an existing one: ours, and not writable by group or others."""
+  try:
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    st = os.stat(folder)
+  except OSError as e:
+    log(f"cannot use the load cache {folder} ({e.strerror or e}); loading without it")
+    return False
+  if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    log(f"not using the load cache {folder}: it must belong to this user and be writable by no one else (owner uid {st.st_uid}, "
+        f"mode {stat.filemode(st.st_mode)}); loading without it")
+    return False
+  return True
+
+def _cached(path: str, key: dict, device: str, allow_device: bool) -> tuple[dict, dict] | None:
+  if not os.path.exists(path): return None
+  try: parts, extras = read_parts(path, device, allow_device)
+  except ArtifactError as e:
+    log(f"ignoring a bad cache entry: {e}")
+    return None
+  if extras.get("metadata", {}).get("fused", {}).get("key") != key:
+    log(f"ignoring cache entry {path}: it was not built from these bundles")
+    return None
+  return parts, extras
+
+def _store(folder: str, path: str, parts: dict, extras: dict) -> None:
+  try:
+    write_bundle(path, parts, extras)
+    entries = sorted((e for e in os.scandir(folder) if e.name.endswith(CACHE_SUFFIX) and e.is_file()), key=lambda e: e.stat().st_mtime, reverse=True)
+    for e in entries[MAX_CACHE_ENTRIES:]: os.remove(e.path)
+  except OSError as e: log(f"cannot write the load cache ({e.strerror or e}); continuing without it")
+
+def load_fused(model_path: str, warp_path: str, device: str | None = None, cache: bool = True, allow_device: bool = False) -> dict[str, Any]:
+  """A model bundle with a warp bundle fused in front (see frame_fusion), read for `device`; cached on disk by content unless cache=False.
+  `allow_device` loads bundles built for another device anyway: mock execution of QCOM bundles on NULL."""
+  from tinygrad import Device
+  dev = Device.canonicalize(device)
+  key = fused_key(model_path, warp_path, dev)
+  folder = cache_dir()
+  entry = os.path.join(folder, hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + CACHE_SUFFIX)
+  use_cache = cache and private_folder(folder)
+  if not use_cache or (hit := _cached(entry, key, dev, allow_device)) is None:
+    parts, extras = fuse(read_parts(model_path, dev, allow_device), read_parts(warp_path, dev, allow_device), os.path.basename(warp_path))
+    extras["metadata"]["fused"]["key"] = key
+    if use_cache: _store(folder, entry, parts, extras)
+  else: parts, extras = hit
+  return loaded(parts, extras, dev)
+
+def load_model(path: str, cache: bool = True, extend: Any = None, device: str | None = None, allow_device: bool = False) -> dict[str, Any]:
+  """Read a bundle for `device`: `{"run": Replay, "input_specs", "output_specs", "metadata"}`. The seed's spelling of a fused load,
+  `extend=functools.partial(frame_part, warp_path)`, is `load_fused(path, warp_path, ...)`."""
+  from tinygrad import Device
+  if extend is not None:
+    if not (isinstance(extend, functools.partial) and extend.func is frame_part and len(extend.args) == 1 and not extend.keywords):
+      raise TypeError("extend takes functools.partial(frame_part, warp_path): fusing a warp is the one extension")
+    return load_fused(path, extend.args[0], device, cache, allow_device)
+  dev = Device.canonicalize(device)
+  return loaded(*read_parts(path, dev, allow_device), dev)
+
+def loaded(parts: dict, extras: dict, device: str) -> dict[str, Any]:
+  if "run" not in parts: raise ArtifactError(f"the bundle has no 'run' part (parts: {sorted(parts)})")
+  return {"run": Replay(*parts["run"], device=device), "input_specs": extras.get("input_specs", {}), "output_specs": extras.get("output_specs", {}),
+          "metadata": extras.get("metadata", {})}

@@ -1,0 +1,288 @@
+"""Replay a part: programs rebuilt from their binaries, buffers allocated and filled from the blob, inputs bound per slot.
+
+Bindings are per input slot: a slot's tensor is validated and bound once when first seen, then patched in by pointer whenever the
+caller passes it again. modeld passes the same host, state and output tensors every frame and cycles camerad's 18 buffers per camera:
+each is bound once, and a frame costs one identity check per slot. Two back-ends sit behind `patch()` and `run()`: direct ctypes
+calls on CPU, and tinygrad's graph runner (one submission per frame) elsewhere.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+import numpy as np
+from tinygrad import Device, Tensor, dtypes
+from tinygrad.device import Buffer
+from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target, getenv
+from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
+
+from sunnypilot.modeld_v2.bundle import call_writes, device_kind, dtype_name, parse_dtype
+
+ALIGNMENT = 16  # vectorised CPU kernels fault on float pointers that are not 16-byte aligned
+MAX_BINDINGS_PER_SLOT = 64  # camerad's 18 buffers per camera fit many times over; a caller allocating per call evicts its oldest
+
+class InputError(ValueError):
+  """Inputs that do not match what the part was captured with."""
+
+def program_uop(program: dict, lib: bytes) -> UOp:
+  """A compiled PROGRAM uop rebuilt from plain data: its last src is a BINARY, so tinygrad never compiles it again."""
+  params = tuple(UOp.param(slot, parse_dtype(dt), tuple(shape), name=name) for name, slot, dt, shape in program["signature"])
+  runtime_vars = tuple(UOp.param(slot, parse_dtype(dt), (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
+                       for name, slot, dt, lo, hi in program["runtime_vars"])  # core_id: the CPU runtime sets it per core
+  info = ProgramInfo(name=program["name"], global_size=tuple(program["global_size"]), vars=runtime_vars,
+                     local_size=None if program["local_size"] is None else tuple(program["local_size"]), globals=tuple(program["globals"]),
+                     outs=tuple(program["outs"]), ins=tuple(program["ins"]), target=Target.parse(program["target"]))
+  return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program["name"])), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
+                               UOp(Ops.BINARY, arg=lib)), arg=info)
+
+def address(buf: Buffer) -> int:
+  """Where a host-visible buffer's bytes live (CPU: its numpy array or mapping; others: the device address)."""
+  return buf._buf.ctypes.data if isinstance(buf._buf, np.ndarray) else int(buf._buf.va_addr)
+
+def copy_into(buf: Buffer, data: bytes | memoryview) -> None:
+  """Copy bytes into a buffer once: host-visible memory directly, other devices through the allocator (ctypes wants a writable view)."""
+  if hasattr(buf.allocator, "_as_buffer"): np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+  else: buf.allocator._copyin(buf._buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
+
+def write_tensor(t: Tensor, value: np.ndarray) -> None:
+  """Overwrite a realized tensor's buffer in place (NPY buffers are numpy arrays: copied into directly)."""
+  buf = t.uop.base.buffer
+  if device_kind(buf.device) == "NPY": np.copyto(buf._buf.reshape(-1).view(np.uint8)[:value.nbytes], np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+  else: copy_into(buf, np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
+
+def label(name: str, key: str | None) -> str: return name if key is None else f"{name}[{key}]"
+
+def slot_value(kwargs: dict, name: str, key: str | None) -> Any:
+  """The tensor a call passes for one input slot: a keyword, or one entry of a dict keyword (`output_buffers[outputs]`); None if absent."""
+  return kwargs.get(name) if key is None else value.get(key) if isinstance(value := kwargs.get(name), dict) else None
+
+class _Direct:
+  """CPU: each call is a ctypes call prepared once. An input slot is one shared c_uint64 (c_void_p for copies) in every call that reads
+  or writes it, so binding a slot is two integer stores."""
+  def __init__(self, replay: Replay, programs: list[UOp]):
+    self.replay = replay
+    self.runtimes = [Device[replay.device].runtime(p.to_elf()) for p in programs]
+    self.ptrs = [ctypes.c_uint64(0) for _ in replay.inputs]
+    self.void_ptrs = [ctypes.c_void_p(0) for _ in replay.inputs]
+    self.steps = self.prepare(replay.header["calls"])
+    for fxn, args in self.prepare(replay.header.get("onetime_calls", [])): fxn(*args)  # weight preparation, once
+
+  def prepare(self, calls: list[dict]) -> list[tuple[Any, tuple]]:
+    steps = []
+    for call in calls:
+      if call["kind"] == "copy":
+        steps.append((ctypes.memmove, tuple(self.void_ptrs[a["input"]] if "input" in a else address(self.replay.view(a)) for a in call["args"]) +
+                      (call["args"][0]["nbytes"],)))
+        continue
+      program, runtime = self.replay.header["programs"][call["program"]], self.runtimes[call["program"]]
+      args = [self.ptrs[a["input"]] if "input" in (a := call["args"][i]) else ctypes.c_uint64(address(self.replay.view(a))) for i in program["globals"]]
+      args += [ctypes.c_uint64(0)] * len(program["runtime_vars"])
+      for core in range(int(program["global_size"][0]) if runtime.runtimevars else 1):  # as CPUProgram does: one call per core_id
+        if runtime.runtimevars: args[runtime.runtimevars["core_id"]] = ctypes.c_uint64(core)
+        steps.append((runtime.fxn, tuple(args)))
+    return steps
+
+  def patch(self, slot: int, uop: UOp, buf: Buffer) -> None:
+    self.ptrs[slot].value = self.void_ptrs[slot].value = address(buf)
+
+  def run(self, wait: bool = False) -> float:
+    start = time.perf_counter()
+    for fxn, args in self.steps: fxn(*args)
+    return time.perf_counter() - start
+
+class _Graph:
+  """Other devices: a tinygrad LINEAR of the compiled PROGRAMs, batched by `graph_split_rewrite` into the device's graph runner. Runners
+  that re-point every input node on each launch (CUDAGraph) are told which nodes read a slot that changed since the last run."""
+  def __init__(self, replay: Replay, programs: list[UOp]):
+    from tinygrad.engine.jit import graph_split_rewrite
+    from tinygrad.engine.realize import run_linear
+    self.replay, self.programs = replay, programs
+    self.linear = self.build(replay.header["calls"])
+    if Device[replay.device].graph is not None and JIT < 2: self.linear = graph_split_rewrite(self.linear, max_batch_size=JIT_BATCH_SIZE.value)
+    if onetime := replay.header.get("onetime_calls"): run_linear(self.build(onetime), {}, jit=True)  # weight preparation, once
+    self.input_uops: list[UOp | None] = [None] * len(replay.inputs)
+    self.changed: set[int] = set()
+    self.runners: dict[UOp, tuple[Any, dict[int, set[int]] | None, set[int]]] = {}
+
+  def build(self, header_calls: list[dict]) -> UOp:
+    def arg(a: dict) -> UOp:
+      if "input" in a:
+        spec = self.replay.inputs[a["input"]]
+        return UOp.param(a["input"], parse_dtype(spec["dtype"]), (int(np.prod(spec["shape"])),), spec["device"])
+      return UOp.from_buffer(self.replay.view(a))
+    calls = []
+    for call in header_calls:
+      args = [arg(a) for a in call["args"]]
+      if call["kind"] == "copy": calls.append(UOp(Ops.COPY, args[1].dtype, src=(args[1],), arg=args[0].device).call(*args))
+      else: calls.append(self.programs[call["program"]].call(*args))
+    return UOp(Ops.LINEAR, src=tuple(calls))
+
+  def patch(self, slot: int, uop: UOp, buf: Buffer) -> None:
+    self.input_uops[slot] = uop
+    self.changed.add(slot)
+
+  def runner(self, ast: UOp, inputs: tuple[UOp, ...]) -> tuple[Any, dict[int, set[int]] | None, set[int]]:
+    if (hit := self.runners.get(ast)) is None:  # our own runner per replay: tinygrad's graph cache is global
+      runner = Device[ast.device if isinstance(ast.device, str) else ast.device[0]].graph(ast, input_uops=inputs)
+      nodes = None
+      if hasattr(runner, "updatable"):
+        nodes = {}
+        for j, replace in enumerate(runner.uop_replace):
+          for _, slot in replace: nodes.setdefault(slot, set()).add(j)
+      hit = self.runners[ast] = (runner, nodes, set(runner.var_vals_replace) | set(runner.launch_dims_replace) if nodes is not None else set())
+    return hit
+
+  def run(self, wait: bool = False) -> float:
+    from tinygrad.engine.realize import run_linear
+    inputs, start = tuple(self.input_uops), time.perf_counter()
+    for call in self.linear.src:
+      ast = call.src[0]
+      if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
+        runner, nodes, always = self.runner(ast, inputs)
+        if nodes is not None: runner.updatable = sorted(always.union(*(nodes.get(s, ()) for s in self.changed)))
+        runner(inputs, {}, wait=wait)
+      else: run_linear(UOp(Ops.LINEAR, src=(call,)), {}, input_uops=inputs, jit=True, wait=wait)
+    self.changed.clear()
+    return time.perf_counter() - start
+
+  @property
+  def call_kinds(self) -> list[str]:
+    return [c.src[0].arg if c.src[0].op is Ops.CUSTOM_FUNCTION else c.src[0].op.name for c in self.linear.src]
+
+class Replay:
+  """Replays a part. Called with the keyword inputs of the captured function (Tensors and dicts of Tensors such as `output_buffers`);
+  returns what it returned. `_Jit` and `PlainJit` are this class under the seed's names."""
+  def __init__(self, header: dict, blob: Any, device: str | None = None):
+    self.header, self.blob = header, blob
+    self.device = Device.canonicalize(device or header["device"])
+    self.input_names: list[str] = header["input_names"]
+    self.kwargs: list[str] = header["kwargs"]
+    self.inputs: list[dict] = header["inputs"]
+    self.replay_s = 0.0  # the last call's kernels (CPU) or submission (elsewhere: the device runs on)
+    self.bindings_made = 0  # tensors validated and bound, over this replay's life
+    self.bases = [self.allocate(b) for b in header["buffers"]]
+    self.views: dict[tuple, Buffer] = {}
+    self.slots = [(s["name"], s["key"]) for s in self.inputs]
+    self.current: list[UOp | None] = [None] * len(self.inputs)  # the tensor each slot is bound to now
+    self.buffers: list[Buffer | None] = [None] * len(self.inputs)
+    self.known: list[dict[UOp, Buffer]] = [{} for _ in self.inputs]  # per slot: every tensor validated for it, in first-seen order
+    self.conflicts = self.sharing_conflicts()
+    programs = [program_uop(p, bytes(blob[p["lib"][0]:p["lib"][1]])) for p in header["programs"]]
+    self.backend = _Direct(self, programs) if device_kind(self.device) == "CPU" and not getenv("PLAIN_JIT_LINEAR") else _Graph(self, programs)
+    self.ret = [None if "input" in r else Tensor(UOp.from_buffer(self.view(r))).reshape(tuple(r["shape"])) for r in header["returns"]["tensors"]]
+    self.same_ret = None if any(t is None for t in self.ret) else self.returned({})  # nothing returned is an input: the same objects every call
+
+  def __reduce__(self): return Replay, (self.header, bytes(self.blob), self.device)  # plain data; bindings point at live buffers and stay behind
+
+  @property
+  def outputs_in_place(self) -> bool:
+    """Whether buffers the part writes can be read as host memory the moment a call returns (the direct CPU replay: kernels have run)."""
+    return isinstance(self.backend, _Direct)
+
+  @property
+  def bindings(self) -> int:
+    """Tensors bound now, over all slots."""
+    return sum(len(known) for known in self.known)
+
+  @property
+  def call_kinds(self) -> list[str]:
+    """What one call submits, in order: COPY, PROGRAM, or `graph` for a batch the device's graph runner replays (graph back-end only)."""
+    return self.backend.call_kinds if isinstance(self.backend, _Graph) else [c["kind"].upper() for c in self.header["calls"]]
+
+  def allocate(self, spec: dict) -> Buffer:
+    base = Buffer(self.device, spec["nbytes"], dtypes.uint8).allocate()
+    if "init" in spec: copy_into(base, self.blob[spec["init"][0]:spec["init"][1]])
+    return base
+
+  def view(self, a: dict) -> Buffer:
+    if (key := (a["buffer"], a["offset"], a["nbytes"], a["dtype"])) not in self.views:
+      dt = parse_dtype(a["dtype"])
+      self.views[key] = self.bases[a["buffer"]].view(a["nbytes"] // dt.itemsize, dt, a["offset"]).ensure_allocated()
+    return self.views[key]
+
+  def sharing_conflicts(self) -> list[set[int]]:
+    """Per slot, the slots it may not share a buffer with. Sharing is fine when neither is written, or when one is write-only and written
+    first after every access of the other: that is how next_X is written into X."""
+    access: list[tuple[list[int], list[int]]] = [([], []) for _ in self.inputs]
+    for j, call in enumerate(self.header["calls"]):
+      for i, a in enumerate(call["args"]):
+        if "input" in a: access[a["input"]][1 if call_writes(call, self.header["programs"], i) else 0].append(j)
+    def may_share(w: int, r: int) -> bool:
+      (w_reads, w_writes), (r_reads, r_writes) = access[w], access[r]
+      return not w_writes and not r_writes or not w_reads and bool(w_writes) and max(r_reads + r_writes, default=-1) < min(w_writes)
+    return [{o for o in range(len(self.inputs)) if o != s and not may_share(s, o) and not may_share(o, s)} for s in range(len(self.inputs))]
+
+  def __call__(self, **kwargs) -> Any:
+    if len(kwargs) != len(self.kwargs): raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
+    changed = []
+    for slot, (name, key) in enumerate(self.slots):
+      t = slot_value(kwargs, name, key)
+      if t.__class__ is Tensor and t.uop is self.current[slot]: continue
+      self.bind(slot, t, kwargs)
+      changed.append(slot)
+    if changed: self.check_sharing(changed)
+    self.replay_s = self.backend.run()
+    return self.same_ret if self.same_ret is not None else self.returned(kwargs)
+
+  def run_bound(self, wait: bool = True) -> float:
+    """Run the kernels on the tensors bound by the last call, with no Python per input: the kernel-only floor. Seconds it took."""
+    if any(b is None for b in self.buffers): raise InputError("run_bound() replays the last call's bindings: call the part once first")
+    return self.backend.run(wait)
+
+  def bind(self, slot: int, t: Any, kwargs: dict) -> None:
+    spec = self.inputs[slot]
+    if not isinstance(t, Tensor):
+      if sorted(kwargs) != self.kwargs: raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
+      raise InputError(f"input {label(spec['name'], spec['key'])} is missing or not a Tensor (got {type(t).__name__})")
+    known = self.known[slot]
+    if (buf := known.get(t.uop)) is None:
+      buf = known[t.uop] = self.validated(spec, t)
+      self.bindings_made += 1
+      if len(known) > MAX_BINDINGS_PER_SLOT: del known[next(iter(known))]
+    self.current[slot], self.buffers[slot] = t.uop, buf
+    self.backend.patch(slot, t.uop.base, buf)
+
+  def check_sharing(self, changed: list[int]) -> None:
+    for slot in changed:
+      if (other := next((o for o in self.conflicts[slot] if self.buffers[o] is self.buffers[slot]), None)) is not None:
+        for s in changed: self.current[s] = None  # check these again on the next call
+        a, b = sorted((slot, other))
+        raise InputError(f"inputs {label(*self.slots[a])} and {label(*self.slots[b])} share a buffer, and the part reads one after writing the other")
+
+  def validated(self, spec: dict, t: Tensor) -> Buffer:
+    name = label(spec["name"], spec["key"])
+    if not t.uop.is_realized or t.uop.base.op is not Ops.BUFFER: raise InputError(f"input {name} is not realized: realize it before the call")
+    if list(t.shape) != spec["shape"] or dtype_name(t.dtype) != spec["dtype"]:
+      raise InputError(f"input {name}: expected shape {tuple(spec['shape'])} {spec['dtype']}, got {t.shape} {t.dtype!r}")
+    if device_kind(spec["device"]) != device_kind(t.device):
+      raise InputError(f"input {name}: expected a {device_kind(spec['device'])} tensor, got one on {t.device}")
+    buf = t.uop.base.buffer
+    if buf.nbytes != t.nbytes(): raise InputError(f"input {name} is a view of a larger buffer: pass a whole buffer")
+    if not t.uop.has_buffer_identity():  # a permute, flip or other reordering would be read in raw memory order
+      raise InputError(f"input {name} is a reordered view of its buffer ({t.uop.op.name}): pass a contiguous tensor (.contiguous().realize())")
+    if self.outputs_in_place and (ptr := address(buf.ensure_allocated())) % ALIGNMENT:
+      raise InputError(f"input {name}: pointer {ptr:#x} is not {ALIGNMENT}-byte aligned")
+    return buf
+
+  def forget(self, tensors: list[Tensor]) -> None:
+    """Drop the bindings of these tensors (camera buffers that went away), so neither they nor their memory are kept."""
+    gone = {t.uop for t in tensors}
+    for slot, known in enumerate(self.known):
+      for uop in gone & known.keys(): del known[uop]
+      if self.current[slot] in gone: self.current[slot] = self.buffers[slot] = None
+
+  def reset(self) -> None:
+    """Drop every binding (warmup reset, camera reconnect)."""
+    for known in self.known: known.clear()
+    self.current, self.buffers = [None] * len(self.inputs), [None] * len(self.inputs)
+
+  def returned(self, kwargs: dict) -> Any:
+    specs, kind = self.header["returns"]["tensors"], self.header["returns"]["kind"]
+    tensors = [t if t is not None else slot_value(kwargs, *self.slots[r["input"]]) for t, r in zip(self.ret, specs)]
+    if kind == "NoneType": return None
+    if kind == "Tensor": return tensors[0]
+    if kind == "dict": return dict(zip(self.header["returns"]["keys"], tensors))
+    return tuple(tensors) if kind == "tuple" else tensors
+
+_Jit = PlainJit = Replay  # the seed's names
