@@ -21,6 +21,27 @@ def ensure_prefix_dir() -> None:
 
 def has_service(name: str) -> bool: return name in log.Event.schema.union_fields
 
+def set_fields(builder: Any, values: dict[str, Any], prefix: str = "") -> list[str]:
+  """Write {dotted field path: value} into a capnp struct builder (a dict fills a struct, a list of dicts a struct list), setting only
+  fields this schema has: openpilot's cereal and the bundled one differ. Returns the paths it skipped."""
+  skipped = []
+  for path, value in values.items():
+    *parents, leaf = path.split(".")
+    node = builder
+    for name in parents: node = getattr(node, name) if node is not None and name in node.schema.fieldnames else None
+    if node is None or leaf not in node.schema.fieldnames: skipped.append(prefix + path)
+    elif isinstance(value, dict): skipped += set_fields(getattr(node, leaf), value, f"{prefix}{path}.")
+    elif isinstance(value, list) and value and isinstance(value[0], dict):
+      items = node.init(leaf, len(value))
+      for i, item in enumerate(value): skipped += set_fields(items[i], item, f"{prefix}{path}[].")
+    else: setattr(node, leaf, value)
+  return skipped
+
+def lateral_delay(sm: Any, fallback: float) -> float:
+  """openpilot's modeld steers with liveDelay.lateralDelay; the bundled schema has no liveDelay service, and before the first message
+  there is no estimate: then `fallback` (the configured delay)."""
+  return float(sm["liveDelay"].lateralDelay) if has_service("liveDelay") and sm.seen.get("liveDelay") else fallback
+
 def new_message(service: str, valid: bool = True) -> Any:
   if _openpilot_messaging is not None: return _openpilot_messaging.new_message(service, valid=valid)
   msg = log.Event.new_message(logMonoTime=time.monotonic_ns(), valid=valid)

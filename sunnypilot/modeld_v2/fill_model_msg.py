@@ -1,0 +1,207 @@
+"""Parsed outputs -> the field values of modelV2, drivingModelData and cameraOdometry, as openpilot's fill_model_msg.py computes them.
+
+Mirrors openpilot selfdrive/modeld/fill_model_msg.py (commaai/openpilot @028c5eb9: plan, lane lines and road edges with t from the
+plan's PLAN_T_IDXS, leads, meta, FCW history, confidence buffer, polynomial path; fill_pose_msg) and sunnypilot modeld_v2
+fill_model_msg.py (sunnypilot/sunnypilot @d671ce18: temporalPose from the plan at t=0 without a sim_pose head, gas/brake press only where
+the meta layout has them). commaai's later fill_model_msg.py (@b8f90a7a) publishes lane lines and road edges with an empty t; sunnypilot
+@d671ce18 keeps the plan times (models/helpers.py plan_x_idxs_helper @13ce8664), and so does this.
+
+Values are plain, {dotted field path: value} with a struct as a dict and a struct list as a list of dicts, so they can be checked
+without a schema; messaging.set_fields writes them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sunnypilot.modeld_v2.drive_helpers import Action
+from sunnypilot.modeld_v2.model_constants import (
+  CONFIDENCE_BUFFER_LEN,
+  DISENGAGE_WIDTH,
+  FCW_THRESHOLDS_3MS2,
+  FCW_THRESHOLDS_5MS2,
+  IDX_N,
+  LEAD_MHP_SELECTION,
+  LEAD_T_IDXS,
+  LEAD_T_OFFSETS,
+  META_LAYOUTS,
+  META_T_IDXS,
+  MODEL_FREQ,
+  NUM_LANE_LINES,
+  NUM_ROAD_EDGES,
+  POLY_PATH_DEGREE,
+  RYG_GREEN,
+  RYG_YELLOW,
+  T_IDXS,
+  X_IDXS,
+  MetaLayout,
+  Plan,
+)
+
+class Fields:
+  """One message's field values, added part by part. A part whose output heads the model lacks is left out, so its fields keep their
+  defaults, and each of its field names is recorded in `missing` with the reason."""
+  def __init__(self, parsed: dict[str, np.ndarray]):
+    self.parsed, self.values, self.missing = parsed, {}, {}
+
+  def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]]) -> None:
+    if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
+    values = make()
+    assert values.keys() == set(fields), f"part made {sorted(values)}, declared {sorted(fields)}"
+    self.values.update(values)
+
+  def skip(self, fields: tuple[str, ...], reason: str) -> None: self.missing.update(dict.fromkeys(fields, reason))
+
+Floats = np.ndarray | list[float]
+
+def xyzt(t: Floats, x: Floats, y: Floats, z: Floats, x_std: Floats | None = None, y_std: Floats | None = None,
+         z_std: Floats | None = None) -> dict[str, list[float]]:
+  out = {"t": list(t), "x": np.asarray(x).tolist(), "y": np.asarray(y).tolist(), "z": np.asarray(z).tolist()}
+  if x_std is not None: out |= {"xStd": np.asarray(x_std).tolist(), "yStd": np.asarray(y_std).tolist(), "zStd": np.asarray(z_std).tolist()}
+  return out
+
+def plan_t_idxs(plan_x: np.ndarray) -> list[float]:
+  """The time at which the plan reaches each X_IDXS distance, linear between plan points: 0 at the first; 10 s for the first distance
+  beyond the plan's end and NaN after it; NaN where two plan points coincide."""
+  t = [float("nan")] * IDX_N
+  t[0] = 0.0
+  for xi in range(1, IDX_N):
+    ti = 0
+    while ti < IDX_N - 1 and plan_x[ti + 1] < X_IDXS[xi]: ti += 1  # the last plan point short of this distance
+    if ti == IDX_N - 1:
+      t[xi] = T_IDXS[-1]
+      break
+    x0, x1 = float(plan_x[ti]), float(plan_x[ti + 1])
+    p = (X_IDXS[xi] - x0) / (x1 - x0) if abs(x1 - x0) > 1e-9 else float("nan")
+    t[xi] = p * T_IDXS[ti + 1] + (1 - p) * T_IDXS[ti]
+  return t
+
+def poly_path(position: np.ndarray) -> dict[str, list[float]]:
+  """The plan's (33, 3) position as degree-4 polynomials of time, lowest power first (numpy.polynomial, as openpilot)."""
+  coeffs = np.polynomial.polynomial.polyfit(T_IDXS, position, deg=POLY_PATH_DEGREE)
+  return {"xCoefficients": coeffs[:, 0].tolist(), "yCoefficients": coeffs[:, 1].tolist(), "zCoefficients": coeffs[:, 2].tolist()}
+
+class HardBrake:
+  """FCW: hard braking is predicted when the 5 m/s2 probability (2 s ahead) stayed above its thresholds over the last 5 frames and the
+  3 m/s2 one over the last 2."""
+  def __init__(self):
+    self.brake_5ms2 = np.zeros(len(FCW_THRESHOLDS_5MS2), np.float32)
+    self.brake_3ms2 = np.zeros(len(FCW_THRESHOLDS_3MS2), np.float32)
+
+  def update(self, brake_5ms2: float, brake_3ms2: float) -> bool:
+    self.brake_5ms2 = np.append(self.brake_5ms2[1:], np.float32(brake_5ms2))
+    self.brake_3ms2 = np.append(self.brake_3ms2[1:], np.float32(brake_3ms2))
+    return bool((self.brake_5ms2 > FCW_THRESHOLDS_5MS2).all() and (self.brake_3ms2 > FCW_THRESHOLDS_3MS2).all())
+
+class Confidence:
+  """Every 2 s (frame ids divisible by 40) the per-2 s-slice disengage probabilities enter a rolling buffer of the last 5 updates; the
+  score averages, across those updates, the probability each gave for the slice that ends now."""
+  def __init__(self): self.buffer = np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32)
+
+  def update(self, frame_id: int, gas: np.ndarray, brake: np.ndarray, steer: np.ndarray) -> str:
+    if frame_id % (2 * MODEL_FREQ) == 0:
+      any_disengage = 1 - (1 - brake) * (1 - gas) * (1 - steer)
+      independent = np.r_[any_disengage[0], np.diff(any_disengage) / (1 - any_disengage[:-1])]  # P(first disengage in slice k)
+      self.buffer = np.concatenate([self.buffer[DISENGAGE_WIDTH:], independent.astype(np.float32)])
+    score = self.score
+    return "green" if score < RYG_GREEN else "yellow" if score < RYG_YELLOW else "red"
+
+  @property
+  def score(self) -> float:
+    return sum(float(self.buffer[i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i]) / DISENGAGE_WIDTH for i in range(DISENGAGE_WIDTH))
+
+PLAN_FIELDS = ("position", "velocity", "acceleration", "orientation", "orientationRate")
+ACTION_FIELDS = ("action.desiredCurvature", "action.desiredAcceleration", "action.shouldStop")
+LANE_CHANGE_FIELDS = ("meta.laneChangeState", "meta.laneChangeDirection")
+DISENGAGE_FIELDS = {"gasDisengageProbs": "gas_disengage", "brakeDisengageProbs": "brake_disengage", "steerOverrideProbs": "steer_override",
+                    "brake3MetersPerSecondSquaredProbs": "hard_brake_3", "brake4MetersPerSecondSquaredProbs": "hard_brake_4",
+                    "brake5MetersPerSecondSquaredProbs": "hard_brake_5", "gasPressProbs": "gas_press", "brakePressProbs": "brake_press"}
+
+def meta_fields(layout: MetaLayout | None) -> tuple[str, ...]:
+  """The fields a meta head of this layout fills; None: all that any layout fills."""
+  disengage = [field for field, attr in DISENGAGE_FIELDS.items() if layout is None or getattr(layout, attr) is not None]
+  return ("meta.engagedProb", "meta.hardBrakePredicted", "confidence", "meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
+
+def action_values(action: Action) -> dict[str, Any]:
+  return dict(zip(ACTION_FIELDS, (action.desired_curvature, action.desired_acceleration, action.should_stop), strict=True))
+
+def _plan(p: dict[str, np.ndarray]) -> dict[str, Any]:
+  plan, std = p["plan"], p["plan_std"]
+  cols = (Plan.POSITION, Plan.VELOCITY, Plan.ACCELERATION, Plan.T_FROM_CURRENT_EULER, Plan.ORIENTATION_RATE)
+  out = {name: xyzt(T_IDXS, *plan[:, c].T) for name, c in zip(PLAN_FIELDS, cols, strict=True)}
+  out["position"] = xyzt(T_IDXS, *plan[:, Plan.POSITION].T, *std[:, Plan.POSITION].T)  # only the position carries stds
+  return out
+
+def _temporal_pose(p: dict[str, np.ndarray]) -> dict[str, Any]:
+  if "sim_pose" in p:
+    pose, std = p["sim_pose"], p["sim_pose_std"]
+    return {"temporalPose": {"trans": pose[:3].tolist(), "transStd": std[:3].tolist(), "rot": pose[3:].tolist(), "rotStd": std[3:].tolist()}}
+  now, std = p["plan"][0], p["plan_std"][0]  # without a sim_pose head: the plan's velocity and orientation rate at t=0
+  return {"temporalPose": {"trans": now[Plan.VELOCITY].tolist(), "transStd": std[Plan.VELOCITY].tolist(),
+                           "rot": now[Plan.ORIENTATION_RATE].tolist(), "rotStd": std[Plan.ORIENTATION_RATE].tolist()}}
+
+def _lines(p: dict[str, np.ndarray], name: str, count: int) -> list[dict[str, list[float]]]:
+  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0])
+  return [xyzt(t, X_IDXS, p[name][i, :, 0], p[name][i, :, 1]) for i in range(count)]
+
+def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+  leads = []
+  for i in range(LEAD_MHP_SELECTION):
+    (x, y, v, a), (xs, ys, vs, as_) = p["lead"][i].T, p["lead_std"][i].T
+    leads.append({"t": LEAD_T_IDXS, "x": x.tolist(), "y": y.tolist(), "v": v.tolist(), "a": a.tolist(), "xStd": xs.tolist(), "yStd": ys.tolist(),
+                  "vStd": vs.tolist(), "aStd": as_.tolist(), "prob": float(p["lead_prob"][i]), "probTime": LEAD_T_OFFSETS[i]})
+  return leads
+
+def _meta(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
+  probs = {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
+  out: dict[str, Any] = {f"meta.disengagePredictions.{field}": values.tolist() for field, values in probs.items()}
+  out["meta.disengagePredictions.t"] = META_T_IDXS
+  out["meta.engagedProb"] = float(meta[layout.engaged][0])
+  out["meta.hardBrakePredicted"] = hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0])
+  out["confidence"] = confidence.update(frame_id, probs["gasDisengageProbs"], probs["brakeDisengageProbs"], probs["steerOverrideProbs"])
+  return out
+
+def lane_line_probs(p: dict[str, np.ndarray]) -> np.ndarray: return p["lane_lines_prob"][1::2]  # sigmoid of every logit, then each line's second
+
+def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> Fields:
+  """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan."""
+  f = Fields(p)
+  f.part(("plan",), PLAN_FIELDS, lambda: _plan(p))
+  f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p))
+  f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
+  f.part(("lane_lines", "plan"), ("laneLines", "laneLineStds"),
+         lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES), "laneLineStds": p["lane_lines_std"][:, 0, 0].tolist()})
+  f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p).tolist()})
+  f.part(("road_edges", "plan"), ("roadEdges", "roadEdgeStds"),
+         lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES), "roadEdgeStds": p["road_edges_std"][:, 0, 0].tolist()})
+  f.part(("lead", "lead_prob"), ("leadsV3",), lambda: {"leadsV3": _leads(p)})
+  f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"].tolist()})
+  f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1).tolist()})
+  layout = META_LAYOUTS.get(len(p["meta"])) if "meta" in p else None
+  if "meta" in p and layout is None: f.skip(meta_fields(None), f"no known layout for a meta head of {len(p['meta'])} entries")
+  else: f.part(("meta",), meta_fields(layout), lambda: _meta(p["meta"], layout, hard_brake, confidence, frame_id))
+  if layout is not None and (unfilled := tuple(sorted(set(meta_fields(None)) - set(meta_fields(layout))))):
+    f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
+  return f
+
+def driving_model_data_fields(p: dict[str, np.ndarray], action: Action | None) -> Fields:
+  f = Fields(p)
+  f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
+  f.part(("plan",), ("path",), lambda: {"path": poly_path(p["plan"][:, Plan.POSITION])})
+  f.part(("lane_lines",), ("laneLineMeta.leftY", "laneLineMeta.rightY"),
+         lambda: {"laneLineMeta.leftY": float(p["lane_lines"][1, 0, 0]), "laneLineMeta.rightY": float(p["lane_lines"][2, 0, 0])})
+  f.part(("lane_lines_prob",), ("laneLineMeta.leftProb", "laneLineMeta.rightProb"),
+         lambda: {"laneLineMeta.leftProb": float(lane_line_probs(p)[1]), "laneLineMeta.rightProb": float(lane_line_probs(p)[2])})
+  return f
+
+def camera_odometry_fields(p: dict[str, np.ndarray]) -> Fields:
+  f = Fields(p)
+  f.part(("pose",), ("trans", "rot", "transStd", "rotStd"), lambda: {"trans": p["pose"][:3].tolist(), "rot": p["pose"][3:].tolist(),
+                                                                   "transStd": p["pose_std"][:3].tolist(), "rotStd": p["pose_std"][3:].tolist()})
+  f.part(("wide_from_device_euler",), ("wideFromDeviceEuler", "wideFromDeviceEulerStd"),
+         lambda: {"wideFromDeviceEuler": p["wide_from_device_euler"].tolist(), "wideFromDeviceEulerStd": p["wide_from_device_euler_std"].tolist()})
+  f.part(("road_transform",), ("roadTransformTrans", "roadTransformTransStd"),
+         lambda: {"roadTransformTrans": p["road_transform"][:3].tolist(), "roadTransformTransStd": p["road_transform_std"][:3].tolist()})
+  return f

@@ -1,0 +1,115 @@
+"""What the model daemon carries from frame to frame to turn raw outputs into messages: the lane-change state machine and the desire it
+feeds back, the previous action (smoothing), the FCW history, the confidence buffer, and which defaulted fields were already logged.
+
+One PublishState per daemon. Per frame: `desire_input()` before the model runs (every frame, published or not), then `fill(...)` on
+frames that are published. The order follows openpilot selfdrive/modeld/modeld.py (commaai/openpilot @6c6be47b): action from this
+frame's plan, messages filled, then DesireHelper updated from the desire state just published; its desire is the next frame's input.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sunnypilot.modeld_v2.desire_helper import CarStateLike, Desire, DesireHelper
+from sunnypilot.modeld_v2.drive_helpers import LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS, Action, get_action
+from sunnypilot.modeld_v2.fill_model_msg import (
+  LANE_CHANGE_FIELDS,
+  Confidence,
+  Fields,
+  HardBrake,
+  camera_odometry_fields,
+  driving_model_data_fields,
+  model_v2_fields,
+)
+from sunnypilot.modeld_v2.messaging import set_fields
+from sunnypilot.modeld_v2.model_constants import DESIRE_LEN
+from sunnypilot.modeld_v2.model_outputs import parse_outputs
+
+SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
+
+@dataclass(frozen=True)
+class FrameInfo:
+  """What the daemon knows about a published frame besides the model's outputs."""
+  frame_id: int  # main camera's VisionIPC frame id
+  frame_id_extra: int  # extra (wide) camera's
+  timestamp_eof: int
+  road_frame_id: int  # roadCameraState.frameId: frameAge is how far the model lags the camera
+  frame_drop_perc: float
+  dropped_frames: int  # frames dropped right before this one: cameraOdometry is invalid then
+  model_execution_time: float  # seconds
+  live_calib_seen: bool  # every message is invalid until a calibration arrived
+  lat_action_t: float  # drive_helpers.action_times: the same times as the model's action_t input
+  long_action_t: float
+
+class PublishState:
+  def __init__(self, lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS, send_raw: bool = False,
+               log: Callable[[str], None] | None = None):
+    self.lat_smooth_s, self.long_smooth_s, self.send_raw = lat_smooth_s, long_smooth_s, send_raw
+    self.log = log or logging.getLogger("modeld").warning
+    self.desire_helper = DesireHelper()
+    self.hard_brake, self.confidence = HardBrake(), Confidence()
+    self.action = Action()  # the last published action: the next one is smoothed against it
+    self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
+    self.reported: set[str] = set()
+
+  def desire_input(self) -> np.ndarray:
+    """The model's desire input for this frame: DesireHelper's desire one-hot, index 0 (none) zeroed, and only on its rising edge (the
+    model decides when the manoeuvre is done). Call it on every frame the model sees, prepare-only ones included, as openpilot does."""
+    now = np.zeros(DESIRE_LEN, np.float32)
+    if 0 < self.desire_helper.desire < DESIRE_LEN: now[self.desire_helper.desire] = 1
+    pulse = np.where(now - self.prev_desire > 0.99, now, 0).astype(np.float32)
+    self.prev_desire = now
+    return pulse
+
+  def fill(self, msgs: dict[str, Any], outputs: np.ndarray, slices: dict[str, Sequence[int]], frame: FrameInfo, car_state: CarStateLike,
+           lateral_active: bool) -> dict[str, dict[str, Any]]:
+    """Fill the Event builders msgs[s] for s in SERVICES from the raw output vector and its `output_slices`, advancing the action,
+    FCW, confidence and lane-change state by one frame. `car_state`: carState (a reader or any CarStateLike); `lateral_active`:
+    carControl.latActive. Returns the values written, {service: {field path: value}}, including fields this schema lacks."""
+    parsed = parse_outputs(outputs, slices)
+    if "plan" in parsed:
+      self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0),
+                               self.lat_smooth_s, self.long_smooth_s)
+    action = self.action if "plan" in parsed else None
+    fields = {"modelV2": model_v2_fields(parsed, action, self.hard_brake, self.confidence, frame.frame_id),
+              "drivingModelData": driving_model_data_fields(parsed, action), "cameraOdometry": camera_odometry_fields(parsed)}
+    lane_change = self._update_lane_change(parsed, car_state, lateral_active)
+    values = {
+      "modelV2": fields["modelV2"].values | lane_change | {
+        "frameId": frame.frame_id, "frameIdExtra": frame.frame_id_extra, "frameAge": max(frame.road_frame_id - frame.frame_id, 0),
+        "frameDropPerc": frame.frame_drop_perc, "timestampEof": frame.timestamp_eof, "modelExecutionTime": frame.model_execution_time,
+      } | ({"rawPredictions": np.ascontiguousarray(outputs, np.float32).tobytes()} if self.send_raw else {}),
+      "drivingModelData": fields["drivingModelData"].values | lane_change | {
+        "frameId": frame.frame_id, "frameIdExtra": frame.frame_id_extra, "frameDropPerc": frame.frame_drop_perc,
+        "modelExecutionTime": frame.model_execution_time,
+      },
+      "cameraOdometry": fields["cameraOdometry"].values | {"frameId": frame.frame_id, "timestampEof": frame.timestamp_eof},
+    }
+    valid = {"modelV2": frame.live_calib_seen, "drivingModelData": frame.live_calib_seen,
+             "cameraOdometry": frame.live_calib_seen and frame.dropped_frames < 1}
+    for service in SERVICES:
+      msgs[service].valid = valid[service]
+      self._report_missing(service, fields[service])
+      for path in set_fields(getattr(msgs[service], service), values[service]):
+        self._report_once(f"{service}.{path} is not published: this cereal schema has no such field")
+    return values
+
+  def _update_lane_change(self, parsed: dict[str, np.ndarray], car_state: CarStateLike, lateral_active: bool) -> dict[str, int]:
+    """DesireHelper sees the lane-change probability the model just published (0 without a desire_state head)."""
+    state = parsed.get("desire_state")
+    prob = float(state[Desire.laneChangeLeft]) + float(state[Desire.laneChangeRight]) if state is not None else 0.0
+    self.desire_helper.update(car_state, lateral_active, prob)
+    return dict(zip(LANE_CHANGE_FIELDS, (int(self.desire_helper.lane_change_state), int(self.desire_helper.lane_change_direction)), strict=True))
+
+  def _report_missing(self, service: str, fields: Fields) -> None:
+    for path, reason in fields.missing.items(): self._report_once(f"{service}.{path} stays default: {reason}")
+
+  def _report_once(self, line: str) -> None:
+    """One log line per distinct message per daemon, not per frame."""
+    if line not in self.reported:
+      self.reported.add(line)
+      self.log(line)

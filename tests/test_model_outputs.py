@@ -1,0 +1,366 @@
+"""modeld's published fields against openpilot's formulas, written out here (not imported from the package), on hand-written output vectors.
+
+References: openpilot selfdrive/modeld/{constants,parse_model_outputs,fill_model_msg,modeld}.py, controls/lib/{drive_helpers,desire_helper}.py,
+sunnypilot modeld_v2/fill_model_msg.py (get_curvature_from_output, temporal pose without sim_pose).
+"""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from sunnypilot.modeld_v2 import messaging
+from sunnypilot.modeld_v2.desire_helper import DesireHelper
+from sunnypilot.modeld_v2.drive_helpers import action_times
+from sunnypilot.modeld_v2.messaging import new_message
+from sunnypilot.modeld_v2.model_outputs import parse_outputs
+from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
+
+# openpilot's constants, written out
+T = np.array([10.0 * (i / 32) ** 2 for i in range(33)])
+X = np.array([192.0 * (i / 32) ** 2 for i in range(33)])
+DT = 0.05
+OFF, PRE, STARTING, FINISHING = 0, 1, 2, 3  # LaneChangeState
+NONE, LEFT, RIGHT = 0, 1, 2  # LaneChangeDirection
+LANE_CHANGE_LEFT, LANE_CHANGE_RIGHT = 3, 4  # Desire
+
+def sig(x): return 1 / (1 + np.exp(-np.asarray(x, np.float64)))
+def softmax(x):
+  e = np.exp(np.asarray(x, np.float64) - np.max(x))
+  return e / e.sum()
+def logit(p): return np.log(np.asarray(p, np.float64) / (1 - np.asarray(p, np.float64))).astype(np.float32)
+def close(a, b, rtol=1e-5, atol=1e-6): np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=rtol, atol=atol)
+
+def plan_mean(v0=20.0, a0=0.5, yaw_rate=0.02, yaw_accel=0.001) -> np.ndarray:
+  """(33, 15): position, velocity, acceleration, orientation, orientation rate at T; a car speeding up while turning left."""
+  m = np.zeros((33, 15), np.float32)
+  m[:, 0], m[:, 3], m[:, 6] = v0 * T + 0.5 * a0 * T ** 2, v0 + a0 * T, a0
+  m[:, 1] = 0.1 * T ** 2
+  m[:, 11], m[:, 14] = yaw_rate * T + 0.5 * yaw_accel * T ** 2, yaw_rate + yaw_accel * T
+  return m
+
+def heads(rng, plan=None, winner=3, meta_p=None) -> dict[str, np.ndarray]:
+  """Raw heads of a current model: the plan's hypothesis `winner` carries `plan` (the largest selection logit), the others noise."""
+  plan_raw = rng.standard_normal((5, 991)).astype(np.float32)
+  plan_raw[winner, :495] = (plan_mean() if plan is None else plan).reshape(-1)
+  plan_raw[:, 990] = [0.1, -0.3, 0.2, 0.0, -1.0]
+  plan_raw[winner, 990] = 2.0
+  meta = logit(np.full(55, 0.001) if meta_p is None else meta_p)
+  return {"pose": rng.standard_normal(12), "wide_from_device_euler": rng.standard_normal(6), "road_transform": rng.standard_normal(12),
+          "plan": plan_raw.reshape(-1), "lane_lines": rng.standard_normal(528), "lane_lines_prob": rng.standard_normal(8) * 3,
+          "road_edges": rng.standard_normal(264), "lead": rng.standard_normal(102), "lead_prob": rng.standard_normal(3),
+          "desire_state": np.array([4.0, 0, 0, 0, 0, 0, 0, 0]), "meta": meta, "desire_pred": rng.standard_normal(32)}
+
+def pack(raws: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, list[int]]]:
+  vec, slices, start = [], {}, 0
+  for name, raw in raws.items():
+    slices[name] = [start, start + raw.size]
+    start += raw.size
+    vec.append(np.asarray(raw, np.float32).reshape(-1))
+  return np.concatenate(vec)[None], slices
+
+def car(v_ego=25.0, left=False, right=False, pressed=False, torque=0.0, left_bsm=False, right_bsm=False) -> SimpleNamespace:
+  return SimpleNamespace(vEgo=v_ego, leftBlinker=left, rightBlinker=right, steeringPressed=pressed, steeringTorque=torque,
+                         leftBlindspot=left_bsm, rightBlindspot=right_bsm)
+
+def frame(frame_id=1, lat_t=0.275, long_t=0.675, calib=True, dropped=0) -> FrameInfo:
+  return FrameInfo(frame_id=frame_id, frame_id_extra=frame_id, timestamp_eof=10**9 + frame_id, road_frame_id=frame_id + 2,
+                   frame_drop_perc=1.5, dropped_frames=dropped, model_execution_time=0.02, live_calib_seen=calib, lat_action_t=lat_t, long_action_t=long_t)
+
+def publish(state: PublishState, raws: dict[str, np.ndarray], info: FrameInfo | None = None, car_state=None, lat_active=True):
+  msgs = {s: new_message(s) for s in SERVICES}
+  vec, slices = pack(raws)
+  values = state.fill(msgs, vec, slices, info or frame(), car_state or car(), lat_active)
+  return msgs, values
+
+def test_heads_use_openpilots_activations():
+  rng = np.random.default_rng(1)
+  raws = heads(rng)
+  lead = rng.standard_normal((2, 51)).astype(np.float32)
+  lead[:, 48:] = [[0.0, 3.0, -1.0], [1.0, 0.5, 2.0]]  # selection 0 -> hypothesis 1, selection 1 -> 0, selection 2 -> 1
+  raws["lead"] = lead.reshape(-1)
+  p = parse_outputs(*pack(raws))
+  close(p["plan"], plan_mean())
+  close(p["plan_std"], np.exp(raws["plan"].reshape(5, 991)[3, 495:990]).reshape(33, 15))
+  for sel, hyp in enumerate((1, 0, 1)):
+    close(p["lead"][sel], lead[hyp, :24].reshape(6, 4))
+    close(p["lead_std"][sel], np.exp(lead[hyp, 24:48]).reshape(6, 4))
+  close(p["lane_lines_prob"], sig(raws["lane_lines_prob"]))  # sigmoid of all 8 logits, not a softmax over pairs
+  close(p["lead_prob"], sig(raws["lead_prob"]))
+  close(p["meta"], sig(raws["meta"]))
+  close(p["desire_state"], softmax(raws["desire_state"]))
+  close(p["desire_pred"], np.stack([softmax(row) for row in raws["desire_pred"].reshape(4, 8)]))
+  close(p["lane_lines"], raws["lane_lines"][:264].reshape(4, 33, 2))
+  close(p["lane_lines_std"], np.exp(raws["lane_lines"][264:]).reshape(4, 33, 2))
+  close(p["pose"], raws["pose"][:6])
+  close(p["pose_std"], np.exp(raws["pose"][6:]))
+
+def test_model_v2_fields_follow_fill_model_msg():
+  rng = np.random.default_rng(2)
+  raws = heads(rng)
+  msgs, values = publish(PublishState(), raws)
+  v, m = values["modelV2"], msgs["modelV2"].modelV2
+  plan, plan_std = plan_mean(), np.exp(raws["plan"].reshape(5, 991)[3, 495:990]).reshape(33, 15)
+  close(v["position"]["x"], plan[:, 0])
+  close(v["position"]["zStd"], plan_std[:, 2])
+  close(v["orientationRate"]["z"], plan[:, 14])
+  assert "xStd" not in v["velocity"] and list(m.velocity.xStd) == [], "only the position carries stds"
+  close(v["position"]["t"], T)
+  lanes, lanes_std = raws["lane_lines"][:264].reshape(4, 33, 2), np.exp(raws["lane_lines"][264:]).reshape(4, 33, 2)
+  close(v["laneLines"][2]["y"], lanes[2, :, 0])
+  close(v["laneLines"][2]["z"], lanes[2, :, 1])
+  close(v["laneLines"][0]["x"], X)
+  close(v["laneLineStds"], lanes_std[:, 0, 0])
+  close(v["laneLineProbs"], sig(raws["lane_lines_prob"])[[1, 3, 5, 7]])
+  close(list(m.laneLineProbs), sig(raws["lane_lines_prob"])[[1, 3, 5, 7]])
+  edges_std = np.exp(raws["road_edges"][132:]).reshape(2, 33, 2)
+  close(v["roadEdges"][1]["y"], raws["road_edges"][:132].reshape(2, 33, 2)[1, :, 0])
+  close(v["roadEdgeStds"], edges_std[:, 0, 0])
+  lead = raws["lead"].reshape(2, 51)
+  for i in range(3):
+    hyp = int(np.argmax(lead[:, 48 + i]))
+    assert v["leadsV3"][i]["t"] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0] and v["leadsV3"][i]["probTime"] == [0.0, 2.0, 4.0][i]
+    close(v["leadsV3"][i]["v"], lead[hyp, :24].reshape(6, 4)[:, 2])
+    close(v["leadsV3"][i]["aStd"], np.exp(lead[hyp, 24:48]).reshape(6, 4)[:, 3])
+    close(v["leadsV3"][i]["prob"], sig(raws["lead_prob"][i]))
+  close(v["meta.desireState"], softmax(raws["desire_state"]))
+  close(v["meta.desirePrediction"], np.concatenate([softmax(r) for r in raws["desire_pred"].reshape(4, 8)]))
+  assert (m.frameId, m.frameIdExtra, m.frameAge, m.timestampEof) == (1, 1, 2, 10**9 + 1)
+  assert m.frameDropPerc == pytest.approx(1.5) and m.modelExecutionTime == pytest.approx(0.02)
+
+def test_meta_interleaves_disengage_arrays_by_time_step():
+  p = np.arange(1, 56) / 100  # probability j/100 at meta index j-1: each field shows which indices it read
+  values = publish(PublishState(), heads(np.random.default_rng(3), meta_p=p))[1]["modelV2"]
+  d = {k.split(".")[-1]: np.round(np.array(v) * 100 - 1).astype(int).tolist() for k, v in values.items() if k.startswith("meta.disengagePredictions.")
+       and k != "meta.disengagePredictions.t"}
+  assert d == {"gasDisengageProbs": [1, 7, 13, 19, 25], "brakeDisengageProbs": [2, 8, 14, 20, 26], "steerOverrideProbs": [3, 9, 15, 21, 27],
+               "brake3MetersPerSecondSquaredProbs": [4, 10, 16, 22, 28], "brake4MetersPerSecondSquaredProbs": [5, 11, 17, 23, 29],
+               "brake5MetersPerSecondSquaredProbs": [6, 12, 18, 24, 30], "gasPressProbs": [31, 35, 39, 43, 47, 51],
+               "brakePressProbs": [32, 36, 40, 44, 48, 52]}
+  assert values["meta.disengagePredictions.t"] == [2.0, 4.0, 6.0, 8.0, 10.0]
+  assert values["meta.engagedProb"] == pytest.approx(0.01, rel=1e-5)
+
+@pytest.mark.parametrize("n, gas_press, brake_press", [(53, [7, 15, 23, 31, 39], [8, 16, 24, 32, 40]), (48, [7, 14, 21, 28, 35], None)])
+def test_meta_layouts_of_older_generations(n, gas_press, brake_press):
+  lines: list[str] = []
+  raws = heads(np.random.default_rng(4), meta_p=np.arange(1, n + 1) / 100)
+  msgs, values = publish(PublishState(log=lines.append), raws)
+  v = values["modelV2"]
+  stride = 8 if n == 53 else 7
+  assert np.round(np.array(v["meta.disengagePredictions.steerOverrideProbs"]) * 100 - 1).astype(int).tolist() == [3 + stride * k for k in range(5)]
+  assert np.round(np.array(v["meta.disengagePredictions.gasPressProbs"]) * 100 - 1).astype(int).tolist() == gas_press
+  if brake_press is None:
+    assert "meta.disengagePredictions.brakePressProbs" not in v and list(msgs["modelV2"].modelV2.meta.disengagePredictions.brakePressProbs) == []
+    assert sum("modelV2.meta.disengagePredictions.brakePressProbs stays default" in line for line in lines) == 1
+  else:
+    assert np.round(np.array(v["meta.disengagePredictions.brakePressProbs"]) * 100 - 1).astype(int).tolist() == brake_press
+
+def test_hard_brake_needs_the_fcw_history():
+  p5 = [0.2, 0.2, 0.2, 0.2, 0.2, 0.1, 0.1, 0.2, 0.2, 0.2, 0.04, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
+  p3 = [0.8] * 13 + [0.6, 0.8, 0.8, 0.8]
+  state, got, expected = PublishState(), [], []
+  hist5, hist3 = [0.0] * 5, [0.0] * 2
+  for i, (a, b) in enumerate(zip(p5, p3, strict=True)):
+    meta = np.full(55, 0.01)
+    meta[6], meta[4] = a, b  # the first time step of the 5 m/s2 and 3 m/s2 hard-brake arrays
+    got.append(publish(state, heads(np.random.default_rng(i), meta_p=meta), frame(i + 1))[1]["modelV2"]["meta.hardBrakePredicted"])
+    hist5, hist3 = hist5[1:] + [a], hist3[1:] + [b]
+    expected.append(all(h > t for h, t in zip(hist5, [0.05, 0.05, 0.15, 0.15, 0.15], strict=True)) and all(h > 0.7 for h in hist3))
+  assert got == expected
+  assert not got[3] and got[4] and not got[6] and got[9] and not got[11] and not got[14] and got[15], "thresholds apply per history position, oldest first"
+
+def test_confidence_goes_yellow_then_red_on_rising_disengage_probabilities():
+  state, got, expected, buf = PublishState(), [], [], np.zeros(25)
+  for frame_id in range(0, 400, 5):  # 2 s updates come from frame ids divisible by 40, not from the clock
+    level = 0.0005 * (1.02 ** frame_id)  # rising risk
+    gas, brake, steer = (np.minimum(level * k * np.arange(1, 6), 0.9) for k in (1, 2, 3))
+    meta = np.full(55, 0.001)
+    meta[1:31:6], meta[2:31:6], meta[3:31:6] = gas, brake, steer
+    got.append(publish(state, heads(np.random.default_rng(frame_id), meta_p=meta), frame(frame_id))[1]["modelV2"]["confidence"])
+    if frame_id % 40 == 0:
+      g, b, s = sig(logit(gas)), sig(logit(brake)), sig(logit(steer))
+      any_p = 1 - (1 - b) * (1 - g) * (1 - s)
+      buf = np.concatenate([buf[5:], [any_p[0], *((any_p[k] - any_p[k - 1]) / (1 - any_p[k - 1]) for k in range(1, 5))]])
+    score = sum(buf[i * 5 + 4 - i] for i in range(5)) / 5
+    expected.append("green" if score < 0.01165 else "yellow" if score < 0.06157 else "red")
+    assert state.confidence.score == pytest.approx(score, rel=1e-4)
+  assert got == expected
+  assert got[0] == "green" and "yellow" in got and got[-1] == "red" and got.index("yellow") < got.index("red")
+
+def test_lane_line_and_road_edge_times_come_from_the_plan():
+  plan = plan_mean(v0=8.0, a0=0.4)  # reaches 8*10 + 0.2*100 = 100 m at 10 s: the far X_IDXS lie beyond it
+  v = publish(PublishState(), heads(np.random.default_rng(5), plan=plan))[1]["modelV2"]
+  x_end = plan[-1, 0]
+  beyond = int(np.argmax(X > x_end))
+  expected = [np.interp(x, plan[:, 0], T) for x in X[:beyond]] + [10.0] + [np.nan] * (32 - beyond)
+  for line in (*v["laneLines"], *v["roadEdges"]):
+    np.testing.assert_allclose(line["t"], expected, rtol=1e-5, atol=1e-6)
+  assert 0 < beyond < 32 and v["laneLines"][0]["t"][0] == 0.0
+
+def test_action_from_plan_with_smoothing_and_stop():
+  state, prev_accel = PublishState(), 0.0
+  lat_t, long_t = action_times(0.2, 0.1)
+  assert (lat_t, long_t) == pytest.approx((0.2 + 0.075, 0.1 + 0.3 + 0.075)), "FACTS 5: action_t = [lat + 1.5 DT, long + 0.3 + 1.5 DT]"
+  for i, (v_ego, a0) in enumerate(((15.0, 0.5), (15.0, -1.0))):
+    plan = plan_mean(v0=15.0, a0=a0)
+    v = publish(state, heads(np.random.default_rng(6), plan=plan), frame(i + 1, lat_t, long_t), car(v_ego=v_ego))[1]["modelV2"]
+    psi = np.interp(lat_t, T, plan[:, 11])
+    curvature = 2 * psi / (v_ego * lat_t) - plan[0, 14] / v_ego  # LAT_SMOOTH_SECONDS = 0: no smoothing
+    v_t = np.interp(long_t, T, plan[:, 3])
+    accel = 2 * (v_t - plan[0, 3]) / long_t - plan[0, 6]
+    alpha = 1 - np.exp(-DT / 0.3)  # LONG_SMOOTH_SECONDS = 0.3
+    prev_accel = alpha * accel + (1 - alpha) * prev_accel
+    assert v["action.desiredCurvature"] == pytest.approx(curvature, rel=1e-5)
+    assert v["action.desiredAcceleration"] == pytest.approx(prev_accel, rel=1e-5)
+    assert v["action.shouldStop"] is False
+  stopping = plan_mean(v0=0.04, a0=-0.01)
+  v = publish(state, heads(np.random.default_rng(7), plan=stopping), frame(3, lat_t, long_t), car(v_ego=0.2))[1]["modelV2"]
+  assert v["action.shouldStop"] is True, "speed at long_action_t and 1 s later both below 0.05 m/s"
+  starting = plan_mean(v0=0.0, a0=0.06)  # 0.03 m/s at long_action_t, 0.09 m/s a second later
+  v = publish(state, heads(np.random.default_rng(7), plan=starting), frame(4, lat_t, long_t), car(v_ego=0.2))[1]["modelV2"]
+  assert np.interp(long_t, T, starting[:, 3]) < 0.05 < np.interp(long_t + 1, T, starting[:, 3]) and v["action.shouldStop"] is False
+  assert v["action.desiredCurvature"] == pytest.approx(curvature, rel=1e-5), "below 0.3 m/s the curvature holds"
+
+def test_desired_curvature_head_wins_over_the_plan_and_low_speed_clamps_the_plan():
+  raws = heads(np.random.default_rng(8))
+  raws["desired_curvature"] = np.array([0.0123, -2.0], np.float32)
+  v = publish(PublishState(), raws, car_state=car(v_ego=20.0))[1]
+  assert v["modelV2"]["action.desiredCurvature"] == pytest.approx(0.0123, rel=1e-6) == v["drivingModelData"]["action.desiredCurvature"]
+  plan = plan_mean()
+  v = publish(PublishState(), heads(np.random.default_rng(8)), frame(1, 0.5, 0.9), car(v_ego=0.5))[1]["modelV2"]
+  psi = np.interp(0.5, T, plan[:, 11])
+  assert v["action.desiredCurvature"] == pytest.approx(2 * psi / 0.5 - plan[0, 14], rel=1e-5), "speed clipped to MIN_SPEED 1 m/s"
+
+def test_temporal_pose_from_plan_or_sim_pose():
+  raws = heads(np.random.default_rng(9))
+  plan_std = np.exp(raws["plan"].reshape(5, 991)[3, 495:990]).reshape(33, 15)
+  pose = publish(PublishState(), raws)[1]["modelV2"]["temporalPose"]
+  close(pose["trans"], plan_mean()[0, 3:6])
+  close(pose["rot"], plan_mean()[0, 12:15])
+  close(pose["transStd"], plan_std[0, 3:6])
+  close(pose["rotStd"], plan_std[0, 12:15])
+  raws["sim_pose"] = np.arange(12, dtype=np.float32) / 10
+  pose = publish(PublishState(), raws)[1]["modelV2"]["temporalPose"]
+  close(pose["trans"], [0.0, 0.1, 0.2])
+  close(pose["rotStd"], np.exp([0.9, 1.0, 1.1]))
+
+def test_driving_model_data_and_camera_odometry():
+  raws = heads(np.random.default_rng(10))
+  msgs, values = publish(PublishState(), raws, frame(7, calib=True, dropped=0))
+  d, o = values["drivingModelData"], values["cameraOdometry"]
+  position = plan_mean()[:, 0:3].astype(np.float64)
+  vander = np.stack([T ** k for k in range(5)], axis=1)  # lowest power first, degree 4
+  coeffs = np.linalg.lstsq(vander, position, rcond=None)[0]
+  for i, axis in enumerate("xyz"):
+    close(d["path"][f"{axis}Coefficients"], coeffs[:, i], rtol=1e-4, atol=1e-5)
+  close(list(msgs["drivingModelData"].drivingModelData.path.yCoefficients), coeffs[:, 1], rtol=1e-4, atol=1e-5)
+  lanes = raws["lane_lines"][:264].reshape(4, 33, 2)
+  assert d["laneLineMeta.leftY"] == pytest.approx(lanes[1, 0, 0]) and d["laneLineMeta.rightY"] == pytest.approx(lanes[2, 0, 0])
+  probs = sig(raws["lane_lines_prob"])
+  assert d["laneLineMeta.leftProb"] == pytest.approx(probs[3]) and d["laneLineMeta.rightProb"] == pytest.approx(probs[5])
+  assert (d["frameId"], d["frameIdExtra"]) == (7, 7) and d["meta.laneChangeState"] == OFF
+  close(o["trans"], raws["pose"][:3])
+  close(o["rotStd"], np.exp(raws["pose"][9:]))
+  close(o["wideFromDeviceEuler"], raws["wide_from_device_euler"][:3])
+  close(o["roadTransformTransStd"], np.exp(raws["road_transform"][6:9]))
+  assert (o["frameId"], o["timestampEof"]) == (7, 10**9 + 7)
+  assert all(msgs[s].valid for s in SERVICES)
+
+def test_valid_flags():
+  msgs, _ = publish(PublishState(), heads(np.random.default_rng(11)), frame(calib=False))
+  assert not any(msgs[s].valid for s in SERVICES), "nothing is valid before a calibration"
+  msgs, _ = publish(PublishState(), heads(np.random.default_rng(11)), frame(dropped=2))
+  assert msgs["modelV2"].valid and msgs["drivingModelData"].valid and not msgs["cameraOdometry"].valid
+
+def test_missing_heads_leave_defaults_and_are_logged_once():
+  lines: list[str] = []
+  state = PublishState(log=lines.append)
+  raws = {k: v for k, v in heads(np.random.default_rng(12)).items() if k not in ("lane_lines", "lead", "meta", "pose", "desire_state")}
+  for i in range(3): msgs, values = publish(state, raws, frame(i + 1), car(left=True))
+  m = msgs["modelV2"].modelV2
+  assert len(m.laneLines) == 0 and len(m.leadsV3) == 0 and m.meta.engagedProb == 0 and not m.meta.hardBrakePredicted
+  assert list(msgs["cameraOdometry"].cameraOdometry.trans) == [] and len(m.roadEdges) == 2 and len(m.position.x) == 33
+  for field in ("modelV2.laneLines", "modelV2.laneLineStds", "modelV2.leadsV3", "modelV2.meta.engagedProb", "modelV2.confidence",
+                "modelV2.meta.desireState", "drivingModelData.laneLineMeta.leftY", "cameraOdometry.trans"):
+    assert sum(line.startswith(f"{field} stays default") for line in lines) == 1, (field, lines)
+  assert not any("roadEdges" in line or "position" in line for line in lines)
+  assert "meta.laneChangeState" in values["modelV2"], "lane-change state is published without a desire_state head"
+
+def test_schema_gaps_are_logged_once_and_values_still_returned():
+  lines: list[str] = []
+  state = PublishState(log=lines.append)
+  for i in range(2): msgs, values = publish(state, heads(np.random.default_rng(13)), frame(i + 1))
+  assert "action.desiredAcceleration" in values["modelV2"] and "action.shouldStop" in values["modelV2"]
+  has_accel = "desiredAcceleration" in msgs["modelV2"].modelV2.action.schema.fieldnames
+  missing = [line for line in lines if line.startswith("modelV2.action.desiredAcceleration is not published")]
+  assert len(missing) == (0 if has_accel else 1)
+
+def test_set_fields_skips_what_the_schema_lacks():
+  msg = new_message("modelV2")
+  skipped = messaging.set_fields(msg.modelV2, {"frameId": 3, "noSuchField": 1, "meta.noSuch": 2, "laneLines": [{"x": [1.0], "bogus": 1}],
+                                               "position": {"x": [2.0], "nope": [1]}})
+  assert msg.modelV2.frameId == 3 and list(msg.modelV2.laneLines[0].x) == [1.0] and list(msg.modelV2.position.x) == [2.0]
+  assert skipped == ["noSuchField", "meta.noSuch", "laneLines[].bogus", "position.nope"]
+
+def test_lateral_delay_from_live_delay_when_the_schema_has_it(monkeypatch):
+  live = {"liveDelay": SimpleNamespace(lateralDelay=0.31)}
+  sm = type("SM", (), {"seen": {"liveDelay": True}, "__getitem__": lambda self, k: live[k]})()
+  monkeypatch.setattr(messaging, "has_service", lambda name: True)
+  assert messaging.lateral_delay(sm, 0.2) == pytest.approx(0.31)
+  sm.seen = {"liveDelay": False}
+  assert messaging.lateral_delay(sm, 0.2) == 0.2, "no estimate before the first liveDelay"
+  monkeypatch.setattr(messaging, "has_service", lambda name: False)
+  sm.seen = {"liveDelay": True}
+  assert messaging.lateral_delay(sm, 0.2) == 0.2, "the bundled schema has no liveDelay"
+
+def desire_state_raw(lane_change_prob_high: bool) -> np.ndarray:
+  return np.array([0.0, 0, 0, 5.0, 0, 0, 0, 0]) if lane_change_prob_high else np.array([10.0, 0, 0, 0, 0, 0, 0, 0])
+
+def test_lane_change_through_every_state():
+  """A left lane change: blinker (pre), a blocked blindspot, torque (starting), the model finishing the change, lane lines fading back."""
+  state, rng = PublishState(), np.random.default_rng(14)
+  script = ([car()] * 2 + [car(left=True)] * 2 + [car(left=True, pressed=True, torque=1.0, left_bsm=True)]
+            + [car(left=True, pressed=True, torque=1.0)] + [car(left=True)] * 14 + [car()] * 25)
+  got, pulses = [], []
+  for i, cs in enumerate(script):
+    pulses.append(state.desire_input())
+    raws = heads(rng)
+    raws["desire_state"] = desire_state_raw(i < 18)  # the model sees the change happening until frame 18
+    msgs, values = publish(state, raws, frame(i + 1), cs)
+    m = msgs["modelV2"].modelV2.meta
+    got.append((values["modelV2"]["meta.laneChangeState"], values["modelV2"]["meta.laneChangeDirection"], int(state.desire_helper.desire)))
+    assert (m.laneChangeState.raw, m.laneChangeDirection.raw) == got[-1][:2]
+    assert msgs["drivingModelData"].drivingModelData.meta.laneChangeState.raw == got[-1][0]
+  # by hand from desire_helper.py: blinker -> pre (direction set on the next frame); torque towards it, blindspot clear -> starting;
+  # starting fades the lane lines by 0.1 a frame and waits for prob < 0.02 with lines < 0.01; finishing fades them in by 0.05 a frame
+  expected = ([(OFF, NONE, 0)] * 2 + [(PRE, NONE, 0)] + [(PRE, LEFT, 0)] * 2 + [(STARTING, LEFT, LANE_CHANGE_LEFT)] * 13
+              + [(FINISHING, LEFT, LANE_CHANGE_LEFT)] * 20 + [(OFF, NONE, 0)] * 7)
+  assert got == expected
+  hot = [i for i, p in enumerate(pulses) if p.any()]
+  assert hot == [6] and pulses[6].tolist() == [0, 0, 0, 1, 0, 0, 0, 0], "one pulse, on the frame after the change started"
+
+def test_desire_helper_guards():
+  dh = DesireHelper()
+  dh.update(car(v_ego=8.9, left=True), True, 0.0)
+  assert dh.lane_change_state == OFF, "a blinker below 20 mph does nothing"
+  dh.update(car(v_ego=9.0, left=True), True, 0.0)
+  assert dh.lane_change_state == OFF, "only a fresh blinker starts a lane change"
+  dh.update(car(v_ego=9.0), True, 0.0)
+  dh.update(car(v_ego=9.0, right=True), True, 0.0)
+  assert dh.lane_change_state == PRE
+  dh.update(car(v_ego=9.0, right=True, pressed=True, torque=1.0), True, 0.0)
+  assert (dh.lane_change_state, dh.lane_change_direction) == (PRE, RIGHT), "torque away from the blinker does not start it"
+  dh.update(car(v_ego=9.0, right=True, pressed=True, torque=-1.0, right_bsm=True), True, 0.0)
+  assert dh.lane_change_state == PRE
+  cs = new_message("carState").carState  # a cereal carState works as well as plain values
+  cs.vEgo, cs.rightBlinker, cs.steeringPressed, cs.steeringTorque = 9.0, True, True, -1.0
+  assert dh.update(cs, True, 0.5) == LANE_CHANGE_RIGHT and dh.lane_change_state == STARTING
+  frames, timer = 0, 0.05
+  while timer <= 10.0: timer, frames = timer + DT, frames + 1  # LANE_CHANGE_TIME_MAX: off once the timer passed 10 s
+  for _ in range(frames): dh.update(cs, True, 0.5)
+  assert dh.lane_change_state == STARTING
+  dh.update(cs, True, 0.5)
+  assert (dh.lane_change_state, dh.desire) == (OFF, 0)
+  for lateral_active, expected in ((False, OFF), (True, PRE)):
+    dh = DesireHelper()
+    dh.update(car(v_ego=20.0, left=True), lateral_active, 0.0)
+    assert dh.lane_change_state == expected, "no lane change without lateral control"
