@@ -13,8 +13,9 @@ from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_wa
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.model_outputs import POLICY_SLICES, VISION_SLICES, parse_outputs, slices_of
-from sunnypilot.modeld_v2.modeld import DT_MDL, DesirePulse, FrameDrops
+from sunnypilot.modeld_v2.modeld import FrameDrops
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 from conftest import ROOT
@@ -159,12 +160,10 @@ def test_camerad_restart(artifacts, openpilot_prefix):
   ids = [m["modelV2"].frameId for m in daemon.messages]
   assert [bytes(m["modelV2"].rawPredictions) for m in daemon.messages] == reference(artifacts, ids), "every output came from the new buffers"
 
-def test_frame_drop_filter_and_desire_pulse():
+def test_frame_drop_filter():
   drops = FrameDrops()
   ids = list(range(15)) + [18, 19, 20]
   assert [round(drops.update(i)[1], 9) for i in ids] == [round(x, 9) for x in expected_drop_perc(ids)]
-  pulse = DesirePulse()
-  assert pulse.update(3)[3] == 1 and pulse.update(3).sum() == 0 and pulse.update(0).sum() == 0 and pulse.update(4)[4] == 1
 
 def test_parse_outputs_activations():
   slices = {k: [v.start, v.stop] for k, v in slices_of(VISION_SLICES | POLICY_SLICES).items()}

@@ -3,7 +3,8 @@
   python -m sunnypilot.modeld_v2.modeld --artifacts out/artifacts [--max-frames N] [--rhd]
 
 `--artifacts` holds `model.bin` (compile_modeld) and warp bundles (compile_warp) for the camera geometries it may meet; the daemon
-picks the warp whose frame layout matches the live camera buffers (a --split-frames warp first: it reads them in place).
+picks the warp whose frame layout matches the live camera buffers (a --split-frames warp first: it reads them in place). When camerad
+comes back with another geometry, the daemon switches to that geometry's warp and intrinsics, or waits, publishing nothing, until one is built.
 """
 from __future__ import annotations
 
@@ -16,24 +17,25 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix, sensor_for_size
-from sunnypilot.modeld_v2.model_outputs import DESIRE_LEN, fill_model_msgs, parse_outputs
+from sunnypilot.modeld_v2.drive_helpers import action_times
+from sunnypilot.modeld_v2.model_constants import DT_MDL
+from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 
-DT_MDL = 0.05  # 20 Hz
 SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
+STEER_DELAY_EXTRA = 0.2  # openpilot 0.9.x fed lateral_control_params [vEgo, steerActuatorDelay + 0.2]
+ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone
 
 class VisionStreamType(enum.IntEnum):  # msgq-ipc has no enum for these
   ROAD = 0
   DRIVER = 1
   WIDE_ROAD = 2
-
-class Desire(enum.IntEnum):
-  NONE, TURN_LEFT, TURN_RIGHT, LANE_CHANGE_LEFT, LANE_CHANGE_RIGHT, KEEP_LEFT, KEEP_RIGHT = range(7)
 
 def log(msg: str) -> None: print(f"modeld: {msg}", file=sys.stderr, flush=True)
 
@@ -59,24 +61,6 @@ class FrameDrops:
     self.runs += 1
     return dropped, 100 * filtered / (1 + filtered)
 
-class DesirePulse:
-  """One-hot desire, index 0 (none) zeroed, and only on the rising edge: the model sees a lane change start once."""
-  def __init__(self): self.prev = np.zeros(DESIRE_LEN, np.float32)
-
-  def update(self, desire: int) -> np.ndarray:
-    now = np.zeros(DESIRE_LEN, np.float32)
-    if 0 < desire < DESIRE_LEN: now[desire] = 1
-    pulse = np.where(now > self.prev, now, 0).astype(np.float32)
-    self.prev = now
-    return pulse
-
-def desire_from_car_state(car_state, v_min: float = 8.9) -> int:
-  """A minimal stand-in for openpilot's DesireHelper: a blinker above ~20 mph asks for a lane change that way."""
-  if car_state.vEgo < v_min: return Desire.NONE
-  if car_state.leftBlinker and not car_state.rightBlinker: return Desire.LANE_CHANGE_LEFT
-  if car_state.rightBlinker and not car_state.leftBlinker: return Desire.LANE_CHANGE_RIGHT
-  return Desire.NONE
-
 @dataclass
 class FrameMeta:
   frame_id: int = 0
@@ -86,29 +70,77 @@ class FrameMeta:
   @staticmethod
   def of(client) -> FrameMeta: return FrameMeta(client.frame_id, client.timestamp_sof, client.timestamp_eof)
 
-def find_warp(artifacts: str, width: int, height: int, stride: int, uv_offset: int, size: int) -> str:
-  """The warp bundle in `artifacts` built for this live buffer layout; split-frames first."""
-  from sunnypilot.modeld_v2.bundle import read_bundle
-  from sunnypilot.modeld_v2.warp import parse_frame
-  seen, matches = [], []
+@dataclass(frozen=True)
+class Geometry:
+  """What the warp and the intrinsics depend on: which camera streams exist and the live buffers' layout."""
+  streams: tuple[int, ...]
+  width: int
+  height: int
+  stride: int
+  uv_offset: int
+  buffer_len: int
+  extra: tuple[int, ...] | None  # the extra (wide) stream's (width, height, stride, uv_offset, buffer_len), if one is used
+
+  def __str__(self) -> str:
+    return f"{self.width}x{self.height} frames (stride {self.stride}, uv_offset {self.uv_offset}, {self.buffer_len} bytes, streams {list(self.streams)})"
+
+def warp_bundles(artifacts: str, device: str | None = None, report=log) -> list[tuple[str, dict]]:
+  """(path, metadata) of every warp bundle in `artifacts` this process can load; each unreadable or foreign bundle is skipped with a line."""
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
+  out = []
   for path in sorted(glob.glob(os.path.join(artifacts, "*.bin"))):
-    meta = read_bundle(path)[0].get("extras", {}).get("metadata", {})
-    if meta.get("kind") != "warp": continue
+    try:
+      head, _ = read_bundle(path)
+      if (meta := head["extras"].get("metadata", {})).get("kind") != "warp": continue
+      check_provenance(head["provenance"], device, path)
+      out.append((path, meta))
+    except ArtifactError as e: report(f"skipping {e}")
+  return out
+
+def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, report=log) -> str | None:
+  """The warp bundle in `artifacts` built for this live buffer layout, split-frames first; None (with a line saying what to build) if none."""
+  from sunnypilot.modeld_v2.warp import parse_frame
+  matches, seen = [], []
+  for path, meta in warp_bundles(artifacts, device, report):
     frame = parse_frame(meta["frame"])
     seen.append(meta["frame"])
-    if (frame.width, frame.height, frame.stride, frame.uv_offset) == (width, height, stride, uv_offset) and frame.size <= size:
+    if (frame.width, frame.height, frame.stride, frame.uv_offset) == (geometry.width, geometry.height, geometry.stride, geometry.uv_offset) \
+       and frame.size <= geometry.buffer_len and (geometry.extra is None or frame.size <= geometry.extra[4]):
       matches.append((not meta.get("split_frames"), path))
   if not matches:
-    raise FileNotFoundError(f"no warp bundle in {artifacts} for {width}x{height} frames (stride {stride}, uv_offset {uv_offset}, {size} bytes); "
-                            f"have {seen}. Build one: python -m sunnypilot.modeld_v2.compile_warp --frame {width},{height},{stride},"
-                            f"{uv_offset // stride},<uv_height>,{size} --warp-to 512x256 --split-frames --output ...")
+    g = geometry
+    report(f"no warp bundle in {artifacts} for {g}; have {seen}. Waiting; build one: python -m sunnypilot.modeld_v2.compile_warp --frame "
+        f"{g.width},{g.height},{g.stride},{g.uv_offset // g.stride},<uv_height>,{g.buffer_len} --warp-to 512x256 --split-frames --output ...")
+    return None
   return min(matches)[1]
+
+def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
+  """Before waiting for camerad: the problem with the artifacts folder in one line (no model for this device, no warp at all), or None."""
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
+  model = os.path.join(artifacts, "model.bin")
+  if not os.path.isfile(model): return f"{model} not found (build it with compile_modeld)"
+  try:
+    head, _ = read_bundle(model)
+    check_provenance(head["provenance"], device, model)
+    if head["extras"].get("metadata", {}).get("kind") != "model": return f"{model} is not a driving model bundle"
+  except ArtifactError as e: return str(e)
+  if not warp_bundles(artifacts, device): return f"no warp bundle for this device in {artifacts} (build one with compile_warp --split-frames)"
+  return None
 
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = 0.2, long_delay: float = 0.0, send_raw: bool = False):
-    self.artifacts, self.rhd, self.lat_delay, self.long_delay, self.send_raw = artifacts, rhd, lat_delay, long_delay, send_raw
+    self.artifacts, self.rhd, self.lat_delay, self.long_delay = artifacts, rhd, lat_delay, long_delay
     self.exit = threading.Event()
-    self.adapter = None
+    self.adapter: Any = None
+    self.geometry: Geometry | None = None
+    self.publish_state = PublishState(send_raw=send_raw, log=log)
+    self.reported: set[str] = set()
+
+  def log_once(self, msg: str) -> None:
+    """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
+    if msg not in self.reported:
+      self.reported.add(msg)
+      log(msg)
 
   # *** VisionIPC ***
   def connect(self) -> bool:
@@ -122,7 +154,14 @@ class ModelD:
     self.client_extra = VisionIpcClient("camerad", VisionStreamType.WIDE_ROAD, False) if self.use_extra else None
     for client in filter(None, (self.client_main, self.client_extra)):
       if not client.connect(False): return False
+    self.streams = tuple(sorted(int(s) for s in streams))
+    self.meta_extra = FrameMeta()
     return True
+
+  def live_geometry(self) -> Geometry:
+    c, e = self.client_main, self.client_extra
+    return Geometry(self.streams, c.width, c.height, c.stride, c.uv_offset, c.buffer_len,
+                    (e.width, e.height, e.stride, e.uv_offset, e.buffer_len) if e is not None else None)
 
   def wait_for_camerad(self) -> bool:
     while not self.exit.is_set():
@@ -153,56 +192,75 @@ class ModelD:
     return buf_main, meta_main, buf_extra, meta_extra
 
   # *** model ***
-  def load(self) -> None:
+  def load(self) -> bool:
+    """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait)."""
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
-    c = self.client_main
-    warp = find_warp(self.artifacts, c.width, c.height, c.stride, c.uv_offset, c.buffer_len)
+    geometry = self.live_geometry()
+    if geometry == self.geometry and self.adapter is not None:
+      self.adapter.drop_camera_buffers()
+      return True
+    if self.adapter is not None: self.adapter.drop_camera_buffers()  # e.g. unregister them from CUDA before the adapter goes
+    self.adapter, self.geometry = None, geometry
+    try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.width, geometry.height)]
+    except ValueError as e:
+      self.log_once(f"{e}: waiting for a known camera")
+      return False
+    if (warp := find_warp(self.artifacts, geometry, report=self.log_once)) is None: return False
     model_path = os.path.join(self.artifacts, "model.bin")
     t = time.perf_counter()
     self.adapter = NativeTinygradAdapter(model_path, warp)
     self.slices = self.adapter.jits["metadata"]["output_slices"]
-    road, wide = SENSOR_CAMERAS[sensor_for_size(c.width, c.height)]
     self.cameras = (wide, wide) if self.main_wide else (road, wide)
-    self._rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
-    log(f"loaded {model_path} + {os.path.basename(warp)} in {(time.perf_counter() - t) * 1e3:.0f} ms "
+    self.rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
+    log(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
-    for _ in range(3):  # warm up on zero frames, then forget them
-      self.adapter.copy_frames({"img": np.zeros(self.adapter.warp_frame_size, np.uint8), "big_img": np.zeros(self.adapter.warp_frame_size, np.uint8)})
+    self.adapter.numpy_inputs["tfm"][:] = self.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
+    zeros = np.zeros(self.adapter.warp_frame_size, np.uint8)
+    for _ in range(3):
+      self.adapter.copy_frames({"img": zeros, "big_img": zeros})
       self.adapter.run()
     self.adapter.reset_warmup_buffers()
+    return True
 
   def transforms(self, rpy) -> np.ndarray:
     """M_inv for both cameras, recomputed only when the calibration changes."""
-    if self._rpy != (rpy := tuple(rpy)):
-      self._rpy, self._m_inv = rpy, np.stack([get_warp_matrix(rpy, self.cameras[0].intrinsics),
-                                              get_warp_matrix(rpy, self.cameras[1].intrinsics, bigmodel_frame=True)])
-    return self._m_inv
+    if self.rpy != (rpy := tuple(rpy)):
+      self.rpy, self.m_inv = rpy, np.stack([get_warp_matrix(rpy, self.cameras[0].intrinsics),
+                                            get_warp_matrix(rpy, self.cameras[1].intrinsics, bigmodel_frame=True)])
+    return self.m_inv
+
+  def fill_inputs(self, sm, lat_delay: float, lat_t: float, long_t: float) -> None:
+    """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once)."""
+    inputs, car_state = self.adapter.numpy_inputs, sm["carState"]
+    rhd = self.rhd or (sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
+    cal = sm["liveCalibration"]
+    values = {"tfm": self.transforms(list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY),
+              "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
+              "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay + STEER_DELAY_EXTRA]}
+    for name, view in inputs.items():
+      if name in values: view.reshape(-1)[:] = np.reshape(values[name], -1)
+      elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
 
   def run(self, max_frames: int | None = None) -> int:
-    from sunnypilot.modeld_v2.messaging import pub_master, sub_master
-    pm = pub_master(["modelV2", "drivingModelData", "cameraOdometry"])
+    from sunnypilot.modeld_v2.messaging import lateral_delay, new_message, pub_master, sub_master
+    pm = pub_master(list(SERVICES))
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
     if not self.wait_for_camerad(): return 0
-    self.meta_extra = FrameMeta()
-    self.load()
-    drops, desire, published, last_frame = FrameDrops(), DesirePulse(), 0, time.monotonic()
+    loaded = self.load()
+    drops, published, last_frame = FrameDrops(), 0, time.monotonic()
     log(f"running: main {'wide' if self.main_wide else 'road'} camera{', extra wide camera' if self.use_extra else ''}")
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
-      frames = self.recv_frames()
+      frames = self.recv_frames() if loaded else None
       if frames is None:
-        if time.monotonic() - last_frame > RECONNECT_AFTER_S: self.reconnect()
+        if time.monotonic() - last_frame > RECONNECT_AFTER_S: loaded = self.reconnect(loaded)
+        if not loaded: self.exit.wait(0.1)
         continue
       last_frame = time.monotonic()
       buf_main, meta_main, buf_extra, meta_extra = frames
       sm.update(0)
-      cal = sm["liveCalibration"]
-      rpy = list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY
-      inputs = self.adapter.numpy_inputs
-      inputs["tfm"][:] = self.transforms(rpy)
-      inputs["desire"][:] = desire.update(desire_from_car_state(sm["carState"]))
-      rhd = self.rhd or (sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
-      inputs["traffic_convention"][:] = [0, 1] if rhd else [1, 0]
-      inputs["action_t"][:] = [self.lat_delay + 1.5 * DT_MDL, self.long_delay + 0.3 + 1.5 * DT_MDL]
+      lat_delay = lateral_delay(sm, self.lat_delay)
+      lat_t, long_t = action_times(lat_delay, self.long_delay)
+      self.fill_inputs(sm, lat_delay, lat_t, long_t)
       dropped, drop_perc = drops.update(meta_main.frame_id)
       t0 = time.perf_counter()
       self.adapter.copy_frames({"img": buf_main, "big_img": buf_extra})
@@ -210,46 +268,38 @@ class ModelD:
       outputs = self.adapter.output_array()
       execution_time = time.perf_counter() - t0
       if dropped > 0: continue  # prepare-only: the frame went through the model's queues, nothing is published
-      self.publish(pm, parse_outputs(outputs, self.slices), outputs, meta_main, meta_extra, sm, drop_perc, execution_time)
+      road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
+      frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
+                        bool(sm.seen.get("liveCalibration")), lat_t, long_t)
+      msgs = {s: new_message(s) for s in SERVICES}
+      self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], bool(sm.seen.get("carControl") and sm["carControl"].latActive))
+      for service, msg in msgs.items(): pm.send(service, msg)
       published += 1
     log(f"exiting after {published} published frames")
     return 0
 
-  def publish(self, pm, parsed, outputs, meta_main, meta_extra, sm, drop_perc, execution_time) -> None:
-    from sunnypilot.modeld_v2.messaging import new_message
-    msgs = {s: new_message(s) for s in ("modelV2", "drivingModelData", "cameraOdometry")}
-    model_v2, driving, odometry = msgs["modelV2"].modelV2, msgs["drivingModelData"].drivingModelData, msgs["cameraOdometry"].cameraOdometry
-    fill_model_msgs(parsed, model_v2, driving, odometry)
-    camera_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
-    model_v2.frameId, model_v2.frameIdExtra, model_v2.timestampEof = meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof
-    model_v2.frameAge = max(0, camera_frame - meta_main.frame_id)
-    model_v2.frameDropPerc, model_v2.modelExecutionTime = drop_perc, execution_time
-    if self.send_raw: model_v2.rawPredictions = np.ascontiguousarray(outputs, np.float32).tobytes()
-    driving.frameId, driving.frameIdExtra, driving.frameDropPerc, driving.modelExecutionTime = meta_main.frame_id, meta_extra.frame_id, drop_perc, \
-      execution_time
-    odometry.frameId, odometry.timestampEof = meta_main.frame_id, meta_main.timestamp_eof
-    for service, msg in msgs.items(): pm.send(service, msg)
-
-  def reconnect(self) -> None:
-    """camerad went away or restarted: its buffers are gone, so drop every mapping and binding before touching a frame again."""
+  def reconnect(self, loaded: bool) -> bool:
+    """camerad went away or restarted: its buffers are gone. Reconnect and load for the new geometry (same geometry: only the camera mappings
+    and their bindings are dropped). Returns whether a model is ready for the new stream."""
     from msgq.visionipc import VisionIpcClient
-    if not VisionIpcClient.available_streams("camerad", False): return
-    log("no frames: reconnecting to camerad")
-    if self.connect():
-      self.adapter.drop_camera_buffers()
-      self.meta_extra = FrameMeta()
-      log("reconnected to camerad")
+    if not VisionIpcClient.available_streams("camerad", False): return loaded
+    if loaded: log("no frames: reconnecting to camerad")
+    if not self.connect(): return loaded
+    previous = self.geometry
+    if not self.load(): return False
+    log("reconnected to camerad" if previous == self.geometry else f"camera geometry changed to {self.geometry}: reloaded")
+    return True
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
   parser.add_argument("--max-frames", type=int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
-  parser.add_argument("--lat-delay", type=float, default=0.2, help="steering actuator delay in seconds (liveDelay when published)")
+  parser.add_argument("--lat-delay", type=float, default=0.2, help="steering actuator delay in seconds (liveDelay.lateralDelay when published)")
   parser.add_argument("--long-delay", type=float, default=0.0, help="longitudinal actuator delay in seconds")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
   args = parser.parse_args(argv)
-  if not os.path.isfile(os.path.join(args.artifacts, "model.bin")): parser.error(f"{args.artifacts}/model.bin not found (build it with compile_modeld)")
+  if problem := check_artifacts(args.artifacts): parser.exit(2, f"modeld: error: {problem}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw)
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: daemon.exit.set())
   return daemon.run(args.max_frames)
