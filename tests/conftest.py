@@ -4,6 +4,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from tinygrad import Device, Tensor, dtypes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +36,21 @@ realize.compile_linear = realize.lower_and_compile = realize.to_program = device
 def private_load_cache(tmp_path_factory):
   """The load cache of every test (and the processes they start) lives in a temporary folder, not in ~/.cache."""
   os.environ["MODELD_V2_CACHE"] = str(tmp_path_factory.mktemp("load_cache"))
+
+@pytest.fixture(scope="session")
+def native_artifacts(tmp_path_factory) -> str:
+  """One tiny native stand-in and its warps (1344x760, --split-frames and packed), built once per test run: an artifacts folder as modeld
+  reads it (model.bin + warp_*.bin). Tests copy what they change."""
+  from sunnypilot.modeld_v2 import stand_in_models
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.compile_warp import compile_warp
+  from sunnypilot.modeld_v2.warp import camerad_frame
+  folder = tmp_path_factory.mktemp("native_artifacts")
+  stand_in_models.write("native", "tiny", str(folder / "native.onnx"), seed=4)
+  compile_model(str(folder / "model.bin"), onnx=str(folder / "native.onnx"), log=lambda s: None)
+  compile_warp(camerad_frame(1344, 760).spec, "512x256", str(folder / "warp_split.bin"), split_frames=True)
+  compile_warp(camerad_frame(1344, 760).spec, "512x256", str(folder / "warp_packed.bin"))
+  return str(folder)
 
 @pytest.fixture
 def tmp_bundle(tmp_path):

@@ -211,6 +211,18 @@ def test_non_realized_and_view_inputs(small_part):
   big = realized(np.zeros((2, 16), np.float32))
   with pytest.raises(InputError, match="input x"): plain(**inputs | {"x": big[1:]})
 
+def test_reordered_views_are_rejected():
+  """A permute or flip of the right shape, dtype and size would be read in raw memory order: only the buffer itself (or a reshape) binds."""
+  rng = np.random.default_rng(12)
+  make = lambda: {"m": realized(rng.standard_normal((2, 3, 3)).astype(np.float32))}
+  jit, part, _ = capture(lambda m: (m * 2 + 1).contiguous(), make)
+  plain, m = PlainJit(*part), realized(rng.standard_normal((2, 3, 3)).astype(np.float32))
+  for view in (m.permute(0, 2, 1), m.flip(0), m.flip(2)):
+    with pytest.raises(InputError, match="reordered view"): plain(m=view)
+  ordered = m.permute(0, 2, 1).contiguous().realize()
+  assert plain(m=ordered).numpy().tobytes() == jit(m=realized(ordered.numpy())).numpy().tobytes()
+  assert plain(m=m.reshape(18).reshape(2, 3, 3)).numpy().tobytes() == jit(m=realized(m.numpy())).numpy().tobytes(), "a reshape keeps the order"
+
 def test_misaligned_pointer(small_part):
   part, make, _ = small_part
   plain, inputs = PlainJit(*part), make()
@@ -282,6 +294,28 @@ def test_rehashed_bundle_with_a_bad_reference_is_rejected(small_part, tmp_bundle
     bad = header | {"calls": header["calls"][:-1] + [call | {"args": [arg] + call["args"][1:]}]}
     write_bundle(tmp_bundle, {"run": (bad, blob)}, {})  # a valid hash over a hostile header
     with pytest.raises(ArtifactError, match="malformed"): read_parts(tmp_bundle)
+
+def test_copy_longer_than_its_source_is_rejected(tmp_bundle):
+  """A hash-valid crafted bundle whose upload copies more bytes than the host input holds would read past it: rejected at read."""
+  host = np.zeros(64, np.float32)
+  _, (header, blob), _ = capture(lambda host, x: (host.to(Device.DEFAULT)[:8] * x).contiguous(),
+                                 lambda: {"host": Tensor(host, device="NPY"), "x": realized(np.ones(8, np.float32))})
+  copy = next(i for i, c in enumerate(header["calls"]) if c["kind"] == "copy")
+  dst = next(a for a in header["calls"][copy]["args"] if "buffer" in a)
+  header["buffers"][dst["buffer"]]["nbytes"] *= 4
+  longer = header["calls"][copy] | {"args": [dst | {"nbytes": dst["nbytes"] * 4}, header["calls"][copy]["args"][1]]}
+  write_bundle(tmp_bundle, {"run": (header | {"calls": header["calls"][:copy] + [longer] + header["calls"][copy + 1:]}, blob)}, {})
+  with pytest.raises(ArtifactError, match="equal lengths"): read_parts(tmp_bundle)
+
+@pytest.mark.parametrize("head", [[], {"parts": {}}, {"provenance": {}, "parts": {"run": []}}, {"provenance": {}, "parts": {"run": {"header": {}}}},
+                                  {"provenance": {}, "parts": {"run": {"header": {}, "blob": [0, 0]}}}], ids=str)
+def test_header_that_is_not_the_expected_object(tmp_bundle, head):
+  import hashlib
+  import json
+  if isinstance(head, dict) and "provenance" in head: head = head | {"provenance": bundle.provenance("CPU")}  # past the provenance check
+  data = json.dumps(head).encode()
+  with open(tmp_bundle, "wb") as f: f.write(bundle.PREAMBLE.pack(bundle.MAGIC, bundle.FORMAT_VERSION, len(data), hashlib.sha256(data).digest()) + data)
+  with pytest.raises(ArtifactError, match="malformed"): read_parts(tmp_bundle, allow_device=True)
 
 @pytest.mark.parametrize("linear", [False, True], ids=["direct", "graph back-end"])
 def test_each_tensor_is_bound_once_per_slot(small_part, monkeypatch, linear):

@@ -1,15 +1,12 @@
-import functools
 import os
-import shutil
 import time
 
 import numpy as np
 import pytest
 
-from sunnypilot.modeld_v2 import loader, stand_in_models
+from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
-from sunnypilot.modeld_v2.compile_warp import compile_warp
-from sunnypilot.modeld_v2.frame_fusion import _Blobs, frame_part, pack_layout
+from sunnypilot.modeld_v2.frame_fusion import _Blobs, pack_layout
 from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
@@ -20,15 +17,12 @@ FRAME = camerad_frame(1344, 760)
 HOST = {"desire": (1, 8), "traffic_convention": (1, 2), "action_t": (1, 2)}
 
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
+def bundles(native_artifacts, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("fusion")
-  out = {}
-  for split in (False, True):
-    out["split" if split else "packed"] = compile_warp(FRAME.spec, "512x256", str(tmp / f"warp_{split}.bin"), split_frames=split)["output"]
-  for layout in ("native", "supercombo"):
-    stand_in_models.write(layout, "tiny", str(tmp / f"{layout}.onnx"), seed=3)
-    out[layout] = compile_model(str(tmp / f"{layout}.bin"), onnx=str(tmp / f"{layout}.onnx"), log=lambda s: None)["output"]
-  return out
+  stand_in_models.write("supercombo", "tiny", str(tmp / "supercombo.onnx"), seed=3)
+  return {"split": os.path.join(native_artifacts, "warp_split.bin"), "packed": os.path.join(native_artifacts, "warp_packed.bin"),
+          "native": os.path.join(native_artifacts, "model.bin"),
+          "supercombo": compile_model(str(tmp / "supercombo.bin"), onnx=str(tmp / "supercombo.onnx"), log=lambda s: None)["output"]}
 
 def drive(adapter, rng, steps: int, bufs_for=None) -> list[bytes]:
   outs = []
@@ -126,22 +120,18 @@ def test_misaligned_or_short_camera_buffer_is_rejected(bundles):
   with pytest.raises(ValueError, match="not 16-byte aligned"): split.copy_frames({"img": misaligned})
   with pytest.raises(ValueError, match="has 100 bytes"): split.copy_frames({"img": short})
 
-def test_load_cache_hit_equals_miss_and_files_invalidate_it(bundles, tmp_path, monkeypatch):
-  monkeypatch.setenv("MODELD_V2_CACHE", str(tmp_path / "cache"))
-  model, warp = str(tmp_path / "model.bin"), str(tmp_path / "warp.bin")
-  shutil.copy(bundles["native"], model), shutil.copy(bundles["packed"], warp)
-  miss = drive(NativeTinygradAdapter(model, warp), np.random.default_rng(4), 3)
-  assert len(os.listdir(tmp_path / "cache")) == 1
-  hit = NativeTinygradAdapter(model, warp)
-  assert len(os.listdir(tmp_path / "cache")) == 1 and drive(hit, np.random.default_rng(4), 3) == miss
-  assert drive(NativeTinygradAdapter(model, warp, cache=False), np.random.default_rng(4), 3) == miss
-  shutil.copy(bundles["split"], warp)  # a different warp: a new entry, and the fused part follows the new file
-  assert NativeTinygradAdapter(model, warp).split and len(os.listdir(tmp_path / "cache")) == 2
-  shutil.copy(bundles["supercombo"], model)
-  assert "img_q" in NativeTinygradAdapter(model, warp).input_queues and len(os.listdir(tmp_path / "cache")) == 3
-  monkeypatch.setattr(loader, "MAX_CACHE_ENTRIES", 2)
-  shutil.copy(bundles["packed"], warp)
-  NativeTinygradAdapter(model, warp)
-  assert len(os.listdir(tmp_path / "cache")) == 2, "the cache keeps the newest entries only"
-  cached = load_model(model, extend=functools.partial(frame_part, warp))
-  assert not cached["metadata"]["fused"]["split_frames"], "the packed warp now"
+def test_numpy_frames_are_copied_never_read_in_place(bundles):
+  """numpy arrays have .data too: they are still uploaded (modeld's warm-up frames are freed right after copy_frames)."""
+  split = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
+  frames = np.random.default_rng(5).integers(0, 256, (2, FRAME.size), dtype=np.uint8)
+  split.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
+  split.copy_frames({"img": frames[0], "big_img": frames[1]})
+  frames[:] = 0  # the caller reuses (or frees) its arrays after copy_frames
+  split.run()
+  got = split.output_array().tobytes()
+  fresh = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
+  fresh.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
+  kept = np.random.default_rng(5).integers(0, 256, (2, FRAME.size), dtype=np.uint8)
+  fresh.copy_frames({"img": kept[0], "big_img": kept[1]})
+  fresh.run()
+  assert got == fresh.output_array().tobytes() and split.camera_tensors == {}, "the frames as they were at copy_frames, not the array now"

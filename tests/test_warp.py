@@ -11,12 +11,15 @@ from conftest import NO_COMPILE, realized, run_python
 
 MODEL_W, MODEL_H = 512, 256
 
-def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int = MODEL_W, h: int = MODEL_H) -> tuple[np.ndarray, np.ndarray]:
-  """Independent numpy warp (FACTS 3): returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie."""
+def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int = MODEL_W, h: int = MODEL_H,
+                   nan_to: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Independent numpy warp (FACTS 3): returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie.
+  `nan_to`: what a NaN source coordinate becomes (the runtime's rule for broken transforms), before clamping."""
   def sample(m, out_w, out_h, in_w, in_h, plane):
     xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))
     sx, sy, sw = (m[r, 0] * xs + m[r, 1] * ys + m[r, 2] for r in range(3))
     fx, fy = sx / sw, sy / sw
+    if nan_to is not None: fx, fy = np.where(np.isnan(fx), nan_to, fx), np.where(np.isnan(fy), nan_to, fy)
     near = lambda f, hi: (np.abs(f - np.floor(f) - 0.5) < 1e-3) & (np.clip(np.floor(f), 0, hi) != np.clip(np.floor(f) + 1, 0, hi))
     tie = near(fx, in_w - 1) | near(fy, in_h - 1)  # a tie only matters where the two candidates are different pixels
     ix, iy = np.clip(np.round(fx), 0, in_w - 1).astype(np.int64), np.clip(np.round(fy), 0, in_h - 1).astype(np.int64)
@@ -140,11 +143,46 @@ def test_preview_of_a_synthetic_road_scene(bundles, tmp_path):
   # and it shows a road: bright lane-line pixels below the horizon (model row 47.6), sky above it
   assert (y[60:] > 200).sum() > 100 and y[:40].mean() > y[60:].mean()
 
-def test_degenerate_transforms_stay_inside_the_frame(bundles):
-  """A zero, NaN or infinite M_inv (a broken calibration) must not read outside the camera buffer: the output is defined, no crash."""
+def test_any_transform_reads_inside_the_frame(bundles):
+  """A zero, NaN, infinite or huge M_inv (a broken calibration) is defined: a non-finite coordinate reads pixel 0 of its plane, an infinite
+  or huge one clamps to the image. Before, NaN coordinates became int32 INT_MIN gather indices."""
   frame, paths = bundles["camerad 1344x760"]
   run = load_model(paths[True])["run"]
-  bufs = np.full((2, frame.size), 7, np.uint8)
-  for m in (np.zeros((2, 3, 3)), np.full((2, 3, 3), np.nan), np.full((2, 3, 3), np.inf)):
-    out = run(frame=realized(bufs[0]), big_frame=realized(bufs[1]), M_inv=realized(m.astype(np.float32))).numpy()
-    assert out.shape == (2, 6, MODEL_H // 2, MODEL_W // 2) and set(np.unique(out)) <= {0, 7}
+  bufs = np.random.default_rng(4).integers(0, 256, (2, frame.size), dtype=np.uint8)
+  for m in (np.zeros((3, 3)), np.full((3, 3), np.nan), np.full((3, 3), np.inf), np.full((3, 3), -np.inf), np.full((3, 3), 1e30),
+            np.array([[1e30, 0, 0], [0, -1e30, 0], [0, 0, 1]]), np.array([[1, 0, 0], [0, 1, 0], [0, 0, np.nan]])):
+    m_inv = np.stack([m, m]).astype(np.float32)
+    out = run(frame=realized(bufs[0]), big_frame=realized(bufs[1]), M_inv=realized(m_inv)).numpy()
+    for cam in range(2):
+      with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        expected, _ = reference_warp(bufs[cam], frame, m_inv[cam], nan_to=0.0)
+      assert out[cam].tobytes() == expected.tobytes(), f"M_inv {m.tolist()}: camera {cam} differs from the clamped reference"
+
+def test_geometry_beyond_int32_indices_is_rejected(capsys):
+  with pytest.raises(ValueError, match="int32 indices"): parse_frame("100000,100000,100000,100000,50000,15000000000")
+  with pytest.raises(ValueError, match="int32 indices"): camerad_frame(100000, 100000)
+  with pytest.raises(SystemExit) as e: main(["--frame", "100000,100000,100000,100000,50000,15000000000", "--warp-to", "512x256", "--output", "x.bin"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "int32 indices" in err and "Traceback" not in err
+
+def test_preview_errors_are_one_line_and_write_nothing(bundles, tmp_path, capsys):
+  from sunnypilot.modeld_v2.preview import main as preview_main
+  frame, paths = bundles["camerad 1344x760"]
+  corrupt, model, short = tmp_path / "corrupt.bin", tmp_path / "model.bin", tmp_path / "short.nv12"
+  corrupt.write_bytes(open(paths[True], "rb").read()[:-10])
+  short.write_bytes(b"\x00" * 1000)
+  from sunnypilot.modeld_v2.bundle import write_bundle
+  from sunnypilot.modeld_v2.loader import load_model
+  warp = load_model(paths[True])
+  write_bundle(str(model), {"run": (warp["run"].header, bytes(warp["run"].blob))}, {"metadata": {"kind": "model"}})
+  out = tmp_path / "p.png"
+  cases = {"missing": (["--warp", str(tmp_path / "none.bin")], "cannot read"), "corrupt": (["--warp", str(corrupt)], "truncated"),
+           "model": (["--warp", str(model)], "not a warp bundle"), "short frames": (["--warp", paths[True], "--road", str(short), "--wide", str(short)],
+                                                                               "has 1,000 bytes"),
+           "nan rpy": (["--warp", paths[True], "--rpy", "nan,inf,0"], "three finite numbers"),
+           "output folder": (["--warp", paths[True], "--output", str(tmp_path / "no" / "p.png")], "does not exist")}
+  for name, (argv, message) in cases.items():
+    with pytest.raises(SystemExit) as e: preview_main(["--output", str(out)] + argv if "--output" not in argv else argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err.strip().splitlines()[-1] and "Traceback" not in err, f"{name}: {err}"
+    assert not out.exists(), f"{name}: a PNG was written"

@@ -45,9 +45,10 @@ class CameraReplay:
   def __init__(self, frame: NV12Frame, wide: bool = True, rpy=DEFAULT_RPY):
     from msgq.visionipc import VisionIpcServer
 
-    from sunnypilot.modeld_v2.messaging import pub_master
+    from sunnypilot.modeld_v2.messaging import ensure_prefix_dir, pub_master
     self.frame, self.wide, self.rpy = frame, wide, rpy
     self.sensor = sensor_for_size(frame.width, frame.height)
+    ensure_prefix_dir()  # VisionIpcServer opens sockets under /dev/shm/msgq_<prefix> and crashes if the folder is missing
     self.server = VisionIpcServer("camerad")
     self.streams = [VisionStreamType.ROAD] + ([VisionStreamType.WIDE_ROAD] if wide else [])
     for stream in self.streams:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -53,9 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parse_frame(args.frame), parse_size(args.warp_to)
   except ValueError as e:
     parser.error(str(e))
-  if os.path.dirname(os.path.abspath(args.output)) and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-    parser.error(f"the output folder {os.path.dirname(os.path.abspath(args.output))} does not exist")
-  summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames)
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
+  try: check_output_path(args.output)
+  except ArtifactError as e: parser.error(str(e))
+  try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames)
+  except (ArtifactError, OSError) as e: parser.exit(1, f"compile_warp: error: {e}\n")
   print(f"Saved warp to {summary['output']} ({summary['kernels']} kernels, {summary['calls']} calls, {summary['bytes']} bytes)")
   return 0
 

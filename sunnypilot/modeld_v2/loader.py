@@ -23,6 +23,20 @@ CACHE_SUFFIX = ".fused.bin"
 
 def log(msg: str) -> None: print(f"load: {msg}", file=sys.stderr, flush=True)
 
+def load_device(device: str | None = None) -> str:
+  """The device to load on, opened. Opening it may compile tinygrad's own helper kernels, which tinygrad caches under ~/.cache: with a
+  HOME this user cannot write, that disk cache is switched off for the process (the loader itself compiles nothing)."""
+  from tinygrad import Device, helpers
+  folder = os.path.dirname(helpers.CACHEDB)
+  try:
+    os.makedirs(folder, exist_ok=True)
+    writable = os.access(folder, os.W_OK)
+  except OSError: writable = False
+  if not writable and helpers.CACHELEVEL.value > 0:
+    log(f"tinygrad's cache folder {folder} is not writable: its disk cache is off for this process")
+    helpers.CACHELEVEL.value = 0
+  return Device.canonicalize(device)
+
 def cache_dir() -> str:
   """Where fused parts are cached: $MODELD_V2_CACHE, else ~/.cache/sunnypilot_modeld_v2."""
   return os.environ.get("MODELD_V2_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sunnypilot_modeld_v2")
@@ -39,6 +53,10 @@ def fused_key(model_path: str, warp_path: str, device: str) -> dict[str, Any]:
   """Everything a fused part depends on."""
   return {"model": content_hash(model_path), "warp": content_hash(warp_path), "fusion": FUSION_VERSION, "format": FORMAT_VERSION,
           "tinygrad": tinygrad_version(), "device": device}
+
+def cache_entry(folder: str, key: dict[str, Any]) -> str:
+  """The one file name a key's fused part may have in the cache folder (nothing else there is ever read)."""
+  return os.path.join(folder, hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + CACHE_SUFFIX)
 
 def private_folder(folder: str) -> bool:
   """Create the cache folder for this user alone, or check an existing one: ours, and not writable by group or others."""
@@ -75,11 +93,10 @@ def _store(folder: str, path: str, parts: dict, extras: dict) -> None:
 def load_fused(model_path: str, warp_path: str, device: str | None = None, cache: bool = True, allow_device: bool = False) -> dict[str, Any]:
   """A model bundle with a warp bundle fused in front (see frame_fusion), read for `device`; cached on disk by content unless cache=False.
   `allow_device` loads bundles built for another device anyway: mock execution of QCOM bundles on NULL."""
-  from tinygrad import Device
-  dev = Device.canonicalize(device)
+  dev = load_device(device)
   key = fused_key(model_path, warp_path, dev)
   folder = cache_dir()
-  entry = os.path.join(folder, hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + CACHE_SUFFIX)
+  entry = cache_entry(folder, key)
   use_cache = cache and private_folder(folder)
   if not use_cache or (hit := _cached(entry, key, dev, allow_device)) is None:
     parts, extras = fuse(read_parts(model_path, dev, allow_device), read_parts(warp_path, dev, allow_device), os.path.basename(warp_path))
@@ -91,12 +108,11 @@ def load_fused(model_path: str, warp_path: str, device: str | None = None, cache
 def load_model(path: str, cache: bool = True, extend: Any = None, device: str | None = None, allow_device: bool = False) -> dict[str, Any]:
   """Read a bundle for `device`: `{"run": Replay, "input_specs", "output_specs", "metadata"}`. The seed's spelling of a fused load,
   `extend=functools.partial(frame_part, warp_path)`, is `load_fused(path, warp_path, ...)`."""
-  from tinygrad import Device
   if extend is not None:
     if not (isinstance(extend, functools.partial) and extend.func is frame_part and len(extend.args) == 1 and not extend.keywords):
       raise TypeError("extend takes functools.partial(frame_part, warp_path): fusing a warp is the one extension")
     return load_fused(path, extend.args[0], device, cache, allow_device)
-  dev = Device.canonicalize(device)
+  dev = load_device(device)
   return loaded(*read_parts(path, dev, allow_device), dev)
 
 def loaded(parts: dict, extras: dict, device: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from tinygrad import Device, Tensor
 
 from sunnypilot.modeld_v2.bundle import state_names
 from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES
-from sunnypilot.modeld_v2.loader import load_fused
+from sunnypilot.modeld_v2.loader import load_device, load_fused
 from sunnypilot.modeld_v2.replay import ALIGNMENT, write_tensor
 
 log = logging.getLogger("modeld_v2")
@@ -71,9 +71,10 @@ class NativeTinygradAdapter(BaseModelAdapter):
   (stream, pointer) with Tensor.from_blob (on CUDA after registering its pages) and bound by pointer, so steady state copies no frame
   bytes. numpy frames (warmup, tests) are uploaded instead: cached host memory must not be read in place by a GPU.
   """
-  def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True, map_camera_buffers: bool = True):
-    self.model_device = Device.canonicalize(device)
-    self.jits = load_fused(model_path, warp_path, device=self.model_device, cache=cache)
+  def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True, map_camera_buffers: bool = True,
+               allow_device: bool = False):
+    self.model_device = load_device(device)
+    self.jits = load_fused(model_path, warp_path, device=self.model_device, cache=cache, allow_device=allow_device)
     self.run_model = self.jits["run"]
     fused = self.jits["metadata"]["fused"]
     self.warp_frame_size = fused["frame_size"]

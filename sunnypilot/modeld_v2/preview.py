@@ -43,6 +43,8 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   frame = parse_frame(meta["frame"])
   sensor = sensor_for_size(frame.width, frame.height)
   if frames is None: frames = tuple(road_scene(frame, cam.focal_length) for cam in SENSOR_CAMERAS[sensor])
+  if short := [f"{name} has {len(f):,} bytes" for name, f in zip(("road", "wide"), frames) if len(f) < frame.size]:
+    raise ValueError(f"{', '.join(short)}; the warp reads {frame.size:,}-byte NV12 buffers ({meta['frame']})")
   m_inv = Tensor(warp_matrices(sensor, rpy), device=Device.DEFAULT).realize()
   bufs = [Tensor(np.ascontiguousarray(f[:frame.size]), device=Device.DEFAULT).realize() for f in frames]
   inputs = {"frame": bufs[0], "big_frame": bufs[1]} if meta["split_frames"] else {"input_frame": Tensor(np.stack(frames)).realize()}
@@ -61,12 +63,16 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     rpy = tuple(float(x) for x in args.rpy.split(","))
-    assert len(rpy) == 3
+    assert len(rpy) == 3 and all(np.isfinite(rpy))
   except (ValueError, AssertionError):
-    parser.error(f"--rpy wants three numbers roll,pitch,yaw, got {args.rpy!r}")
+    parser.error(f"--rpy wants three finite numbers roll,pitch,yaw, got {args.rpy!r}")
   if bool(args.road) != bool(args.wide): parser.error("give both --road and --wide, or neither")
-  frames = (np.fromfile(args.road, np.uint8), np.fromfile(args.wide, np.uint8)) if args.road else None
-  preview(args.warp, args.output, rpy, frames)
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
+  try:
+    check_output_path(args.output)
+    frames = (np.fromfile(args.road, np.uint8), np.fromfile(args.wide, np.uint8)) if args.road else None
+    preview(args.warp, args.output, rpy, frames)
+  except (ArtifactError, ValueError, OSError) as e: parser.exit(2, f"preview: error: {e}\n")
   print(f"wrote {args.output}: road (left) and wide (right) camera as the model sees them; Y on top, U and V below")
   return 0
 

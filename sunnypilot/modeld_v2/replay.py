@@ -109,7 +109,7 @@ class _Graph:
     def arg(a: dict) -> UOp:
       if "input" in a:
         spec = self.replay.inputs[a["input"]]
-        return UOp.param(a["input"], parse_dtype(spec["dtype"]), (int(np.prod(spec["shape"])),), spec["device"])
+        return UOp.param(a["input"], parse_dtype(spec["dtype"]), (int(np.prod(spec["shape"])),), self.replay.input_device(spec))
       return UOp.from_buffer(self.replay.view(a))
     calls = []
     for call in header_calls:
@@ -255,8 +255,8 @@ class Replay:
     if not t.uop.is_realized or t.uop.base.op is not Ops.BUFFER: raise InputError(f"input {name} is not realized: realize it before the call")
     if list(t.shape) != spec["shape"] or dtype_name(t.dtype) != spec["dtype"]:
       raise InputError(f"input {name}: expected shape {tuple(spec['shape'])} {spec['dtype']}, got {t.shape} {t.dtype!r}")
-    if device_kind(spec["device"]) != device_kind(t.device):
-      raise InputError(f"input {name}: expected a {device_kind(spec['device'])} tensor, got one on {t.device}")
+    if (expected := device_kind(self.input_device(spec))) != device_kind(t.device):
+      raise InputError(f"input {name}: expected a {expected} tensor, got one on {t.device}")
     buf = t.uop.base.buffer
     if buf.nbytes != t.nbytes(): raise InputError(f"input {name} is a view of a larger buffer: pass a whole buffer")
     if not t.uop.has_buffer_identity():  # a permute, flip or other reordering would be read in raw memory order
@@ -264,6 +264,10 @@ class Replay:
     if self.outputs_in_place and (ptr := address(buf.ensure_allocated())) % ALIGNMENT:
       raise InputError(f"input {name}: pointer {ptr:#x} is not {ALIGNMENT}-byte aligned")
     return buf
+
+  def input_device(self, spec: dict) -> str:
+    """Where an input lives: inputs captured on the part's device live on this replay's (the same, or the one allow_device chose)."""
+    return self.device if device_kind(spec["device"]) == device_kind(self.header["device"]) else spec["device"]
 
   def forget(self, tensors: list[Tensor]) -> None:
     """Drop the bindings of these tensors (camera buffers that went away), so neither they nor their memory are kept."""

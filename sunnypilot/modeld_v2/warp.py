@@ -9,6 +9,7 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 
 UV_SCALE = np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], dtype=np.float32)  # M_inv -> M_inv_uv: half-resolution chroma
+MAX_BUFFER = 2**31 - 1  # the warp's gather indices are int32
 
 def align(x: int, a: int) -> int: return (x + a - 1) // a * a
 
@@ -31,6 +32,9 @@ class NV12Frame:
       if self.uv_height < self.height // 2: problems.append(f"uv_height {self.uv_height} is smaller than half the height {self.height // 2}")
       if self.size < self.stride * (self.y_height + self.uv_height):
         problems.append(f"size {self.size} is smaller than the planes: stride*(y_height+uv_height) = {self.stride * (self.y_height + self.uv_height)}")
+      if max(self.size, self.stride * (self.y_height + self.uv_height)) > MAX_BUFFER:
+        problems.append(f"a {max(self.size, self.stride * (self.y_height + self.uv_height)):,} byte buffer is more than the warp's int32 indices "
+                        f"reach ({MAX_BUFFER:,})")
     if problems: raise ValueError("impossible NV12 geometry: " + "; ".join(problems))
 
   @property
@@ -65,7 +69,8 @@ def parse_size(spec: str) -> tuple[int, int]:
 def make_frame_prepare(frame: NV12Frame, model_w: int, model_h: int) -> Callable[[Tensor, Tensor], Tensor]:
   """The warp of one NV12 frame: `(frame uint8 (size,), M_inv float32 (3,3)) -> uint8 (6, model_h/2, model_w/2)`.
 
-  M_inv maps a model pixel to a camera pixel; the nearest source pixel (round half to even) is taken, clamped to the image.
+  M_inv maps a model pixel to a camera pixel; the nearest source pixel (round half to even) is taken, clamped to the image. Any M_inv is
+  safe: a non-finite coordinate (NaN from 0/0, inf/inf) reads pixel 0, infinite or huge ones clamp, so no index leaves the buffer.
   Planes: Y[0::2,0::2], Y[1::2,0::2], Y[0::2,1::2], Y[1::2,1::2], U, V. All six are gathered by one index computation.
   """
   h2, w2 = model_h // 2, model_w // 2
@@ -83,13 +88,14 @@ def make_frame_prepare(frame: NV12Frame, model_w: int, model_h: int) -> Callable
   consts = [Tensor(a) for a in (x, y, max_x, max_y, step, base, scale)]
   assert all(a.dtype in (np.float32, np.int32) for a in (x, y, max_x, max_y, step, base, scale))
 
+  def coord(v: Tensor) -> Tensor: return (v != v).where(0.0, v).round()  # NaN would cast to INT_MIN: take 0 instead
+
   def prepare(frame_bytes: Tensor, m_inv: Tensor) -> Tensor:
     x, y, max_x, max_y, step, base, scale = consts
     m = m_inv.reshape(1, 3, 3) * scale
     coef = [m[:, i, j].reshape(6, 1, 1) for i in range(3) for j in range(3)]  # elementwise 3x3 product: it fuses with the gather
     sx, sy, sw = (coef[3 * r] * x + coef[3 * r + 1] * y + coef[3 * r + 2] for r in range(3))
-    ix = (sx / sw).round().clip(0, max_x).cast(dtypes.int32)
-    iy = (sy / sw).round().clip(0, max_y).cast(dtypes.int32)
+    ix, iy = (coord(s / sw).clip(0, hi).cast(dtypes.int32) for s, hi in ((sx, max_x), (sy, max_y)))
     index = base + iy * frame.stride + ix * step
     return frame_bytes[index.flatten()].reshape(6, h2, w2)
   return prepare
