@@ -67,6 +67,7 @@ class SubMaster:
     self.data: dict[str, Any] = {s: getattr(new_message(s), s) for s in self.services}
     self.updated = dict.fromkeys(self.services, False)
     self.seen = dict.fromkeys(self.services, False)
+    self.valid = dict.fromkeys(self.services, False)  # the last message's Event.valid, as openpilot's SubMaster keeps it
     self.recv_frame = dict.fromkeys(self.services, 0)
     self.frame = 0
 
@@ -77,7 +78,7 @@ class SubMaster:
     while True:
       for s, sock in self.socks.items():
         if (raw := sock.receive(non_blocking=True)) is not None:
-          with log.Event.from_bytes(raw) as event: self.data[s] = getattr(event, s).as_builder().as_reader()
+          with log.Event.from_bytes(raw) as event: self.data[s], self.valid[s] = getattr(event, s).as_builder().as_reader(), event.valid
           self.updated[s] = self.seen[s] = True
           self.recv_frame[s] = self.frame
       if any(self.updated.values()) or time.monotonic() >= deadline: return

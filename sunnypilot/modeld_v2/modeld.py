@@ -252,7 +252,9 @@ class ModelD:
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
       frames = self.recv_frames() if loaded else None
       if frames is None:
-        if time.monotonic() - last_frame > RECONNECT_AFTER_S: loaded = self.reconnect(loaded)
+        if time.monotonic() - last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
+          previous, loaded, drops, last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
+          if loaded: log("reconnected to camerad" if self.geometry == previous else f"camera geometry changed to {self.geometry}: reloaded")
         if not loaded: self.exit.wait(0.1)
         continue
       last_frame = time.monotonic()
@@ -267,7 +269,9 @@ class ModelD:
       self.adapter.run()
       outputs = self.adapter.output_array()
       execution_time = time.perf_counter() - t0
-      if dropped > 0: continue  # prepare-only: the frame went through the model's queues, nothing is published
+      if dropped > 0:  # prepare-only: the frame went through the model's queues, nothing is published
+        log(f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
+        continue
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
@@ -278,17 +282,11 @@ class ModelD:
     log(f"exiting after {published} published frames")
     return 0
 
-  def reconnect(self, loaded: bool) -> bool:
-    """camerad went away or restarted: its buffers are gone. Reconnect and load for the new geometry (same geometry: only the camera mappings
-    and their bindings are dropped). Returns whether a model is ready for the new stream."""
+  def reconnect(self) -> bool:
+    """No frames for a while: camerad went away or restarted, and its buffers with it. True once connected to it again; load() then picks
+    the warp for its geometry (the same one: only the camera mappings and their bindings are dropped)."""
     from msgq.visionipc import VisionIpcClient
-    if not VisionIpcClient.available_streams("camerad", False): return loaded
-    if loaded: log("no frames: reconnecting to camerad")
-    if not self.connect(): return loaded
-    previous = self.geometry
-    if not self.load(): return False
-    log("reconnected to camerad" if previous == self.geometry else f"camera geometry changed to {self.geometry}: reloaded")
-    return True
+    return bool(VisionIpcClient.available_streams("camerad", False)) and self.connect()
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
