@@ -90,9 +90,10 @@ def _store(folder: str, path: str, parts: dict, extras: dict) -> None:
     for e in entries[MAX_CACHE_ENTRIES:]: os.remove(e.path)
   except OSError as e: log(f"cannot write the load cache ({e.strerror or e}); continuing without it")
 
-def load_fused(model_path: str, warp_path: str, device: str | None = None, cache: bool = True, allow_device: bool = False) -> dict[str, Any]:
+def load_fused(model_path: str, warp_path: str, device: str | None = None, cache: bool = True, allow_device: bool = False,
+               mapped: tuple[str, ...] = ()) -> dict[str, Any]:
   """A model bundle with a warp bundle fused in front (see frame_fusion), read for `device`; cached on disk by content unless cache=False.
-  `allow_device` loads bundles built for another device anyway: mock execution of QCOM bundles on NULL."""
+  `allow_device` loads bundles built for another device anyway: mock execution of QCOM bundles on NULL. `mapped`: see Replay."""
   dev = load_device(device)
   key = fused_key(model_path, warp_path, dev)
   folder = cache_dir()
@@ -103,7 +104,7 @@ def load_fused(model_path: str, warp_path: str, device: str | None = None, cache
     extras["metadata"]["fused"]["key"] = key
     if use_cache: _store(folder, entry, parts, extras)
   else: parts, extras = hit
-  return loaded(parts, extras, dev)
+  return loaded(parts, extras, dev, mapped)
 
 def load_model(path: str, cache: bool = True, extend: Any = None, device: str | None = None, allow_device: bool = False) -> dict[str, Any]:
   """Read a bundle for `device`: `{"run": Replay, "input_specs", "output_specs", "metadata"}`. The seed's spelling of a fused load,
@@ -115,7 +116,7 @@ def load_model(path: str, cache: bool = True, extend: Any = None, device: str | 
   dev = load_device(device)
   return loaded(*read_parts(path, dev, allow_device), dev)
 
-def loaded(parts: dict, extras: dict, device: str) -> dict[str, Any]:
+def loaded(parts: dict, extras: dict, device: str, mapped: tuple[str, ...] = ()) -> dict[str, Any]:
   if "run" not in parts: raise ArtifactError(f"the bundle has no 'run' part (parts: {sorted(parts)})")
-  return {"run": Replay(*parts["run"], device=device), "input_specs": extras.get("input_specs", {}), "output_specs": extras.get("output_specs", {}),
-          "metadata": extras.get("metadata", {})}
+  return {"run": Replay(*parts["run"], device=device, mapped=mapped), "input_specs": extras.get("input_specs", {}),
+          "output_specs": extras.get("output_specs", {}), "metadata": extras.get("metadata", {})}

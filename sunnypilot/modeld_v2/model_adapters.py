@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,14 @@ class CudaHostRegistration:
     for ptr in self.registered: self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
     self.registered.clear()
 
+  def mapped_tensor(self, array: np.ndarray) -> Tensor:
+    """A device tensor over a page-aligned host array (registered here): kernels read and write the array itself."""
+    return Tensor.from_blob(self.map(array.ctypes.data, array.nbytes), (array.size,), dtype=array.dtype.name, device=self.dev.device)
+
+def host_pages(nbytes: int, dtype: Any = np.uint8) -> np.ndarray:
+  """A zeroed, page-aligned host array (an anonymous mapping), as the driver registers whole pages."""
+  return np.frombuffer(mmap.mmap(-1, max(nbytes * np.dtype(dtype).itemsize, 1)), dtype, count=nbytes)
+
 class BaseModelAdapter:
   """The per-frame interface modeld uses: fill `numpy_inputs`, `copy_frames(bufs)`, `run()`, read the outputs."""
   numpy_inputs: dict[str, np.ndarray]
@@ -74,33 +83,41 @@ class NativeTinygradAdapter(BaseModelAdapter):
   def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True, map_camera_buffers: bool = True,
                allow_device: bool = False):
     self.model_device = load_device(device)
-    self.jits = load_fused(model_path, warp_path, device=self.model_device, cache=cache, allow_device=allow_device)
+    kind = self.model_device.split(":")[0]
+    # CUDA with mapping: the packed host inputs and the outputs live in registered host memory the graph reads and writes in place
+    self._pinned = CudaHostRegistration(self.model_device) if map_camera_buffers and kind == "CUDA" else None
+    self.jits = load_fused(model_path, warp_path, device=self.model_device, cache=cache, allow_device=allow_device,
+                           mapped=("host",) if self._pinned else ())
     self.run_model = self.jits["run"]
     fused = self.jits["metadata"]["fused"]
     self.warp_frame_size = fused["frame_size"]
     self.split = [name for name in SPLIT_FRAMES if name in self.run_model.input_names]  # the warp reads the camera buffers in place
-    kind = self.model_device.split(":")[0]
     self.in_place = bool(self.split) and map_camera_buffers and kind in MAPS_HOST_MEMORY
-    self._cuda = CudaHostRegistration(self.model_device) if self.in_place and kind == "CUDA" else None
+    self._cuda = CudaHostRegistration(self.model_device) if self.in_place and kind == "CUDA" else None  # camera buffers, dropped on reconnect
     self.state_pairs = {name: f"next_{name}" for name in state_names(self.jits["input_specs"], self.jits["output_specs"])}
     self.input_queues = {name: Tensor(np.zeros(spec.shape, spec.dtype), device=self.model_device).realize()
                          for name, spec in self.jits["input_specs"].items() if name in self.state_pairs}
     offsets = fused["host_layout"]
-    self.packed_input = np.zeros(fused["host_bytes"], dtype=np.uint8)
-    self.host = Tensor(self.packed_input, device="NPY")  # the NPY buffer is this array: writes to the views land in the next upload
+    self.packed_input = host_pages(fused["host_bytes"])
+    # the NPY buffer is this array (or the device reads it through its mapping): writes to the views land in the next run
+    self.host = self._pinned.mapped_tensor(self.packed_input) if self._pinned else Tensor(self.packed_input, device="NPY")
     self.numpy_inputs = {name: np.ndarray(tuple(shape), dtype=np.float32, buffer=self.packed_input, offset=offsets[name])
                          for name, shape in fused["host_shapes"].items()}
     self.frames = None if self.split else self.packed_input[offsets["frames"]:].reshape(2, self.warp_frame_size)
     self.outputs = {name: Tensor(np.zeros(spec.shape, spec.dtype), device=self.model_device).realize()
                     for name, spec in self.jits["output_specs"].items()}
+    if self._pinned:
+      self._output_view = host_pages(int(np.prod(self.outputs["outputs"].shape)), np.float32).reshape(self.outputs["outputs"].shape)
+      self.outputs["outputs"] = self._pinned.mapped_tensor(self._output_view.reshape(-1)).reshape(self._output_view.shape)
     for name, next_name in self.state_pairs.items(): self.outputs[next_name] = self.input_queues[name]  # next_X is written into X
     self.frame_inputs: dict[str, Tensor] = {}
     self.camera_tensors: dict[tuple[str, int], Tensor] = {}  # (stream, pointer) -> the camera buffer mapped as a tensor, once
     self._uploads: dict[str, Tensor] = {}  # per split input: the device buffer numpy frames are uploaded into
     out = self.outputs["outputs"]
     self._output_buffer = out.uop.base.buffer
-    self._output_view = np.frombuffer(self._output_buffer.as_memoryview(force_zero_copy=True), np.float32).reshape(out.shape) \
-      if self.run_model.outputs_in_place else np.empty(out.shape, np.float32)
+    if not self._pinned:
+      self._output_view = np.frombuffer(self._output_buffer.as_memoryview(force_zero_copy=True), np.float32).reshape(out.shape) \
+        if self.run_model.outputs_in_place else np.empty(out.shape, np.float32)
     if self.split and map_camera_buffers and not self.in_place:
       log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
 
@@ -155,7 +172,9 @@ class NativeTinygradAdapter(BaseModelAdapter):
 
   def output_array(self) -> np.ndarray:
     """This step's outputs (1, N) as numpy, valid until the next run(): on the direct CPU replay a view of the output buffer itself
-    (the kernels have finished when run() returns), elsewhere read back into one preallocated array (no scheduling, no allocation)."""
-    if not self.run_model.outputs_in_place:
+    (the kernels have finished when run() returns), on CUDA the registered host memory the graph wrote once the device is done, elsewhere
+    read back into one preallocated array (no scheduling, no allocation)."""
+    if self._pinned: Device[self.model_device].synchronize()
+    elif not self.run_model.outputs_in_place:
       self._output_buffer.allocator._copyout(memoryview(self._output_view).cast("B"), self._output_buffer._buf)  # waits for the device
     return self._output_view

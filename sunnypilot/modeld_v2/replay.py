@@ -152,9 +152,12 @@ class _Graph:
 
 class Replay:
   """Replays a part. Called with the keyword inputs of the captured function (Tensors and dicts of Tensors such as `output_buffers`);
-  returns what it returned. `_Jit` and `PlainJit` are this class under the seed's names."""
-  def __init__(self, header: dict, blob: Any, device: str | None = None):
-    self.header, self.blob = header, blob
+  returns what it returned. `_Jit` and `PlainJit` are this class under the seed's names.
+
+  `mapped`: names of host (NPY) inputs the caller passes as tensors on the device, over host memory it mapped into the device (CUDA: pinned
+  and registered): their upload becomes a device copy inside the device's graph, so a frame is one submission."""
+  def __init__(self, header: dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = ()):
+    self.header, self.blob, self.mapped = header, blob, mapped
     self.device = Device.canonicalize(device or header["device"])
     self.input_names: list[str] = header["input_names"]
     self.kwargs: list[str] = header["kwargs"]
@@ -266,8 +269,9 @@ class Replay:
     return buf
 
   def input_device(self, spec: dict) -> str:
-    """Where an input lives: inputs captured on the part's device live on this replay's (the same, or the one allow_device chose)."""
-    return self.device if device_kind(spec["device"]) == device_kind(self.header["device"]) else spec["device"]
+    """Where an input lives: inputs captured on the part's device live on this replay's (the same, or the one allow_device chose), and so
+    do mapped host inputs."""
+    return self.device if device_kind(spec["device"]) == device_kind(self.header["device"]) or spec["name"] in self.mapped else spec["device"]
 
   def forget(self, tensors: list[Tensor]) -> None:
     """Drop the bindings of these tensors (camera buffers that went away), so neither they nor their memory are kept."""
