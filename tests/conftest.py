@@ -4,8 +4,9 @@ import sys
 
 import numpy as np
 import pytest
-
 from tinygrad import Device, Tensor, dtypes
+
+from sunnypilot.modeld_v2.warp import NV12Frame
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,6 +26,29 @@ def run_python(code: str, env: dict | None = None, timeout: int = 300) -> str:
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
   assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
   return proc.stdout
+
+def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int = 512, h: int = 256,
+                   nan_to: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Independent numpy warp (FACTS 3): returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie.
+  `nan_to`: what a NaN source coordinate becomes (the runtime's rule for broken transforms), before clamping."""
+  def sample(m, out_w, out_h, in_w, in_h, plane):
+    xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))
+    sx, sy, sw = (m[r, 0] * xs + m[r, 1] * ys + m[r, 2] for r in range(3))
+    fx, fy = sx / sw, sy / sw
+    if nan_to is not None: fx, fy = np.where(np.isnan(fx), nan_to, fx), np.where(np.isnan(fy), nan_to, fy)
+    near = lambda f, hi: (np.abs(f - np.floor(f) - 0.5) < 1e-3) & (np.clip(np.floor(f), 0, hi) != np.clip(np.floor(f) + 1, 0, hi))
+    tie = near(fx, in_w - 1) | near(fy, in_h - 1)  # a tie only matters where the two candidates are different pixels
+    ix, iy = np.clip(np.round(fx), 0, in_w - 1).astype(np.int64), np.clip(np.round(fy), 0, in_h - 1).astype(np.int64)
+    return plane[iy, ix], tie
+  y_plane = buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width]
+  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width]
+  y, y_tie = sample(m_inv, w, h, frame.width, frame.height, y_plane)
+  m_uv = m_inv * np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], np.float32)
+  u, u_tie = sample(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, uv[:, 0::2])
+  v, _ = sample(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, uv[:, 1::2])
+  planes = np.stack([y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], u, v])
+  ties = np.stack([y_tie[0::2, 0::2], y_tie[1::2, 0::2], y_tie[0::2, 1::2], y_tie[1::2, 1::2], u_tie, u_tie])
+  return planes, ties
 
 NO_COMPILE = """
 import tinygrad.engine.realize as realize, tinygrad.device as device

@@ -250,7 +250,7 @@ def test_aliasing_that_would_read_after_write_is_rejected(small_part):
                                                   ("target", "CPU::arm64,native", "kernels built for CPU::arm64"), ("format", 99, "format 99")])
 def test_bundle_for_another_device_arch_version_format(small_part, tmp_bundle, monkeypatch, field, value, message):
   real = bundle.provenance
-  monkeypatch.setattr(bundle, "provenance", lambda device: real(device) | {field: value})
+  monkeypatch.setattr(bundle, "provenance", lambda device, flags=None: real(device, flags) | {field: value})
   write_bundle(tmp_bundle, {"run": small_part[0]}, {})
   monkeypatch.undo()
   with pytest.raises(ArtifactError, match=message): read_parts(tmp_bundle)

@@ -253,7 +253,7 @@ def test_bad_artifacts_fail_at_start_in_one_line(artifacts, tmp_path, monkeypatc
   for folder in (qcom, no_warp, empty): folder.mkdir()
   parts, extras = read_parts(os.path.join(artifacts, "model.bin"))
   real = bundle.provenance
-  monkeypatch.setattr(bundle, "provenance", lambda device: real(device) | {"device": "QCOM"})
+  monkeypatch.setattr(bundle, "provenance", lambda device, flags=None: real(device, flags) | {"device": "QCOM"})
   write_bundle(str(qcom / "model.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()}, extras)
   monkeypatch.undo()
   shutil.copy(os.path.join(artifacts, "warp_split.bin"), qcom / "warp_split.bin")

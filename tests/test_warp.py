@@ -7,32 +7,9 @@ from sunnypilot.modeld_v2.compile_warp import compile_warp, main
 from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame, parse_frame, parse_size, unpadded_frame
 
-from conftest import NO_COMPILE, realized, run_python
+from conftest import NO_COMPILE, realized, reference_warp, run_python
 
 MODEL_W, MODEL_H = 512, 256
-
-def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int = MODEL_W, h: int = MODEL_H,
-                   nan_to: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Independent numpy warp (FACTS 3): returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie.
-  `nan_to`: what a NaN source coordinate becomes (the runtime's rule for broken transforms), before clamping."""
-  def sample(m, out_w, out_h, in_w, in_h, plane):
-    xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))
-    sx, sy, sw = (m[r, 0] * xs + m[r, 1] * ys + m[r, 2] for r in range(3))
-    fx, fy = sx / sw, sy / sw
-    if nan_to is not None: fx, fy = np.where(np.isnan(fx), nan_to, fx), np.where(np.isnan(fy), nan_to, fy)
-    near = lambda f, hi: (np.abs(f - np.floor(f) - 0.5) < 1e-3) & (np.clip(np.floor(f), 0, hi) != np.clip(np.floor(f) + 1, 0, hi))
-    tie = near(fx, in_w - 1) | near(fy, in_h - 1)  # a tie only matters where the two candidates are different pixels
-    ix, iy = np.clip(np.round(fx), 0, in_w - 1).astype(np.int64), np.clip(np.round(fy), 0, in_h - 1).astype(np.int64)
-    return plane[iy, ix], tie
-  y_plane = buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width]
-  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width]
-  y, y_tie = sample(m_inv, w, h, frame.width, frame.height, y_plane)
-  m_uv = m_inv * np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], np.float32)
-  u, u_tie = sample(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, uv[:, 0::2])
-  v, _ = sample(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, uv[:, 1::2])
-  planes = np.stack([y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2], u, v])
-  ties = np.stack([y_tie[0::2, 0::2], y_tie[1::2, 0::2], y_tie[0::2, 1::2], y_tie[1::2, 1::2], u_tie, u_tie])
-  return planes, ties
 
 def transforms(frame: NV12Frame, rng) -> dict[str, np.ndarray]:
   s = frame.width / MODEL_W

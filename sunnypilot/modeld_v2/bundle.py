@@ -72,11 +72,12 @@ def tinygrad_version() -> str: return package_version("tinygrad")
 
 # *** writing ***
 
-def provenance(device: str) -> dict:
+def provenance(device: str, flags: dict[str, int] | None = None) -> dict:
+  """Where a bundle's kernels run, with the build flags of this process (`flags` overrides: e.g. the BEAM a compile searched with)."""
   target = Device[Device.canonicalize(device)].renderer.target
   if target.device == "NULL" and target.renderer == "IR3": target = dataclasses.replace(target, device="QCOM")  # cross-compiled for Adreno
   return {"format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": target.device or device_kind(device), "target": repr(target),
-          "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS}}
+          "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS} | (flags or {})}
 
 def check_output_path(path: str) -> None:
   """Fail before any work when `path` cannot become a new file: a folder, a missing folder, or a place this user cannot write."""
@@ -86,9 +87,9 @@ def check_output_path(path: str) -> None:
   if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
     raise ArtifactError(f"cannot write {path}: permission denied")
 
-def write_bundle(path: str, parts: dict[str, tuple[dict, Any]], extras: dict) -> int:
+def write_bundle(path: str, parts: dict[str, tuple[dict, Any]], extras: dict, flags: dict[str, int] | None = None) -> int:
   """Write named parts and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file, atomically: a temporary file renamed into
-  place, removed on any failure. Returns the size in bytes."""
+  place, removed on any failure. `flags` override the build flags provenance records. Returns the size in bytes."""
   if not parts: raise ArtifactError("a bundle needs at least one part")
   devices = {device_kind(h["device"]) for h, _ in parts.values()}
   if len(devices) != 1: raise ArtifactError(f"all parts of a bundle must be for one device, got {sorted(devices)}")
@@ -96,7 +97,7 @@ def write_bundle(path: str, parts: dict[str, tuple[dict, Any]], extras: dict) ->
   for name, (header, part_blob) in parts.items():
     index[name] = {"header": header, "blob": [len(blob), len(blob) + len(part_blob)]}
     blob += bytes(part_blob)
-  head = {"provenance": provenance(next(iter(parts.values()))[0]["device"]), "parts": index, "extras": extras}
+  head = {"provenance": provenance(next(iter(parts.values()))[0]["device"], flags), "parts": index, "extras": extras}
   data = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
   digest = hashlib.sha256(data + blob).digest()
   tmp = f"{path}.tmp{os.getpid()}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -14,6 +16,7 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
+from tinygrad.helpers import BEAM, Context, getenv
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, call_writes, device_kind, dtype_name, parse_dtype
@@ -68,14 +71,53 @@ def compile_session() -> Iterator[bool]:
     return
   with host_backed_null(): yield True
 
+def search_level(beam: int | None) -> int:
+  """The BEAM level of a compile: `--beam` when given, else tinygrad's BEAM (environment). A search times candidate kernels on the device,
+  so where nothing runs (NULL, cross-compiling for QCOM) it is refused: search on the target device instead."""
+  level = BEAM.value if beam is None else beam
+  if level < 0: raise ArtifactError(f"--beam is 0 (no search) or a beam width of 1 or more, got {level}")
+  if (level or getenv("JITBEAM", 0)) and device_kind(Device.DEFAULT) == "NULL":
+    raise ArtifactError(f"BEAM search needs the target device to time kernels, and {Device.DEFAULT} runs nothing: build searched bundles on the "
+                        "device itself (comma devices: the self-hosted comma runner), or drop --beam/BEAM")
+  return level
+
+@contextlib.contextmanager
+def beam_progress(level: int, kernels: int, log: Callable[[str], None]) -> Iterator[None]:
+  """BEAM=level for the block, with a line per kernel searched: i of n, its best time, elapsed. A kernel found in tinygrad's search cache
+  (its disk cache, ~/.cache/tinygrad/cache.db or $CACHEDB) shows no time: rebuilding a searched bundle is fast."""
+  import tinygrad.codegen.opt.search as search
+  search_kernel, time_program = search.beam_search, search._time_program
+  start, done, best = time.perf_counter(), [0], [math.inf]
+  def timed(*args, **kwargs) -> list[float]:
+    tms = time_program(*args, **kwargs)
+    best[0] = min(best[0], *tms)
+    return tms
+  def searched(s, *args, **kwargs):
+    best[0] = math.inf
+    out = search_kernel(s, *args, **kwargs)
+    done[0] += 1
+    found = "from the search cache" if best[0] == math.inf else f"best {best[0] * 1e6:.1f} us"
+    log(f"BEAM={level}: kernel {done[0]} of ~{kernels}: {found}, elapsed {time.perf_counter() - start:.0f} s")
+    return out
+  search.beam_search, search._time_program = searched, timed
+  try:
+    with Context(BEAM=level): yield
+  finally: search.beam_search, search._time_program = search_kernel, time_program
+
 class Captured(NamedTuple):
   jit: TinyJit
   part: tuple[dict, bytes]
   inputs: dict[str, Any]  # the capture call's inputs, as serialize_jit laid them out
 
-def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False) -> Captured:
+def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
+            beam: int = 0, log: Callable[[str], None] = print) -> Captured:
   """TinyJit-capture `fn` on fresh inputs from `make_inputs()` (call 0 runs eagerly and compiles, call 1 captures) and serialize it,
-  self-checked against the TinyJit replay. `null_holds_data`: inside `compile_session()` on NULL (see serialize_jit)."""
+  self-checked against the TinyJit replay. `null_holds_data`: inside `compile_session()` on NULL (see serialize_jit). `beam`: search each
+  kernel's optimizations with BEAM=beam on this device (see search_level); an unsearched capture first counts the kernels for the progress."""
+  if beam:
+    kernels = len(capture(fn, make_inputs, prune, seed, null_holds_data).part[0]["programs"])
+    log(f"searching {kernels} kernels with BEAM={beam} on {Device.DEFAULT} ...")
+    with beam_progress(beam, kernels, log): return capture(fn, make_inputs, prune, seed, null_holds_data)
   jit = TinyJit(fn, prune=prune)
   with record_kernel_linear() as recorded:
     for _ in range(2): inputs = make_inputs(); jit(**inputs)

@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
 from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
 
-def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42) -> dict:
-  """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary."""
+def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42, beam: int | None = None,
+                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+  """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary.
+  `beam`: search the kernels with BEAM on this device (None: tinygrad's BEAM setting); refused on NULL before any work."""
   from tinygrad import Device, Tensor
 
   from sunnypilot.modeld_v2.bundle import write_bundle
-  from sunnypilot.modeld_v2.capture import capture, compile_session
+  from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
   from sunnypilot.modeld_v2.warp import make_frame_prepare
+  level = search_level(beam)
   frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
   warp = make_frame_prepare(frame, model_w, model_h)
   rng, dev = np.random.default_rng(seed), Device.DEFAULT
@@ -31,12 +35,13 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
   else:
     fn = lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame[i], M_inv[i]) for i in range(2)))
     specs = {"input_frame": ((2, frame.size), "|u1", dev)}
-  print(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {dev} ...", file=sys.stderr)
-  with compile_session() as null_holds_data: part = capture(fn, make_inputs, null_holds_data=null_holds_data).part
+  log(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {dev} ...")
+  with compile_session() as null_holds_data: part = capture(fn, make_inputs, null_holds_data=null_holds_data, beam=level, log=log).part
   specs |= {"M_inv": ((2, 3, 3), "<f4", dev)}
   out_shape = (2, 6, model_h // 2, model_w // 2)
   metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}
-  size = write_bundle(output, {"run": part}, {"input_specs": specs, "output_specs": {"warped": (out_shape, "|u1", dev)}, "metadata": metadata})
+  size = write_bundle(output, {"run": part}, {"input_specs": specs, "output_specs": {"warped": (out_shape, "|u1", dev)}, "metadata": metadata},
+                      flags={"BEAM": level})
   kernels = sum(c["kind"] == "program" for c in part[0]["calls"])
   return {"output": output, "kernels": kernels, "calls": len(part[0]["calls"]), "bytes": size}
 
@@ -47,15 +52,20 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--warp-to", required=True, help="model input WxH, e.g. 512x256")
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--split-frames", action="store_true", help="one input per camera (frame, big_frame), bound to the camera buffers by pointer")
+  parser.add_argument("--beam", type=int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow once: "
+                      "tinygrad caches the searches); the bundle then ships the searched kernels. Default: the BEAM environment setting, else 0")
   args = parser.parse_args(argv)
   try:
     parse_frame(args.frame), parse_size(args.warp_to)
   except ValueError as e:
     parser.error(str(e))
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
-  try: check_output_path(args.output)
+  from sunnypilot.modeld_v2.capture import search_level
+  try:
+    check_output_path(args.output)
+    search_level(args.beam)
   except ArtifactError as e: parser.error(str(e))
-  try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames)
+  try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames, beam=args.beam)
   except (ArtifactError, OSError) as e: parser.exit(1, f"compile_warp: error: {e}\n")
   print(f"Saved warp to {summary['output']} ({summary['kernels']} kernels, {summary['calls']} calls, {summary['bytes']} bytes)")
   return 0
