@@ -42,7 +42,7 @@ class CameraBuffer:
     self.data = memoryview(self._map)
     np.frombuffer(self.data, np.uint8)[:] = data
 
-def build(model: str, layout: str, cameras: list[tuple[int, int]], workdir: str, log) -> dict:
+def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log) -> dict:
   """Stand-in ONNX (or the given one), model bundle and warp bundles per camera size; compile times."""
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.compile_modeld import compile_model
@@ -50,8 +50,8 @@ def build(model: str, layout: str, cameras: list[tuple[int, int]], workdir: str,
   from sunnypilot.modeld_v2.warp import camerad_frame
   os.makedirs(workdir, exist_ok=True)
   if model in ("tiny", "full"):
-    onnx = os.path.join(workdir, f"{layout}_{model}.onnx")
-    if not os.path.exists(onnx): stand_in_models.write(layout, model, onnx)
+    onnx = os.path.join(workdir, f"{generation}_{model}.onnx")
+    if not os.path.exists(onnx): stand_in_models.write(generation, model, onnx)
   else: onnx = model
   bundle = os.path.join(workdir, "model.bin")
   log(f"compiling {onnx} ...")
@@ -152,9 +152,9 @@ class PeerAdapter:
 
   def output_array(self) -> np.ndarray: return self.out
 
-def make_peers(onnx_path: str, frame, layout: str) -> dict:
-  """onnxruntime on CPU always; PyTorch eager and CUDA-graph replay where torch sees a GPU (native layout only)."""
-  if layout != "native": return {}
+def make_peers(onnx_path: str, frame, generation: str) -> dict:
+  """onnxruntime on CPU always; PyTorch eager and CUDA-graph replay where torch sees a GPU (native generation only)."""
+  if generation != "native": return {}
   peers = {"onnxruntime (CPU EP, numpy warp)": PeerAdapter(OrtPeer(onnx_path, frame), "ort")}
   try:
     import torch
@@ -181,7 +181,7 @@ def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
     times.append(adapter.run_model.run_bound(wait=True) * 1e3)
   return times
 
-def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple, log, peers: bool, layout: str) -> dict:
+def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple, log, peers: bool, generation: str) -> dict:
   from tinygrad import Device
 
   from benchmarks.legacy import LegacyModelAdapter
@@ -194,7 +194,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
               "fused split upload": NativeTinygradAdapter(built["model"], warps[True], cache=False, map_camera_buffers=False),
               "fused packed": NativeTinygradAdapter(built["model"], warps[False], cache=False),
               "unfused": Unfused(built["model"], warps[False]), "legacy": LegacyModelAdapter(*legacy_pickles)}
-  if peers: adapters |= make_peers(built["onnx"], warps["frame"], layout)
+  if peers: adapters |= make_peers(built["onnx"], warps["frame"], generation)
   from tinygrad.helpers import GlobalCounters
   device_bytes = GlobalCounters.mem_used
   times: dict[str, list[float]] = {p: [] for p in adapters}
@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
   from benchmarks.legacy import capture_legacy
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default="tiny", help="tiny, full (random-weight stand-ins) or a path to an ONNX")
-  parser.add_argument("--layout", default="native", choices=("native", "supercombo"), help="stand-in layout for tiny/full")
+  parser.add_argument("--generation", default="native", choices=("native", "supercombo_action"),
+                      help="stand-in generation for tiny/full (one ONNX with desire, traffic_convention and action_t, as set_inputs fills)")
   parser.add_argument("--camera", default="1344x760,1928x1208", help="camera sizes, comma separated")
   parser.add_argument("--frames", type=int, default=1000, help="timed frames per path and camera size")
   parser.add_argument("--load-runs", type=int, default=3, help="fresh processes per load measurement (0: skip loads)")
@@ -330,18 +331,18 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   cameras = [tuple(int(x) for x in c.split("x")) for c in args.camera.split(",")]
-  built = build(args.model, args.layout, cameras, args.workdir, log)
+  built = build(args.model, args.generation, cameras, args.workdir, log)
   results, loads = [], {}
   for size in cameras:
     frame = built["warps"][size]["frame"]
     legacy = capture_legacy({"model": built["onnx"]}, frame.spec)
-    results.append(bench_frames(built, size, args.frames, legacy, log, not args.no_peers, args.layout))
+    results.append(bench_frames(built, size, args.frames, legacy, log, not args.no_peers, args.generation))
     if args.load_runs: loads[f"{size[0]}x{size[1]}"] = bench_load(built, size, legacy, args.workdir, args.load_runs)
-  print(f"model {args.model} ({args.layout}{', random-weight stand-in' if args.model in ('tiny', 'full') else ''}), {built['kernels']} model kernels, "
+  print(f"model {args.model} ({args.generation}{', random-weight stand-in' if args.model in ('tiny', 'full') else ''}), {built['kernels']} model kernels, "
         f"device {Device.DEFAULT}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
   print(table(results, loads))
   if args.plot: plot(results, args.plot)
-  write_json(args.json, {"model": args.model, "layout": args.layout, "device": Device.DEFAULT, "loads": loads,
+  write_json(args.json, {"model": args.model, "generation": args.generation, "device": Device.DEFAULT, "loads": loads,
                          "results": [{k: v for k, v in r.items() if k != "times"} for r in results],
                          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   return 0

@@ -1,6 +1,6 @@
-"""Driving-model benchmark: compile time, bundle size, kernels and per-step time of the stand-in models (tiny and full) on this device.
+"""Driving-model benchmark: compile time, bundle size, kernels and per-step time of every generation's stand-in (tiny and full) on this device.
 
-  python -m benchmarks.bench_modeld [--sizes tiny,full] [--steps 50] [--json out/bench_modeld.json]
+  python -m benchmarks.bench_modeld [--sizes tiny,full] [--generations native,split_09,...] [--steps 50] [--json out/bench_modeld.json]
 """
 from __future__ import annotations
 
@@ -37,30 +37,28 @@ def step_ms(path: str, steps: int) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--sizes", default="tiny,full")
+  parser.add_argument("--generations", default=",".join(stand_in_models.NAMES), help="stand-in generations, comma separated")
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--json")
   args = parser.parse_args(argv)
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for size in args.sizes.split(","):
-      stats = {}
-      for layout in stand_in_models.LAYOUTS:
-        stats[layout] = stand_in_models.write(layout, size, os.path.join(tmp, f"{layout}.onnx"))
-      for layout, sources in (("native", {"onnx": "native"}), ("supercombo", {"onnx": "supercombo"}), ("split", {"vision": "vision", "policy": "policy"})):
-        print(f"compiling {layout} {size} ...", file=sys.stderr, flush=True)
-        out = os.path.join(tmp, f"{layout}.bin")
-        summary = compile_model(out, **{k: os.path.join(tmp, f"{v}.onnx") for k, v in sources.items()}, log=lambda s: None)
+      for generation in args.generations.split(","):
+        print(f"compiling {generation} {size} ...", file=sys.stderr, flush=True)
+        stand_in = stand_in_models.write(generation, size, os.path.join(tmp, f"{generation}.onnx"))
+        out = os.path.join(tmp, f"{generation}.bin")
+        summary = compile_model(out, **stand_in["files"], log=lambda s: None)
         times = step_ms(out, args.steps)
-        flops = sum(stats[v]["flops"] for v in sources.values())
-        params = sum(stats[v]["params"] for v in sources.values())
-        rows.append({"layout": layout, "size": size, "device": Device.DEFAULT, "gflops": flops / 1e9, "mparams": params / 1e6,
-                     "compile_s": summary["compile_s"], "kernels": summary["kernels"], "bundle_mb": summary["bytes"] / 1e6,
-                     "step_ms_median": statistics.median(times), "step_ms_p95": float(np.percentile(times, 95))})
-  print("| model (random-weight stand-in) | size | device | GFLOPs/step | M params | compile s | kernels | bundle MB | step ms (median) | p95 |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
+        rows.append({"generation": generation, "size": size, "device": Device.DEFAULT, "gflops": stand_in["flops"] / 1e9, "mparams": stand_in["params"] / 1e6,
+                     "frame_skip": load_model(out)["metadata"]["frame_skip"], "compile_s": summary["compile_s"], "kernels": summary["kernels"],
+                     "bundle_mb": summary["bytes"] / 1e6, "step_ms_median": statistics.median(times), "step_ms_p95": float(np.percentile(times, 95))})
+  print("| generation (random-weight stand-in) | size | device | GFLOPs/step | M params | frame_skip | compile s | kernels | bundle MB "
+        "| step ms (median) | p95 |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['layout']} | {r['size']} | {r['device']} | {r['gflops']:.3f} | {r['mparams']:.2f} | {r['compile_s']:.1f} | {r['kernels']} "
-          f"| {r['bundle_mb']:.1f} | {r['step_ms_median']:.2f} | {r['step_ms_p95']:.2f} |")
+    print(f"| {r['generation']} | {r['size']} | {r['device']} | {r['gflops']:.3f} | {r['mparams']:.2f} | {r['frame_skip'] or '-'} | {r['compile_s']:.1f} "
+          f"| {r['kernels']} | {r['bundle_mb']:.1f} | {r['step_ms_median']:.2f} | {r['step_ms_p95']:.2f} |")
   write_json(args.json, rows)
   return 0
 

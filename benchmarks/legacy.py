@@ -23,10 +23,10 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
   warp = make_frame_prepare(frame, 512, 256)
   warp_jit = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame.to(dev)[i], M_inv.to(dev)[i]) for i in range(2))))
   plan = cm.plan_model(onnx_paths.get("model"), onnx_paths.get("vision"), onnx_paths.get("policy"))
-  step = cm.make_step(plan["layout"], {k: OnnxRunner(p) for k, p in plan["paths"].items()}, plan["shapes"], plan["slices"], plan["frame_skip"])
-  states = {k: v for k, v in plan["specs"].items() if f"next_{k}" in plan["out_specs"]}
-  host = {k: v for k, v in plan["specs"].items() if k not in states and k != "new_img"}
-  n_out = plan["out_specs"]["outputs"][0]
+  step = cm.make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
+  states = {k: v for k, v in plan.specs.items() if f"next_{k}" in plan.out_specs}
+  host = {k: v for k, v in plan.specs.items() if k not in states and k != "new_img"}
+  n_out = plan.out_specs["outputs"][0]
   model_jit = TinyJit(lambda new_img, output_buffers, **kw: step(new_img=new_img, output_buffers=output_buffers,
                                                                  **{k: v.to(dev) if k in host else v for k, v in kw.items()}))
   specs = {"host": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in host.items()}, "states": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in states.items()},

@@ -1,180 +1,218 @@
+"""compile_modeld: roles from the ONNX, frame_skip, output slices, the queued step's metadata, and every error as one clear line.
+The numerical checks of each generation against onnxruntime are in test_generations.py."""
+import base64
+import os
+import pickle
+
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 from sunnypilot.modeld_v2 import stand_in_models
-from sunnypilot.modeld_v2.bundle import np_dtype
-from sunnypilot.modeld_v2.compile_modeld import ModelError, compile_model, read_output_slices
-from sunnypilot.modeld_v2.model_outputs import POLICY_SLICES, VISION_SLICES
-from sunnypilot.modeld_v2.replay import PlainJit
+from sunnypilot.modeld_v2.bundle import ArtifactError
+from sunnypilot.modeld_v2.compile_modeld import ModelError, compile_model, main, plan_model, read_output_slices
+from sunnypilot.modeld_v2.loader import load_model
 
 from conftest import NO_COMPILE, realized, run_python
 
-STEPS = 50
+quiet = lambda s: None
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-  tmp = tmp_path_factory.mktemp("models")
-  onnx_paths = {layout: str(tmp / f"{layout}.onnx") for layout in stand_in_models.LAYOUTS}
-  for layout, path in onnx_paths.items(): stand_in_models.write(layout, "tiny", path, seed=1)
-  quiet = lambda s: None
-  return {"paths": onnx_paths,
-          "native": compile_model(str(tmp / "native.bin"), onnx=onnx_paths["native"], log=quiet),
-          "supercombo": compile_model(str(tmp / "supercombo.bin"), onnx=onnx_paths["supercombo"], log=quiet),
-          "split": compile_model(str(tmp / "split.bin"), vision=onnx_paths["vision"], policy=onnx_paths["policy"], log=quiet)}
+def onnx_files(tmp_path_factory) -> dict[str, dict[str, str]]:
+  """Every generation's tiny stand-in, written once (no compile)."""
+  tmp = tmp_path_factory.mktemp("onnx")
+  return {g: stand_in_models.write(g, "tiny", str(tmp / f"{g}.onnx"), seed=1)["files"] for g in stand_in_models.NAMES}
 
-class NumpyReference:
-  """openpilot's per-frame input handling written in numpy, driving onnxruntime: the independent reference."""
-  def __init__(self, layout: str, paths: dict, frame_skip: int = 4):
-    self.layout, self.fs = layout, frame_skip
-    self.sessions = {k: ort.InferenceSession(paths[k]) for k in (("native",) if layout == "native" else ("supercombo",) if layout == "supercombo"
-                                                                  else ("vision", "policy"))}
-    if layout == "native": self.state = np.zeros((stand_in_models.NATIVE_HISTORY["tiny"], 1, 512), np.float32)
-    else:
-      self.img_q, self.big_img_q = np.zeros((frame_skip + 1, 6, 128, 256), np.uint8), np.zeros((frame_skip + 1, 6, 128, 256), np.uint8)
-      self.feat_q, self.desire_q = np.zeros((frame_skip * 23 + 1, 512), np.float32), np.zeros((frame_skip * 25, 8), np.float32)
+IMG = (5, 6, 128, 256)  # frame_skip 4, two frames
+# generation -> (layout, frame_skip, host inputs, queue shapes): openpilot's names and shapes (FACTS.md section 4), written out by hand
+EXPECTED = {
+  "native": ("native", None, {"desire", "traffic_convention", "action_t"}, {}),
+  "supercombo_20hz": ("supercombo", 1, {"traffic_convention", "lateral_control_params", "nav_features", "nav_instructions"},
+                      {"img_q": (2, 6, 128, 256), "big_img_q": (2, 6, 128, 256), "desire_q": (100, 8), "feat_q": (99, 512), "curv_q": (100, 1)}),
+  "split_09": ("split", 4, {"traffic_convention", "lateral_control_params"},
+               {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (97, 512), "curv_q": (97, 1)}),
+  "split_010": ("split", 4, {"traffic_convention"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (93, 512)}),
+  "split_action": ("split", 4, {"traffic_convention", "action_t"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (97, 512)}),
+  "supercombo_action": ("supercombo", 4, {"traffic_convention", "action_t"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (93, 512)}),
+  "multi_policy": ("multi_policy", 4, {"traffic_convention"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (97, 512)}),
+}
 
-  @staticmethod
-  def push(q: np.ndarray, x: np.ndarray) -> np.ndarray: return np.concatenate([q[1:], x[None]], axis=0)
+@pytest.mark.parametrize("generation", stand_in_models.NAMES)
+def test_roles_frame_skip_and_queues_of_every_generation(onnx_files, generation):
+  layout, frame_skip, host, queues = EXPECTED[generation]
+  plan = plan_model(**onnx_files[generation])
+  assert (plan.layout, plan.frame_skip) == (layout, frame_skip)
+  assert {n for n, r in plan.input_roles.items() if r == "host"} == host
+  assert {n: q.shape for n, q in plan.queues.items()} == queues
+  expected_roles = {"new_img": "frames"} | ({"state_feat_q": "state"} if layout == "native" else {"desire": "desire"} | dict.fromkeys(queues, "queue"))
+  assert plan.input_roles == expected_roles | dict.fromkeys(host, "host")
+  assert set(plan.specs) == set(plan.input_roles) and all(np.dtype(plan.specs[n][1]) == np.float32 for n in host), "host inputs are float32"
 
-  def step(self, new_img, desire, traffic, action_t) -> np.ndarray:
-    if self.layout == "native":
-      out, self.state = self.sessions["native"].run(["outputs", "next_state_feat_q"], {"new_img": new_img, "desire": desire, "traffic_convention": traffic,
-                                                                                      "action_t": action_t, "state_feat_q": self.state})
-      return out
-    self.img_q, self.big_img_q = self.push(self.img_q, new_img[0]), self.push(self.big_img_q, new_img[1])
-    self.desire_q = self.push(self.desire_q, desire[0])
-    common = {"desire_pulse": self.desire_q.reshape(25, self.fs, 8).max(axis=1)[None], "traffic_convention": traffic, "action_t": action_t}
-    images = {"img": self.img_q[::self.fs].reshape(1, 12, 128, 256), "big_img": self.big_img_q[::self.fs].reshape(1, 12, 128, 256)}
-    if self.layout == "supercombo":
-      out = self.sessions["supercombo"].run(["outputs"], images | common | {"features_buffer": self.feat_q[::self.fs][None]})[0]
-      self.feat_q = self.push(self.feat_q, out[0, -512:])
-      return out
-    vision = self.sessions["vision"].run(["outputs"], images)[0]
-    self.feat_q = self.push(self.feat_q, vision[0, -512:])
-    policy = self.sessions["policy"].run(["outputs"], common | {"features_buffer": self.feat_q[::self.fs][None]})[0]
-    return np.concatenate([vision, policy], axis=1)
+def test_onnx_roles_name_each_input(onnx_files):
+  plan = plan_model(**onnx_files["split_09"])
+  assert plan.roles == {"vision": {"input_imgs": "road_image", "big_input_imgs": "wide_image"},
+                        "policy": {"desire": "desire_history", "prev_desired_curv": "prev_curvature", "features_buffer": "features",
+                                   "traffic_convention": "host", "lateral_control_params": "host"}}
+  assert plan.queues["desire_q"].feeds == "desire" and plan.queues["img_q"].feeds == "input_imgs"
 
-def frame_inputs(rng, step: int) -> tuple:
-  desire = np.zeros((1, 8), np.float32)
-  if step % 7 == 3: desire[0, 1 + step % 7] = 1  # a one-frame pulse the max-pooling must keep
-  return (rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8), desire, np.array([[1, 0]], np.float32),
-          np.array([[0.2 + 0.01 * step, 0.45]], np.float32))
+def onnx_slices(path: str) -> tuple[dict[str, list[int]], int]:
+  model = onnx.load(path)
+  slices = pickle.loads(base64.b64decode({p.key: p.value for p in model.metadata_props}["output_slices"]))
+  width = next(o for o in model.graph.output if o.name == "outputs").type.tensor_type.shape.dim[1].dim_value
+  return {k: [s.start, s.stop] for k, s in slices.items()}, width
 
-def bundle_state(summary: dict, in_place: bool) -> dict:
-  specs = summary["part"][0]["inputs"]
-  zeros = lambda spec: realized(np.zeros(spec["shape"], np_dtype(spec["dtype"])))
-  states = {s["name"]: zeros(s) for s in specs if s["key"] is None and s["name"] not in ("new_img", "desire", "traffic_convention", "action_t")}
-  outs = {s["key"]: (states[s["key"][5:]] if in_place and s["key"].startswith("next_") else zeros(s)) for s in specs if s["key"] is not None}
-  return {"states": states, "output_buffers": outs}
+def test_pair_and_triple_slices(onnx_files):
+  (vision, n_vision), (policy, n_policy) = (onnx_slices(onnx_files["split_action"][k]) for k in ("vision", "policy"))
+  pair = plan_model(**onnx_files["split_action"])
+  assert pair.out_specs["outputs"][0] == (1, n_vision + n_policy)
+  assert pair.slices["pose"] == vision["pose"] and pair.slices["plan"] == [policy["plan"][0] + n_vision, policy["plan"][1] + n_vision]
+  assert pair.slices["policy/plan"] == pair.slices["plan"] and pair.hidden == vision["hidden_state"]
+  files = onnx_files["multi_policy"]
+  (vision, n_vision), (off, n_off), (on, _) = (onnx_slices(files[k]) for k in ("vision", "off_policy", "on_policy"))
+  triple = plan_model(**files)
+  shift = lambda r, n: [r[0] + n, r[1] + n]
+  assert triple.slices["off_policy/desire_state"] == shift(off["desire_state"], n_vision)
+  assert triple.slices["on_policy/desire_state"] == shift(on["desire_state"], n_vision + n_off)
+  assert triple.slices["desire_state"] == triple.slices["off_policy/desire_state"], "sunnypilot's runner reads the off-policy's head over the others'"
+  assert triple.slices["plan"] == shift(on["plan"], n_vision + n_off) and triple.slices["lead"] == shift(off["lead"], n_vision)
+  assert triple.hidden == vision["hidden_state"] and triple.paths == {k: files[k] for k in ("vision", "off_policy", "on_policy")}
 
-def step_bundle(run, io: dict, new_img, desire, traffic, action_t, in_place: bool) -> np.ndarray:
-  run(new_img=realized(new_img), desire=realized(desire), traffic_convention=realized(traffic), action_t=realized(action_t), **io["states"],
-      output_buffers=io["output_buffers"])
-  if not in_place:
-    for name, state in io["states"].items(): state.assign(io["output_buffers"][f"next_{name}"]).realize()
-  return io["output_buffers"]["outputs"].numpy().copy()
-
-@pytest.mark.parametrize("layout", ["native", "supercombo", "split"])
-def test_50_steps_match_onnxruntime_and_the_tinyjit_replay(models, layout):
-  summary = models[layout]
-  reference = NumpyReference(layout, models["paths"])
-  plain = PlainJit(*summary["part"])
-  runs = {"tinyjit": (summary["jit"], bundle_state(summary, False), False), "bundle": (plain, bundle_state(summary, False), False),
-          "bundle in place": (plain, bundle_state(summary, True), True)}
-  rng = np.random.default_rng(11)
-  for step in range(STEPS):
-    inputs = frame_inputs(rng, step)
-    expected = reference.step(*inputs)
-    got = {name: step_bundle(run, io, *inputs, in_place) for name, (run, io, in_place) in runs.items()}
-    assert got["bundle"].tobytes() == got["tinyjit"].tobytes(), f"step {step}: bundle differs from the TinyJit replay"
-    assert got["bundle in place"].tobytes() == got["bundle"].tobytes(), f"step {step}: next_X written into X changes the trajectory"
-    np.testing.assert_allclose(got["bundle"], expected, rtol=1e-4, atol=1e-5, err_msg=f"{layout} step {step} vs onnxruntime")
-  assert not np.allclose(expected[0, -512:], 0), "the hidden state moved: the feedback is exercised"
-
-def test_metadata_and_output_slices(models):
-  meta = models["split"]["part"][0]
-  from sunnypilot.modeld_v2.loader import load_model
-  split = load_model(models["split"]["output"])["metadata"]
-  n_vision = sum(VISION_SLICES.values())
-  assert split["output_slices"]["hidden_state"] == [n_vision - 512, n_vision]
-  assert split["output_slices"]["plan"][0] == n_vision and split["layout"] == "split" and split["frame_skip"] == 4
-  assert split["output_shapes"]["outputs"] == [1, n_vision + sum(POLICY_SLICES.values())]
-  assert "random weights" in split["stand_in"]
-  native = load_model(models["native"]["output"])["metadata"]
-  assert native["input_shapes"]["new_img"] == [2, 6, 128, 256] and native["output_shapes"]["next_state_feat_q"] == [4, 1, 512]
-  assert meta["kwargs"] == sorted(["new_img", "desire", "traffic_convention", "action_t", "img_q", "big_img_q", "feat_q", "desire_q", "output_buffers"])
-
-def test_fresh_process_without_compiler(models, tmp_path):
-  summary = models["supercombo"]
-  rng = np.random.default_rng(5)
-  inputs = frame_inputs(rng, 3)
-  expected = step_bundle(PlainJit(*summary["part"]), bundle_state(summary, True), *inputs, True)
-  np.savez(tmp_path / "inputs.npz", *inputs)
-  out = run_python(f"""
-import numpy as np
-from tinygrad import Tensor, Device
-from sunnypilot.modeld_v2.loader import load_model
-d = np.load({str(tmp_path / 'inputs.npz')!r})
-new_img, desire, traffic, action_t = (Tensor(d[f"arr_{{i}}"]).realize() for i in range(4))
-model = load_model({summary['output']!r})
-states = {{k: Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in model["input_specs"].items() if k.endswith("_q")}}
-outs = {{"outputs": Tensor(np.zeros(model["output_specs"]["outputs"].shape, np.float32)).realize()}} | {{f"next_{{k}}": v for k, v in states.items()}}
-Device[Device.DEFAULT]
-{NO_COMPILE}
-model = load_model({summary['output']!r})
-model["run"](new_img=new_img, desire=desire, traffic_convention=traffic, action_t=action_t, **states, output_buffers=outs)
-print(bytes(outs["outputs"].uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
-""")
-  assert np.frombuffer(bytes.fromhex(out.strip()), np.float32).tobytes() == expected.tobytes()
-
-def _onnx_with(tmp_path, name: str, mutate) -> str:
-  model, _ = stand_in_models.build("native", "tiny", seed=2)
+def mutated(tmp_path, files: dict[str, str], key: str, mutate, name: str = "m") -> dict[str, str]:
+  model = onnx.load(files[key])
   mutate(model)
-  path = str(tmp_path / f"{name}.onnx")
-  onnx.save(model, path)
-  return path
+  onnx.save(model, path := str(tmp_path / f"{name}_{key}.onnx"))
+  return files | {key: path}
 
-def test_bad_onnx_is_a_clear_error(tmp_path):
+def set_meta(key: str, value: str):
+  def mutate(model):
+    props = {p.key: p.value for p in model.metadata_props} | {key: value}
+    del model.metadata_props[:]
+    for k, v in props.items(): model.metadata_props.add(key=k, value=v)
+  return mutate
+
+def test_frame_skip_rule(onnx_files, tmp_path):
+  files = onnx_files["split_010"]
+  assert plan_model(**mutated(tmp_path, files, "policy", set_meta("frame_skip", "2"))).frame_skip == 2, "the ONNX's own frame_skip first"
+  assert plan_model(**files, frame_skip=3).frame_skip == 3 and plan_model(**onnx_files["supercombo_20hz"], frame_skip=2).frame_skip == 2
+  for bad in (0, -3, "x", 1.5):
+    with pytest.raises(ModelError, match="frame-skip must be an integer"): plan_model(**files, frame_skip=bad)
+  with pytest.raises(ModelError, match="frame-skip must be an integer of at least 1, got 0"): plan_model(**onnx_files["native"], frame_skip=0)
+  with pytest.raises(ModelError, match="frame_skip metadata must be an integer of at least 1, got '0'"):
+    plan_model(**mutated(tmp_path, files, "policy", set_meta("frame_skip", "0")))
+  disagree = mutated(tmp_path, mutated(tmp_path, files, "policy", set_meta("frame_skip", "2")), "vision", set_meta("frame_skip", "3"))
+  with pytest.raises(ModelError, match="disagree on frame_skip"): plan_model(**disagree)
+
+def add_input(name: str, shape: tuple, dtype=TensorProto.FLOAT):
+  return lambda model: model.graph.input.append(helper.make_tensor_value_info(name, dtype, shape))
+
+def test_errors_name_the_input_and_the_rule(onnx_files, tmp_path):
+  files = onnx_files["supercombo_action"]
+  cases = [(mutated(tmp_path, files, "onnx", add_input("lane_history", (1, 10, 4)), "h"), "input lane_history \\(1, 10, 4\\) fits no rule: images have 'img'"),
+           (mutated(tmp_path, files, "onnx", add_input("imgs_extra", (1, 5, 3)), "i"), "input imgs_extra \\(1, 5, 3\\) fits no rule"),
+           (mutated(tmp_path, files, "onnx", add_input("desire_2", (1, 25, 8)), "d"), "two inputs are the desire history: desire_pulse and desire_2"),
+           (mutated(tmp_path, onnx_files["native"], "onnx", lambda m: m.graph.output.append(
+             helper.make_tensor_value_info("next_state_desire_q", TensorProto.FLOAT, (4, 8))), "o"), "half a state pair: outputs \\['next_state_desire_q'\\]"),
+           (mutated(tmp_path, onnx_files["native"], "onnx", lambda m: setattr(
+             next(o for o in m.graph.output if o.name == "next_state_feat_q").type.tensor_type.shape.dim[0], "dim_value", 9), "s"), "differ in shape"),
+           (mutated(tmp_path, files, "onnx", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice(0, 2.5)})).decode()), "f"),
+            "integer \\[start:stop\\] slices"),
+           (mutated(tmp_path, files, "onnx", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice("a", 3)})).decode()), "g"),
+            "integer \\[start:stop\\] slices"),
+           (mutated(tmp_path, files, "onnx", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice(0, 3)})).decode()), "n"),
+            "output_slices has no hidden_state: features_buffer is fed back from it"),
+           (mutated(tmp_path, onnx_files["split_09"], "policy", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice(0, 3)})).decode()), "c"),
+            "desired_curvature: prev_desired_curv is fed back from it"),
+           (onnx_files["split_09"] | {"vision": onnx_files["split_010"]["vision"]}, None)]
+  for case, message in cases[:-1]:
+    with pytest.raises(ModelError, match=message): plan_model(**case)
+  assert plan_model(**cases[-1][0]).layout == "split", "roles, not generations: a 0.10 vision model with a 0.9 policy plans"
+
+def test_bad_onnx_is_a_clear_error(tmp_path, onnx_files):
   def rename_input(model):
     for v in model.graph.input:
       if v.name == "new_img": v.name = "camera"
-    for n in model.graph.node:
-      n.input[:] = ["camera" if i == "new_img" else i for i in n.input]
-  def add_gru(model):
-    model.graph.node.append(helper.make_node("GRU", ["desire"], ["gru_out"], hidden_size=4))
-  def orphan_state(model):
-    model.graph.input.append(helper.make_tensor_value_info("state_desire_q", TensorProto.FLOAT, (4, 8)))
-  def bad_next_shape(model):
-    out = next(o for o in model.graph.output if o.name == "next_state_feat_q")
-    out.type.tensor_type.shape.dim[0].dim_value = 9
-  def no_slices(model):
-    del model.metadata_props[:]
-  cases = {"rename": (rename_input, "unknown layout.*takes \\["), "gru": (add_gru, "GRU.*MatMul/Sigmoid/Tanh"),
-           "orphan": (orphan_state, "state input state_desire_q has no next_state_desire_q"), "shape": (bad_next_shape, "differ in shape"),
-           "slices": (no_slices, "no output_slices")}
+    for n in model.graph.node: n.input[:] = ["camera" if i == "new_img" else i for i in n.input]
+  cases = {"rename": (rename_input, "a queued model takes a road and a wide image"),
+           "gru": (lambda m: m.graph.node.append(helper.make_node("GRU", ["desire"], ["gru_out"], hidden_size=4)), "GRU.*MatMul/Sigmoid/Tanh"),
+           "slices": (lambda m: m.metadata_props.__delitem__(slice(None)), "no output_slices")}
   for name, (mutate, message) in cases.items():
-    with pytest.raises(ModelError, match=message): compile_model(str(tmp_path / "x.bin"), onnx=_onnx_with(tmp_path, name, mutate), log=lambda s: None)
+    with pytest.raises(ModelError, match=message): plan_model(**mutated(tmp_path, onnx_files["native"], "onnx", mutate, name))
   corrupt = tmp_path / "corrupt.onnx"
   corrupt.write_bytes(b"\x08\x07garbage" * 100)
-  with pytest.raises(ModelError, match="corrupt.onnx"): compile_model(str(tmp_path / "x.bin"), onnx=str(corrupt), log=lambda s: None)
-  with pytest.raises(ModelError, match="no such ONNX"): compile_model(str(tmp_path / "x.bin"), onnx=str(tmp_path / "missing.onnx"), log=lambda s: None)
+  with pytest.raises(ModelError, match="corrupt.onnx"): plan_model(onnx=str(corrupt))
+  with pytest.raises(ModelError, match="no such ONNX"): plan_model(onnx=str(tmp_path / "missing.onnx"))
+  with pytest.raises(ModelError, match="give --onnx, or --vision with --policy.*got --vision, --on-policy"):
+    plan_model(vision=onnx_files["multi_policy"]["vision"], on_policy=onnx_files["multi_policy"]["on_policy"])
 
 def test_output_slices_unpickler_admits_only_slices():
-  import base64
-  import os
-  import pickle
   assert read_output_slices(base64.b64encode(pickle.dumps({"a": slice(0, 3), "b": slice(3, 9)})).decode()) == {"a": [0, 3], "b": [3, 9]}
   class Evil:
     def __reduce__(self): return (os.system, ("echo pwned",))
   with pytest.raises(ModelError, match="only hold dicts and slices"): read_output_slices(base64.b64encode(pickle.dumps({"a": Evil()})).decode())
   with pytest.raises(ModelError, match="not comma's base64"): read_output_slices("!!!")
+  for bad in (slice(0.5, 3), slice(0, None), slice(0, 4, 2), slice(True, 3)):
+    with pytest.raises(ModelError, match="integer \\[start:stop\\] slices"): read_output_slices(base64.b64encode(pickle.dumps({"a": bad})).decode())
 
-def test_cli_reports_errors_without_a_traceback(tmp_path, capsys):
-  from sunnypilot.modeld_v2.compile_modeld import main
-  with pytest.raises(SystemExit) as e: main(["--onnx", str(tmp_path / "none.onnx"), "--output", str(tmp_path / "x.bin")])
-  assert e.value.code == 2 and "no such ONNX file" in capsys.readouterr().err
-  with pytest.raises(SystemExit): main(["--vision", "v.onnx", "--output", "x.bin"])
-  assert "needs both --vision and --policy" in capsys.readouterr().err
+def cli(capsys, argv: list[str]) -> tuple[int, str]:
+  with pytest.raises(SystemExit) as e: main(argv)
+  return e.value.code, capsys.readouterr().err
+
+def test_cli_errors_are_one_line_before_any_compile(tmp_path, capsys, onnx_files):
+  native = onnx_files["native"]["onnx"]
+  (tmp_path / "folder").mkdir()
+  cases = [(["--onnx", str(tmp_path / "none.onnx")], "no such ONNX file"), (["--vision", native], "give --onnx, or --vision with --policy"),
+           (["--onnx", native, "--frame-skip", "0"], "--frame-skip must be an integer of at least 1, got '0'"),
+           (["--onnx", native, "--frame-skip", "-3"], "--frame-skip must be an integer of at least 1, got '-3'"),
+           (["--onnx", native, "--frame-skip", "four"], "--frame-skip must be an integer, got 'four'")]
+  for argv, message in cases:
+    code, err = cli(capsys, argv + ["--output", str(tmp_path / "x.bin")])
+    assert code == 2 and message in err and err.count("\n") == 1, err
+  for output, message in ((tmp_path / "folder", "is a folder"), (tmp_path / "missing" / "x.bin", "does not exist")):
+    code, err = cli(capsys, ["--onnx", native, "--output", str(output)])
+    assert code == 2 and message in err and err.count("\n") == 1 and "capturing" not in err, err
+  logged = []
+  with pytest.raises(ArtifactError, match="is a folder"): compile_model(str(tmp_path / "folder"), onnx=native, log=logged.append)
+  assert logged == [], "nothing compiles before the output is known to be writable"
+  assert not (tmp_path / "x.bin").exists()
+
+@pytest.fixture(scope="module")
+def supercombo(onnx_files, tmp_path_factory) -> dict:
+  return compile_model(str(tmp_path_factory.mktemp("bundle") / "supercombo.bin"), **onnx_files["supercombo_action"], log=quiet)
+
+def test_metadata_says_roles_slices_and_frame_skip(supercombo, onnx_files):
+  meta = load_model(supercombo["output"])["metadata"]
+  slices, width = onnx_slices(onnx_files["supercombo_action"]["onnx"])
+  assert meta["layout"] == "supercombo" and meta["frame_skip"] == 4 and meta["output_slices"] == slices
+  assert meta["output_shapes"]["outputs"] == [1, width] and meta["output_shapes"]["next_feat_q"] == [93, 512]
+  assert meta["input_roles"] == {"new_img": "frames", "desire": "desire", "traffic_convention": "host", "action_t": "host", "img_q": "queue",
+                                 "big_img_q": "queue", "desire_q": "queue", "feat_q": "queue"}
+  assert meta["onnx_roles"] == {"model": {"img": "road_image", "big_img": "wide_image", "desire_pulse": "desire_history", "features_buffer": "features",
+                                          "traffic_convention": "host", "action_t": "host"}}
+  assert "random weights" in meta["stand_in"] and meta["sources"] == {"model": "supercombo_action.onnx"}
+
+def test_fresh_process_without_compiler(supercombo, tmp_path):
+  """The bundle replays in a new process with the compiler forbidden, on the inputs the capture was self-checked with."""
+  from sunnypilot.modeld_v2.replay import PlainJit
+  rng = np.random.default_rng(5)
+  model = load_model(supercombo["output"])
+  values = {n: rng.integers(0, 256, s.shape).astype(s.dtype) if s.dtype == "|u1" else rng.standard_normal(s.shape).astype(s.dtype)
+            for n, s in model["input_specs"].items()}
+  states = {n: realized(v) for n, v in values.items() if n.endswith("_q")}
+  outs = {"outputs": realized(np.zeros(model["output_specs"]["outputs"].shape, np.float32))} | {f"next_{n}": t for n, t in states.items()}
+  np.savez(tmp_path / "inputs.npz", **values)
+  PlainJit(*supercombo["part"])(**{n: realized(v) for n, v in values.items() if n not in states}, **states, output_buffers=outs)
+  expected = outs["outputs"].numpy()
+  out = run_python(f"""
+import numpy as np
+from tinygrad import Tensor, Device
+from sunnypilot.modeld_v2.loader import load_model
+d = np.load({str(tmp_path / 'inputs.npz')!r})
+inputs = {{k: Tensor(d[k]).realize() for k in d.files}}
+outs = {{"outputs": Tensor(np.zeros({list(expected.shape)}, np.float32)).realize()}} | {{f"next_{{k}}": v for k, v in inputs.items() if k.endswith("_q")}}
+Device[Device.DEFAULT]
+{NO_COMPILE}
+load_model({supercombo['output']!r})["run"](**inputs, output_buffers=outs)
+print(bytes(outs["outputs"].uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
+""")
+  assert np.frombuffer(bytes.fromhex(out.strip()), np.float32).tobytes() == expected.tobytes()

@@ -19,7 +19,7 @@ HOST = {"desire": (1, 8), "traffic_convention": (1, 2), "action_t": (1, 2)}
 @pytest.fixture(scope="module")
 def bundles(native_artifacts, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("fusion")
-  stand_in_models.write("supercombo", "tiny", str(tmp / "supercombo.onnx"), seed=3)
+  stand_in_models.write("supercombo_action", "tiny", str(tmp / "supercombo.onnx"), seed=3)
   return {"split": os.path.join(native_artifacts, "warp_split.bin"), "packed": os.path.join(native_artifacts, "warp_packed.bin"),
           "native": os.path.join(native_artifacts, "model.bin"),
           "supercombo": compile_model(str(tmp / "supercombo.bin"), onnx=str(tmp / "supercombo.onnx"), log=lambda s: None)["output"]}

@@ -20,3 +20,8 @@ def test_inspect_and_verify(tmp_path, capsys):
   with open(good, "rb") as f: data = f.read()
   with open(corrupt, "wb") as f: f.write(data[:-10])
   assert main(["verify", corrupt]) == 2 and "truncated" in capsys.readouterr().err
+
+def test_inspect_prints_each_inputs_role(native_artifacts, capsys):
+  assert main(["inspect", f"{native_artifacts}/model.bin"]) == 0
+  lines = {line.split()[1]: line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("  input ")}
+  assert lines == {"new_img": "frames", "desire": "host", "traffic_convention": "host", "action_t": "host", "state_feat_q": "state"}

@@ -1,13 +1,15 @@
-"""Compile an openpilot driving model (ONNX) into a plain bundle that takes the warp's output.
+"""Compile an openpilot driving model (ONNX) of any generation into a plain bundle that takes the warp's output.
 
   python -m sunnypilot.modeld_v2.compile_modeld --onnx driving.onnx --output driving.bin              # native or supercombo
   python -m sunnypilot.modeld_v2.compile_modeld --vision vision.onnx --policy policy.onnx --output driving.bin
+  python -m sunnypilot.modeld_v2.compile_modeld --vision vision.onnx --off-policy off.onnx --on-policy on.onnx --output driving.bin
 
-Every bundle runs as `run(new_img=..., desire=..., traffic_convention=..., action_t=..., <states>..., output_buffers={...})`:
-`new_img` is uint8 (2, 6, 128, 256) (road, wide), each state X has an output `next_X` the caller may alias to X, and `outputs`
-(1, N) is the model's output vector. Supercombo and split models get their input queues compiled in, as openpilot's modeld
-keeps them: rolling uint8 frame queues sampled every `frame_skip` frames, a feature queue fed back from `hidden_state`, and a
-desire queue max-pooled into pulses. Queues are states too.
+Every bundle runs as `run(new_img=..., desire=..., <host inputs by ONNX name>=..., <states>=..., output_buffers={...})`. Input roles come
+from the ONNX's names and shapes. Native models (`new_img` + states): each input X with an output next_X is a state, every other input a
+host input. Queued models (supercombo, vision + policy, vision + off-policy + on-policy): the images, the desire history, features_buffer
+and prev_desired_curv become openpilot's input queues, compiled in as states (see input_queues); `desire` is this frame's one-hot pulse;
+every other input is a host input under its ONNX name and shape. Host inputs are float32, cast in the graph to the model's dtype;
+`outputs` is float32 (the models' outputs concatenated in the order given). docs/FORMAT.md has the metadata each bundle carries.
 """
 from __future__ import annotations
 
@@ -17,15 +19,45 @@ import os
 import pickle
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-NATIVE_INPUTS = ("new_img", "desire", "traffic_convention", "action_t")
-POLICY_INPUTS = ("features_buffer", "desire_pulse", "traffic_convention", "action_t")
-VISION_INPUTS = ("img", "big_img")
-FRAME_PLANES = 6  # uint8 planes of one warped camera frame
-RUN_HZ, CONTEXT_HZ = 20, 5  # modeld runs at 20 Hz; the models' temporal context is sampled at 5 Hz
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, state_names, write_bundle
+from sunnypilot.modeld_v2.input_queues import (
+  CURVATURE,
+  FEATURES,
+  FRAME_PLANES,
+  POLICY_INPUTS,
+  ROAD_IMAGE,
+  WIDE_IMAGE,
+  Queue,
+  QueueError,
+  check_frame_skip,
+  derive_frame_skip,
+  every,
+  is_history,
+  make_split_input_queues,
+  make_supercombo_input_queues,
+  planes,
+  pooled,
+  push,
+  queue_role,
+)
+
+__all__ = ["POLICY_INPUTS", "ModelError", "Plan", "compile_model", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues",
+           "make_step", "plan_model", "read_output_slices"]
+
+LAYOUTS = {"native": ("model",), "supercombo": ("model",), "split": ("vision", "policy"), "multi_policy": ("vision", "off_policy", "on_policy")}
+# sunnypilot's TinygradSplitRunner (sunnypilot/models/runners/tinygrad/tinygrad_runner.py @06b23b5a) merges the parsed outputs of the
+# policy, then the vision model over them, then the off-policy over both: where two models emit a head, the later one's is read
+SLICE_PRECEDENCE = ("policy", "on_policy", "vision", "off_policy")
+FLAGS = {"model": "--onnx", "vision": "--vision", "policy": "--policy", "off_policy": "--off-policy", "on_policy": "--on-policy"}
+FRAMES, DESIRE, HOST, STATE, QUEUE = "frames", "desire", "host", "state", "queue"  # what each bundle input is
+RULES = ("images have 'img' in their name and shape (1, 6n, H, W), 'big' for the wide camera; the desire history is the 3-D input whose name "
+         "starts with 'desire'; features_buffer and prev_desired_curv are fed back from hidden_state and desired_curvature; any other input "
+         "that is not a (1, L>1, N) history is a host input")
 
 class ModelError(ValueError):
   """An ONNX model this compiler cannot turn into a bundle, with the reason."""
@@ -36,7 +68,10 @@ class _SliceUnpickler(pickle.Unpickler):
     if (module, name) == ("builtins", "slice"): return slice
     raise ModelError(f"output_slices may only hold dicts and slices, found {module}.{name}")
 
+def _bound(value: Any) -> bool: return isinstance(value, int) and not isinstance(value, bool)
+
 def read_output_slices(encoded: str) -> dict[str, list[int]]:
+  """comma's base64 pickled {name: slice} -> {name: [start, stop]}; anything else is a ModelError."""
   import base64
   try:
     slices = _SliceUnpickler(io.BytesIO(base64.b64decode(encoded, validate=True))).load()
@@ -44,30 +79,9 @@ def read_output_slices(encoded: str) -> dict[str, list[int]]:
   except Exception as e: raise ModelError(f"output_slices metadata is not comma's base64 pickled dict of slices: {e}") from None
   if not isinstance(slices, dict) or not all(isinstance(k, str) and isinstance(v, slice) for k, v in slices.items()):
     raise ModelError("output_slices must map names to slices")
+  bad = {k: (v.start, v.stop, v.step) for k, v in slices.items() if not (v.start is None or _bound(v.start)) or not _bound(v.stop) or v.step not in (None, 1)}
+  if bad: raise ModelError(f"output_slices must be integer [start:stop] slices, got {bad}")
   return {k: [v.start or 0, v.stop] for k, v in slices.items()}
-
-def derive_frame_skip(metadata: dict[str, str], run_hz: int = RUN_HZ) -> int:
-  """Frames between the model's temporal samples: the ONNX's own `frame_skip` if it says, else run rate / 5 Hz context (4 at 20 Hz)."""
-  value = metadata.get("frame_skip", run_hz // CONTEXT_HZ)
-  try: frame_skip = int(value)
-  except ValueError: raise ModelError(f"frame_skip metadata must be an integer, got {value!r}") from None
-  if frame_skip < 1: raise ModelError(f"frame_skip must be at least 1, got {frame_skip}")
-  return frame_skip
-
-def make_supercombo_input_queues(input_shapes: dict[str, tuple], frame_skip: int) -> dict[str, tuple[tuple, Any]]:
-  """The queue states of a supercombo: uint8 frame queues for img/big_img, past hidden states, past desires. name -> (shape, dtype)."""
-  n_frames = input_shapes["img"][1] // FRAME_PLANES
-  plane = tuple(input_shapes["img"][2:])
-  _, n_feat, feat_len = input_shapes["features_buffer"]
-  _, n_desire, desire_len = input_shapes["desire_pulse"]
-  return {"img_q": ((frame_skip * (n_frames - 1) + 1, FRAME_PLANES, *plane), np.uint8),
-          "big_img_q": ((frame_skip * (n_frames - 1) + 1, FRAME_PLANES, *plane), np.uint8),
-          "feat_q": ((frame_skip * (n_feat - 1) + 1, feat_len), np.float32),
-          "desire_q": ((frame_skip * n_desire, desire_len), np.float32)}
-
-def make_split_input_queues(vision_shapes: dict[str, tuple], policy_shapes: dict[str, tuple], frame_skip: int) -> dict[str, tuple[tuple, Any]]:
-  """A split pair keeps the same queues; the policy reads the feature queue after the vision model's hidden_state joins it."""
-  return make_supercombo_input_queues(vision_shapes | policy_shapes, frame_skip)
 
 # *** reading ONNX ***
 
@@ -93,46 +107,154 @@ def load_onnx(path: str) -> dict:
   return {"model": model, "inputs": {v.name: spec(v) for v in model.graph.input if v.name not in inits},
           "outputs": {v.name: spec(v) for v in model.graph.output}, "metadata": {p.key: p.value for p in model.metadata_props}}
 
-def _require(path: str, have: dict, names: tuple, what: str) -> None:
-  if missing := [n for n in names if n not in have]: raise ModelError(f"{path}: missing input(s) {', '.join(missing)} for a {what} model")
+def main_output(path: str, info: dict) -> str:
+  """The output the bundle reads of a model: `outputs`, or its only output."""
+  if "outputs" in info["outputs"]: return "outputs"
+  if len(info["outputs"]) == 1: return next(iter(info["outputs"]))
+  raise ModelError(f"{path}: the model has no 'outputs' output (has {sorted(info['outputs'])})")
 
-def _slices(path: str, info: dict) -> dict[str, list[int]]:
+def model_slices(path: str, info: dict, output: str) -> dict[str, list[int]]:
   if "output_slices" not in info["metadata"]: raise ModelError(f"{path}: no output_slices in the ONNX metadata_props")
   slices = read_output_slices(info["metadata"]["output_slices"])
-  n = info["outputs"]["outputs"][0][-1]
-  if bad := [k for k, (a, b) in slices.items() if not 0 <= a < b <= n]: raise ModelError(f"{path}: output_slices {bad} fall outside outputs (1, {n})")
+  n = info["outputs"][output][0][-1]
+  if bad := [k for k, (a, b) in slices.items() if not 0 <= a < b <= n]: raise ModelError(f"{path}: output_slices {bad} fall outside {output} (1, {n})")
   return slices
 
-def detect_layout(path: str, info: dict) -> str:
-  """native (new_img + state pairs) or supercombo (img, big_img, features_buffer, desire_pulse, ...)."""
-  inputs, outputs = info["inputs"], info["outputs"]
-  if "outputs" not in outputs: raise ModelError(f"{path}: the model has no 'outputs' output (has {sorted(outputs)})")
-  if "new_img" in inputs:
-    _require(path, inputs, NATIVE_INPUTS, "native")
-    return "native"
-  if "img" in inputs or "features_buffer" in inputs:
-    _require(path, inputs, VISION_INPUTS + POLICY_INPUTS, "supercombo")
-    return "supercombo"
-  raise ModelError(f"{path}: unknown layout: a native model takes new_img (uint8 (2, 6, 128, 256)), a supercombo img/big_img/features_buffer/"
-                   f"desire_pulse; this one takes {sorted(inputs)}")
+def merge_slices(parts: dict[str, tuple[dict[str, list[int]], int]]) -> dict[str, list[int]]:
+  """The bundle's output slices of models concatenated in `parts` order ({model: (slices, width)}). A head two models emit is read where
+  sunnypilot's runner reads it (SLICE_PRECEDENCE); every model's own heads also stay apart as `<model>/<name>`."""
+  offsets = dict(zip(parts, np.cumsum([0] + [w for _, w in parts.values()]).tolist()))
+  shifted = {k: {name: [a + offsets[k], b + offsets[k]] for name, (a, b) in s.items()} for k, (s, _) in parts.items()}
+  if len(parts) == 1: return next(iter(shifted.values()))
+  flat = {}
+  for k in sorted(parts, key=SLICE_PRECEDENCE.index): flat |= shifted[k]
+  return flat | {f"{k}/{name}": r for k, s in shifted.items() for name, r in s.items()}
 
-def native_states(path: str, info: dict) -> list[str]:
-  """Inputs X with an output next_X of the same shape; any half pair is an error."""
+# *** roles ***
+
+def _native_roles(path: str, info: dict) -> dict[str, str]:
+  """new_img is the frames, X with an output next_X a state, anything else a host input; a next_X with no X is half a state pair."""
   inputs, outputs = info["inputs"], info["outputs"]
-  states = sorted(n for n in inputs if n not in NATIVE_INPUTS)
+  if orphans := sorted(n for n in outputs if n.startswith("next_") and n[5:] not in inputs):
+    raise ModelError(f"{path}: half a state pair: outputs {orphans} have no inputs {[n[5:] for n in orphans]} (a state is an input X with an output next_X)")
+  states = state_names(inputs, outputs)
   for name in states:
-    if f"next_{name}" not in outputs: raise ModelError(f"{path}: state input {name} has no next_{name} output")
-    if outputs[f"next_{name}"][0] != inputs[name][0]:
-      raise ModelError(f"{path}: state {name} {inputs[name][0]} and next_{name} {outputs[f'next_{name}'][0]} differ in shape")
-  if orphans := [n for n in outputs if n.startswith("next_") and n[5:] not in inputs]: raise ModelError(f"{path}: outputs {orphans} have no state input")
-  return states
+    if outputs[f"next_{name}"] != inputs[name]:
+      raise ModelError(f"{path}: state {name} {inputs[name]} and next_{name} {outputs[f'next_{name}']} differ in shape or dtype")
+  return {name: FRAMES if name == "new_img" else STATE if name in states else HOST for name in inputs}
+
+def _queued_roles(path: str, info: dict) -> dict[str, str]:
+  roles = {}
+  for name, (shape, _) in info["inputs"].items():
+    role = queue_role(name, shape)
+    if role is None and ("img" in name or is_history(shape)): raise ModelError(f"{path}: input {name} {shape} fits no rule: {RULES}")
+    roles[name] = role or HOST
+  return roles
+
+# *** the plan: everything about a model but its weights ***
+
+@dataclass
+class Plan:
+  layout: str
+  paths: dict[str, str]  # model ("model", or "vision", "policy", "off_policy", "on_policy") -> ONNX path
+  roles: dict[str, dict[str, str]]  # model -> {ONNX input: role}
+  dtypes: dict[str, dict[str, Any]]  # model -> {ONNX input: numpy dtype}
+  outputs: dict[str, str]  # model -> the output read
+  slices: dict[str, list[int]]  # the bundle's output slices
+  frame_skip: int | None
+  queues: dict[str, Queue]
+  specs: dict[str, tuple[tuple, Any]]  # the bundle's inputs {name: (shape, numpy dtype)}
+  out_specs: dict[str, tuple[tuple, Any]]
+  input_roles: dict[str, str]  # bundle input -> FRAMES, DESIRE, HOST, STATE or QUEUE
+  hidden: list[int] | None  # [start, stop] of hidden_state in the first model's output: what the feature queue gets
+  curvature: list[int] | None  # [start, stop] in the bundle's outputs: what the curvature queue gets
+  metadata: dict[str, str]  # the ONNX metadata_props, merged
+  input_shapes: dict[str, tuple]  # every ONNX input
+
+def _paths(onnx: str | None, vision: str | None, policy: str | None, off_policy: str | None, on_policy: str | None) -> tuple[str, dict[str, str]]:
+  given = {k: v for k, v in (("model", onnx), ("vision", vision), ("policy", policy), ("off_policy", off_policy), ("on_policy", on_policy)) if v}
+  layout = next((name for name, keys in LAYOUTS.items() if set(given) == set(keys)), None)
+  if layout is None:
+    raise ModelError("give --onnx, or --vision with --policy, or --vision with --off-policy and --on-policy; "
+                     f"got {', '.join(FLAGS[k] for k in given) or 'none'}")
+  return layout, {k: given[k] for k in LAYOUTS[layout]}
+
+def plan_model(onnx: str | None = None, vision: str | None = None, policy: str | None = None, off_policy: str | None = None,
+               on_policy: str | None = None, frame_skip: int | None = None) -> Plan:
+  """Read and check the ONNX (one model, a vision + policy pair or a vision + off-policy + on-policy triple): roles, output slices,
+  frame_skip, queues, and the bundle's input and output specs."""
+  layout, paths = _paths(onnx, vision, policy, off_policy, on_policy)
+  infos = {k: load_onnx(p) for k, p in paths.items()}
+  if "model" in infos: layout = "native" if "new_img" in infos["model"]["inputs"] else "supercombo"
+  outputs = {k: main_output(paths[k], info) for k, info in infos.items()}
+  own_slices = {k: model_slices(paths[k], info, outputs[k]) for k, info in infos.items()}
+  slices = merge_slices({k: (own_slices[k], infos[k]["outputs"][outputs[k]][0][-1]) for k in infos})
+  dtypes = {k: {n: d for n, (_, d) in info["inputs"].items()} for k, info in infos.items()}
+  metadata = {k: v for info in reversed(infos.values()) for k, v in info["metadata"].items()}
+  shapes = {n: s for info in infos.values() for n, (s, _) in info["inputs"].items()}
+  common = {"layout": layout, "paths": paths, "dtypes": dtypes, "outputs": outputs, "slices": slices, "metadata": metadata, "input_shapes": shapes}
+  try:
+    if frame_skip is not None: frame_skip = check_frame_skip(frame_skip, "--frame-skip")
+    if layout == "native": return _plan_native(infos, **common)
+    return _plan_queued(infos, own_slices, frame_skip, **common)
+  except QueueError as e: raise ModelError(f"{', '.join(paths.values())}: {e}") from None
+
+def _plan_native(infos: dict, **common) -> Plan:
+  (path,), info = common["paths"].values(), infos["model"]
+  roles = _native_roles(path, info)
+  specs = {n: (s, np.uint8 if roles[n] == FRAMES else d if roles[n] == STATE else np.float32) for n, (s, d) in info["inputs"].items()}
+  out_specs = {n: (s, d if n.startswith("next_") and roles.get(n[5:]) == STATE else np.float32) for n, (s, d) in info["outputs"].items()}
+  return Plan(roles={"model": roles}, frame_skip=None, queues={}, specs=specs, out_specs=out_specs, input_roles=roles, hidden=None, curvature=None,
+              **common)
+
+def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common) -> Plan:
+  paths, slices = common["paths"], common["slices"]
+  roles = {k: _queued_roles(paths[k], info) for k, info in infos.items()}
+  shapes: dict[str, tuple] = {}
+  for k, info in infos.items():
+    for name, (shape, _) in info["inputs"].items():
+      if shapes.setdefault(name, shape) != shape: raise ModelError(f"input {name} is {shapes[name]} in one model and {shape} in {paths[k]}")
+  found = {role: name for model_roles in roles.values() for name, role in model_roles.items() if role != HOST}
+  if ROAD_IMAGE not in found or WIDE_IMAGE not in found:
+    raise ModelError(f"{', '.join(paths.values())}: a queued model takes a road and a wide image ({RULES}); these take {sorted(shapes)}")
+  if shapes[found[ROAD_IMAGE]] != shapes[found[WIDE_IMAGE]]:
+    raise ModelError(f"the road image {found[ROAD_IMAGE]} {shapes[found[ROAD_IMAGE]]} and the wide image {found[WIDE_IMAGE]} "
+                     f"{shapes[found[WIDE_IMAGE]]} differ in shape")
+  first = next(iter(infos))
+  if len(infos) > 1 and FEATURES in roles[first].values(): raise ModelError(f"{paths[first]}: the vision model cannot take features_buffer: it makes them")
+  if frame_skip is None:
+    said = {paths[k]: check_frame_skip(info["metadata"]["frame_skip"], f"{paths[k]}: frame_skip metadata")
+            for k, info in infos.items() if "frame_skip" in info["metadata"]}
+    if len(set(said.values())) > 1: raise ModelError(f"the models disagree on frame_skip: {said}")
+    frame_skip = derive_frame_skip({"frame_skip": next(iter(said.values()))} if said else {}, shapes)
+  queues = make_supercombo_input_queues(shapes, frame_skip) if len(infos) == 1 else \
+    make_split_input_queues({n: shapes[n] for n in infos[first]["inputs"]}, shapes, frame_skip)
+  hidden = curvature = None
+  if FEATURES in found:
+    if "hidden_state" not in own_slices[first]: raise ModelError(f"{paths[first]}: output_slices has no hidden_state: features_buffer is fed back from it")
+    hidden = own_slices[first]["hidden_state"]
+    if (n := hidden[1] - hidden[0]) != (feature_len := shapes["features_buffer"][2]):
+      raise ModelError(f"{paths[first]}: hidden_state has {n} values, features_buffer {shapes['features_buffer']} takes {feature_len}")
+  if CURVATURE in found:
+    width = shapes[found[CURVATURE]][2]
+    if "desired_curvature" not in slices: raise ModelError(f"no output_slices has desired_curvature: {found[CURVATURE]} is fed back from it")
+    start, stop = slices["desired_curvature"]
+    if stop - start not in (width, 2 * width):
+      raise ModelError(f"desired_curvature has {stop - start} values, {found[CURVATURE]} takes {width} (the head's mean, before its std)")
+    curvature = [start, start + width]  # an MDN head: its means come first
+  host = {name: shapes[name] for model_roles in roles.values() for name, role in model_roles.items() if role == HOST}
+  _, planes_h, planes_w = queues["img_q"].shape[1:]
+  specs: dict[str, tuple[tuple, Any]] = {"new_img": ((2, FRAME_PLANES, planes_h, planes_w), np.uint8)}
+  if "desire_q" in queues: specs["desire"] = ((1, queues["desire_q"].shape[1]), np.float32)
+  if clash := sorted(set(host) & (set(specs) | set(queues))): raise ModelError(f"host inputs {clash} clash with the bundle's own inputs")
+  specs |= {name: (shape, np.float32) for name, shape in host.items()} | {name: (q.shape, q.dtype) for name, q in queues.items()}
+  n_out = sum(info["outputs"][common["outputs"][k]][0][-1] for k, info in infos.items())
+  out_specs = {"outputs": ((1, n_out), np.float32)} | {f"next_{name}": (q.shape, q.dtype) for name, q in queues.items()}
+  input_roles = {"new_img": FRAMES} | ({"desire": DESIRE} if "desire" in specs else {}) | dict.fromkeys(host, HOST) | dict.fromkeys(queues, QUEUE)
+  return Plan(roles=roles, frame_skip=frame_skip, queues=queues, specs=specs, out_specs=out_specs, input_roles=input_roles, hidden=hidden,
+              curvature=curvature, **common)
 
 # *** the compiled step ***
-
-def _push(queue, item):
-  """Drop the oldest entry, append the newest."""
-  from tinygrad import Tensor
-  return Tensor.cat(queue[1:], item, dim=0)
 
 def _write(output_buffers: dict, values: dict) -> None:
   """Compute every value before writing any buffer, so a caller may alias next_X to X (the part reads X before it writes next_X)."""
@@ -141,128 +263,109 @@ def _write(output_buffers: dict, values: dict) -> None:
   Tensor.realize(*temps.values())
   Tensor.realize(*(output_buffers[k].assign(t) for k, t in temps.items()))
 
-def _planes(queue, frame_skip: int):
-  """Frames every frame_skip from a uint8 queue, stacked on channels: (L, 6, H, W) -> (1, n*6, H, W)."""
-  frames = queue[::frame_skip]
-  return frames.reshape(1, frames.shape[0] * frames.shape[1], *frames.shape[2:])
+def _as(t, dtype: Any):
+  """`t` in a numpy dtype's tinygrad equivalent, cast in the graph only if it differs."""
+  from tinygrad import dtypes
+  from tinygrad.dtype import to_dtype
+  target = to_dtype(np.dtype(dtype).name)
+  if t.dtype == target: return t
+  narrowed = dtypes.is_float(t.dtype) and dtypes.is_float(target) and target.itemsize < t.dtype.itemsize
+  return t.cast(target).contiguous() if narrowed else t.cast(target)  # tinygrad folds cast(cast(x, half), float) to x: keep the rounding
 
-def _pulses(desire_q, n_desire: int, frame_skip: int):
-  """Max-pool the desire queue per frame_skip window, so a one-frame pulse survives the 5 Hz sampling."""
-  return desire_q.reshape(n_desire, frame_skip, -1).max(axis=1).reshape(1, n_desire, -1)
+def make_step(plan: Plan, runners: dict):
+  """The function TinyJit captures for a plan, with an OnnxRunner per model."""
+  def run(model: str, values: dict):
+    """One model on the values of its inputs, cast to its dtypes; its output read, as float32, computed once."""
+    feeds = {name: _as(values[name], dtype) for name, dtype in plan.dtypes[model].items()}
+    return _as(runners[model](feeds)[plan.outputs[model]], np.float32).contiguous()
 
-def make_step(layout: str, runners: dict, shapes: dict, slices: dict, frame_skip: int):
-  """The function TinyJit captures for a layout."""
-  if layout == "native":
-    runner = runners["model"]
+  if plan.layout == "native":
     def native(output_buffers, **inputs):
-      out = runner({k: v for k, v in inputs.items()})
-      _write(output_buffers, {k: out[k] for k in output_buffers})
+      out = runners["model"]({name: _as(inputs[name], dtype) for name, dtype in plan.dtypes["model"].items()})
+      _write(output_buffers, {k: _as(out[k], plan.out_specs[k][1]) for k in output_buffers})
     return native
-  n_desire = shapes["desire_pulse"][1]
-  hidden = slice(*slices["hidden_state"])
-  def queued(new_img, desire, traffic_convention, action_t, img_q, big_img_q, feat_q, desire_q, output_buffers):
-    img_q2, big_img_q2 = _push(img_q, new_img[0:1]), _push(big_img_q, new_img[1:2])
-    desire_q2 = _push(desire_q, desire.reshape(1, -1))
-    common = {"desire_pulse": _pulses(desire_q2, n_desire, frame_skip), "traffic_convention": traffic_convention, "action_t": action_t}
-    images = {"img": _planes(img_q2, frame_skip), "big_img": _planes(big_img_q2, frame_skip)}
-    if layout == "supercombo":  # the features of past frames; this frame's hidden_state joins them after the run (contiguous: computed once)
-      out = runners["model"](images | common | {"features_buffer": feat_q[::frame_skip].unsqueeze(0)})["outputs"].contiguous()
-      feat_q2 = _push(feat_q, out[:, hidden])
-    else:  # split: the vision model's hidden_state is the newest entry the policy sees
-      vision = runners["vision"](images)["outputs"].contiguous()  # computed once, read by the queue and by outputs
-      feat_q2 = _push(feat_q, vision[:, hidden])
-      policy = runners["policy"](common | {"features_buffer": feat_q2[::frame_skip].unsqueeze(0)})["outputs"]
-      out = vision.cat(policy, dim=1)
-    _write(output_buffers, {"outputs": out, "next_img_q": img_q2, "next_big_img_q": big_img_q2, "next_feat_q": feat_q2, "next_desire_q": desire_q2})
+
+  models, fs, queues = list(plan.paths), plan.frame_skip, plan.queues
+  def queued(output_buffers, new_img, **inputs):
+    state = {name: inputs.pop(name) for name in queues}
+    new = {name: push(state[name], new_img[i:i + 1]) for i, name in enumerate(("img_q", "big_img_q"))}
+    values = inputs | {queues[name].feeds: planes(new[name], fs) for name in new}
+    if "desire_q" in queues:
+      new["desire_q"] = push(state["desire_q"], values.pop("desire").reshape(1, -1))
+      values[queues["desire_q"].feeds] = pooled(new["desire_q"], fs)
+    if "curv_q" in queues: values[queues["curv_q"].feeds] = every(state["curv_q"], fs)  # this step's curvature joins after the run
+    if len(models) == 1:
+      if "feat_q" in queues: values["features_buffer"] = every(state["feat_q"], fs)  # a single model sees past features only
+      out = run(models[0], values)
+      producer = out
+    else:  # the vision model's hidden_state of this frame is the newest feature the policies see
+      producer = run(models[0], values)
+      if "feat_q" in queues:
+        new["feat_q"] = push(state["feat_q"], producer[:, slice(*plan.hidden)])
+        values["features_buffer"] = every(new["feat_q"], fs)
+      out = producer.cat(*(run(k, values) for k in models[1:]), dim=1)
+    if "feat_q" in queues and "feat_q" not in new: new["feat_q"] = push(state["feat_q"], producer[:, slice(*plan.hidden)])
+    if "curv_q" in queues: new["curv_q"] = push(state["curv_q"], out[:, slice(*plan.curvature)])
+    _write(output_buffers, {"outputs": out} | {f"next_{name}": new[name] for name in queues})
   return queued
 
 # *** compile ***
 
 def _np_str(dtype) -> str: return np.dtype(dtype).str
 
-def plan_model(onnx: str | None, vision: str | None, policy: str | None, frame_skip: int | None = None) -> dict:
-  """Read and check the ONNX (one, or a vision+policy pair): layout, output slices, input shapes, frame_skip, and the compiled step's
-  input and output specs {name: (shape, dtype)} (states X with outputs next_X)."""
-  if onnx is not None and (vision or policy): raise ModelError("give --onnx, or --vision with --policy, not both")
-  if onnx is None and not (vision and policy): raise ModelError("a split model needs both --vision and --policy")
-  paths = {"model": onnx} if onnx else {"vision": vision, "policy": policy}
-  infos = {k: load_onnx(p) for k, p in paths.items()}
-  if onnx:
-    layout = detect_layout(onnx, infos["model"])
-    slices, shapes, meta = _slices(onnx, infos["model"]), {k: s for k, (s, _) in infos["model"]["inputs"].items()}, infos["model"]["metadata"]
-  else:
-    layout = "split"
-    _require(vision, infos["vision"]["inputs"], VISION_INPUTS, "vision")
-    _require(policy, infos["policy"]["inputs"], POLICY_INPUTS, "policy")
-    v_slices, p_slices = _slices(vision, infos["vision"]), _slices(policy, infos["policy"])
-    n_vision = infos["vision"]["outputs"]["outputs"][0][-1]
-    slices = v_slices | {k: [a + n_vision, b + n_vision] for k, (a, b) in p_slices.items()}
-    shapes = {k: s for info in infos.values() for k, (s, _) in info["inputs"].items()}
-    meta = infos["policy"]["metadata"] | infos["vision"]["metadata"]
-  if layout != "native" and "hidden_state" not in slices: raise ModelError("output_slices has no hidden_state: the feature queue needs it")
-  frame_skip = frame_skip or derive_frame_skip(meta)
-  if layout == "native":
-    model_in = infos["model"]["inputs"]
-    states = native_states(onnx, infos["model"])
-    specs = {k: model_in[k] for k in NATIVE_INPUTS + tuple(states)}
-    out_specs = {"outputs": infos["model"]["outputs"]["outputs"]} | {f"next_{s}": model_in[s] for s in states}
-  else:
-    queues = make_supercombo_input_queues(shapes, frame_skip)
-    specs = {"new_img": ((2, FRAME_PLANES, *shapes["img"][2:]), np.uint8), "desire": ((1, shapes["desire_pulse"][2]), np.float32),
-             "traffic_convention": (shapes["traffic_convention"], np.float32), "action_t": (shapes["action_t"], np.float32)} | queues
-    n_out = max(b for _, b in slices.values()) if layout == "split" else infos["model"]["outputs"]["outputs"][0][-1]
-    out_specs = {"outputs": ((1, n_out), np.float32)} | {f"next_{q}": queues[q] for q in queues}
-  return {"paths": paths, "layout": layout, "slices": slices, "shapes": shapes, "meta": meta, "frame_skip": frame_skip,
-          "specs": specs, "out_specs": out_specs}
-
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
-                  log=print) -> dict:
-  """Compile one ONNX (native or supercombo) or a vision+policy pair into a bundle at `output`. Returns a summary."""
+                  off_policy: str | None = None, on_policy: str | None = None, log=print) -> dict:
+  """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
+  Returns a summary. Fails before any work when `output` cannot be written."""
   from tinygrad import Device, Tensor
   from tinygrad.nn.onnx import OnnxRunner
 
-  from sunnypilot.modeld_v2.bundle import write_bundle
   from sunnypilot.modeld_v2.capture import capture, compile_session
   t0, dev = time.perf_counter(), Device.DEFAULT
-  plan = plan_model(onnx, vision, policy, frame_skip)
-  paths, layout, slices, shapes, meta, frame_skip = (plan[k] for k in ("paths", "layout", "slices", "shapes", "meta", "frame_skip"))
-  specs, out_specs = plan["specs"], plan["out_specs"]
-  log(f"{layout} model{'s' if layout == 'split' else ''} ({', '.join(paths.values())}), frame_skip {frame_skip}, on {dev}")
+  check_output_path(output)
+  plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip)
+  log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), frame_skip {plan.frame_skip}, on {dev}")
   rng = np.random.default_rng(0)
   def make(shape, dtype) -> Tensor:
     value = rng.integers(0, 256, shape, dtype=np.uint8) if np.dtype(dtype) == np.uint8 else rng.standard_normal(shape).astype(dtype)
     return Tensor(value, device=dev).realize()
-  make_inputs = lambda: {k: make(*s) for k, s in specs.items()} | {"output_buffers": {k: make(*s) for k, s in out_specs.items()}}
+  make_inputs = lambda: {k: make(*s) for k, s in plan.specs.items()} | {"output_buffers": {k: make(*s) for k, s in plan.out_specs.items()}}
   with compile_session() as null_holds_data:  # the ONNX weights load into device buffers: on NULL they must be host-backed too
-    step = make_step(layout, {k: OnnxRunner(p) for k, p in paths.items()}, shapes, slices, frame_skip)
+    step = make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
     log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
     jit, part, inputs = capture(step, make_inputs, null_holds_data=null_holds_data)
-  metadata = {"kind": "model", "layout": layout, "frame_skip": frame_skip, "output_slices": slices,
-              "input_shapes": {k: list(s) for k, s in shapes.items()}, "output_shapes": {k: list(s) for k, (s, _) in out_specs.items()},
-              "stand_in": meta.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in paths.items()}}
-  extras = {"input_specs": {k: (list(s), _np_str(d), dev) for k, (s, d) in specs.items()},
-            "output_specs": {k: (list(s), _np_str(d), dev) for k, (s, d) in out_specs.items()}, "metadata": metadata}
+  metadata = {"kind": "model", "layout": plan.layout, "frame_skip": plan.frame_skip, "output_slices": plan.slices, "input_roles": plan.input_roles,
+              "onnx_roles": plan.roles, "input_shapes": {n: list(s) for n, s in plan.input_shapes.items()},
+              "output_shapes": {k: list(s) for k, (s, _) in plan.out_specs.items()},
+              "stand_in": plan.metadata.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in plan.paths.items()}}
+  extras = {"input_specs": {k: (list(s), _np_str(d), dev) for k, (s, d) in plan.specs.items()},
+            "output_specs": {k: (list(s), _np_str(d), dev) for k, (s, d) in plan.out_specs.items()}, "metadata": metadata}
   size = write_bundle(output, {"run": part}, extras)
   header = part[0]
   weights = sum(b["init"][1] - b["init"][0] for b in header["buffers"] if "init" in b)
-  summary = {"output": output, "layout": layout, "kernels": sum(c["kind"] == "program" for c in header["calls"]), "calls": len(header["calls"]),
+  summary = {"output": output, "layout": plan.layout, "kernels": sum(c["kind"] == "program" for c in header["calls"]), "calls": len(header["calls"]),
              "programs": len(header["programs"]), "weight_bytes": weights, "bytes": size, "compile_s": time.perf_counter() - t0,
              "jit": jit, "part": part, "inputs": inputs}
   log(f"wrote {output}: {summary['kernels']} kernels ({summary['programs']} distinct), {weights / 1e6:.1f} MB weights, {size / 1e6:.1f} MB bundle, "
-      f"{summary['compile_s']:.1f} s" + (f"  [{meta['stand_in']}]" if meta.get("stand_in") else ""))
+      f"{summary['compile_s']:.1f} s" + (f"  [{plan.metadata['stand_in']}]" if plan.metadata.get("stand_in") else ""))
   return summary
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--onnx", help="a native (new_img + states) or supercombo driving model")
-  parser.add_argument("--vision", help="the vision half of a split model")
-  parser.add_argument("--policy", help="the policy half of a split model")
+  parser.add_argument("--vision", help="the vision model of a split pair or triple")
+  parser.add_argument("--policy", help="the policy of a vision + policy pair")
+  parser.add_argument("--off-policy", help="the off-policy of a vision + off-policy + on-policy triple")
+  parser.add_argument("--on-policy", help="the on-policy of a vision + off-policy + on-policy triple")
   parser.add_argument("--output", required=True, help="bundle path to write")
-  parser.add_argument("--frame-skip", type=int, help="override the frames between temporal samples (default: the ONNX's, else 4)")
+  parser.add_argument("--frame-skip", help="frames between the queues' samples, at least 1 (default: the ONNX's frame_skip, else 1 for a "
+                      "features_buffer of >= 99 entries, else 4)")
   args = parser.parse_args(argv)
   try:
-    compile_model(args.output, args.onnx, args.vision, args.policy, args.frame_skip, log=lambda s: print(s, file=sys.stderr, flush=True))
-  except ModelError as e:
+    frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
+    compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
+                  log=lambda s: print(s, file=sys.stderr, flush=True))
+  except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0
 

@@ -1,9 +1,10 @@
 """The demo: build the embedded default artifacts if missing, start a camera replay and modeld, run N frames, summarize.
 
-  python -m sunnypilot.modeld_v2.demo [--frames 100] [--camera 1928x1208] [--size tiny|full] [--onnx model.onnx]
+  python -m sunnypilot.modeld_v2.demo [--frames 100] [--camera 1928x1208] [--generation split_09] [--size tiny|full] [--onnx model.onnx]
 
-The default model is a RANDOM-WEIGHT STAND-IN with openpilot's inputs and outputs: the pipeline is real, the predictions are noise.
-Point it at a real driving model with --onnx (native or supercombo) or --vision/--policy (a split pair).
+The default model is a RANDOM-WEIGHT STAND-IN of a driving-model generation (`--generation`, see stand_in_models) with openpilot's inputs
+and outputs: the pipeline is real, the predictions are noise. Point it at a real driving model with --onnx (native or supercombo),
+--vision/--policy (a split pair) or --vision/--off-policy/--on-policy.
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import uuid
 import numpy as np
 
 STAND_IN_BANNER = ("NOTE: the model is a random-weight stand-in (openpilot's I/O, seeded random weights): outputs are noise.\n"
-                   "      Use a real model with --onnx driving.onnx (or --vision vision.onnx --policy policy.onnx).")
+                   "      Use a real model with --onnx driving.onnx (or --vision vision.onnx --policy policy.onnx, or --vision, --off-policy and --on-policy).")
 
-def build_artifacts(folder: str, camera: tuple[int, int], size: str, onnx: str | None, vision: str | None, policy: str | None, log) -> str:
-  """model.bin and the camera's --split-frames warp in `folder`, built for this device unless already there."""
+def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size: str, models: dict[str, str], log) -> str:
+  """model.bin (from `models`, compile_model's ONNX keywords, else the generation's stand-in) and the camera's --split-frames warp in
+  `folder`, built for this device unless already there."""
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
@@ -30,12 +32,11 @@ def build_artifacts(folder: str, camera: tuple[int, int], size: str, onnx: str |
   os.makedirs(folder, exist_ok=True)
   model = os.path.join(folder, "model.bin")
   if not os.path.exists(model):
-    if onnx is None and vision is None:
-      onnx = os.path.join(folder, f"native_{size}_stand_in.onnx")
-      log(f"generating the embedded default model ({size} native, random weights) ...")
-      stand_in_models.write("native", size, onnx)
+    if not models:
+      log(f"generating the embedded default model ({size} {generation}, random weights) ...")
+      models = stand_in_models.write(generation, size, os.path.join(folder, f"{generation}_{size}_stand_in.onnx"))["files"]
     log("compiling the driving model ...")
-    compile_model(model, onnx=onnx, vision=vision, policy=policy, log=lambda s: log(f"  {s}"))
+    compile_model(model, **models, log=lambda s: log(f"  {s}"))
   frame = camerad_frame(*camera)
   warp = os.path.join(folder, f"warp_{camera[0]}x{camera[1]}_split.bin")
   if not os.path.exists(warp):
@@ -75,27 +76,34 @@ def plot_latency(rows: list[dict], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
+  from sunnypilot.modeld_v2 import stand_in_models
+  from sunnypilot.modeld_v2.bundle import ArtifactError
+  from sunnypilot.modeld_v2.compile_modeld import ModelError
   from sunnypilot.modeld_v2.messaging import ensure_prefix_dir
   from sunnypilot.modeld_v2.preview import preview
   from sunnypilot.modeld_v2.warp import parse_size
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--frames", type=int, default=100)
   parser.add_argument("--camera", default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="the embedded stand-in's generation")
   parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="the embedded stand-in's size")
   parser.add_argument("--onnx", help="a real driving model (native or supercombo) instead of the stand-in")
-  parser.add_argument("--vision", help="a real split model's vision half (with --policy)")
-  parser.add_argument("--policy", help="a real split model's policy half (with --vision)")
+  parser.add_argument("--vision", help="a real split model's vision model (with --policy, or --off-policy and --on-policy)")
+  parser.add_argument("--policy", help="a real split pair's policy")
+  parser.add_argument("--off-policy", help="a real triple's off-policy")
+  parser.add_argument("--on-policy", help="a real triple's on-policy")
   parser.add_argument("--artifacts", help="where bundles are built and reused (default out/artifacts/<device>_<model>)")
   parser.add_argument("--out", default="out", help="where the summary PNGs go")
   args = parser.parse_args(argv)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   try: camera = parse_size(args.camera)
   except ValueError as e: parser.error(str(e))
-  if bool(args.vision) != bool(args.policy): parser.error("give both --vision and --policy")
+  models = {k: v for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if (v := getattr(args, k))}
   real = args.onnx or args.vision
-  folder = args.artifacts or os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_{'custom' if real else args.size}")
+  folder = args.artifacts or os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_{'custom' if real else f'{args.generation}_{args.size}'}")
   if not real: log(STAND_IN_BANNER)
-  warp = build_artifacts(folder, camera, args.size, args.onnx, args.vision, args.policy, log)
+  try: warp = build_artifacts(folder, camera, args.generation, args.size, models, log)
+  except (ModelError, ArtifactError) as e: parser.exit(2, f"demo: error: {e}\n")
   os.makedirs(args.out, exist_ok=True)
   prefix = f"demo_{uuid.uuid4().hex[:8]}"
   env = os.environ | {"OPENPILOT_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
@@ -122,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
   plot_latency(rows, latency_png := os.path.join(args.out, "demo_latency.png"))
   preview(warp, preview_png := os.path.join(args.out, "demo_preview.png"))
   print(f"""
-modeld_v2 demo on {Device.DEFAULT}, {args.camera} cameras, {'model ' + real if real else f'{args.size} random-weight stand-in model'}
+modeld_v2 demo on {Device.DEFAULT}, {args.camera} cameras, {'model ' + real if real else f'{args.size} {args.generation} random-weight stand-in model'}
   frames in (camera frame ids {ids[0]}..{ids[-1]}): {ids[-1] - ids[0] + 1}
   frames out (modelV2 published):   {len(rows)}
   drops: {ids[-1] - ids[0] + 1 - len(rows)} frame ids unpublished, frameDropPerc max {max(r['frameDropPerc'] for r in rows):.2f}%

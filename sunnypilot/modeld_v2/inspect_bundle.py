@@ -1,6 +1,6 @@
 """Look inside a bundle, or check it still computes what it computed when it was built.
 
-  python -m sunnypilot.modeld_v2.inspect_bundle inspect model.bin   # provenance, inputs/outputs, buffers, kernels, per-program table
+  python -m sunnypilot.modeld_v2.inspect_bundle inspect model.bin   # provenance, inputs (with their roles)/outputs, buffers, kernels, programs
   python -m sunnypilot.modeld_v2.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
 """
 from __future__ import annotations
@@ -9,15 +9,22 @@ import argparse
 import collections
 import sys
 
+LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
+
 def describe(path: str) -> str:
   from sunnypilot.modeld_v2.bundle import read_bundle
   head, blob = read_bundle(path)
   prov, extras = head["provenance"], head.get("extras", {})
   lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov['tinygrad']} for {prov['device']} ({prov['target']}), format {prov['format']}",
            f"  flags: {', '.join(f'{k}={v}' for k, v in prov['flags'].items())}"]
-  if meta := extras.get("metadata"): lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in ('output_slices', 'input_shapes'))}")
+  meta = extras.get("metadata", {})
+  if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
+  for model, roles in meta.get("onnx_roles", {}).items(): lines.append(f"  onnx {model}: {', '.join(f'{n} ({r})' for n, r in roles.items())}")
+  roles = meta.get("input_roles", {})
   for kind in ("input_specs", "output_specs"):
-    for name, (shape, dtype, device) in extras.get(kind, {}).items(): lines.append(f"  {kind[:-6]:6s} {name:24s} {tuple(shape)} {dtype} {device}")
+    for name, (shape, dtype, device) in extras.get(kind, {}).items():
+      role = roles.get(name, "") if kind == "input_specs" else ""
+      lines.append(f"  {kind[:-6]:6s} {name:24s} {str(tuple(shape)):20s} {dtype} {device:6s} {role}".rstrip())
   for name, part in head["parts"].items():
     h = part["header"]
     calls = collections.Counter(c["kind"] for c in h["calls"])

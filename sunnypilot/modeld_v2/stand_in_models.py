@@ -1,12 +1,23 @@
-"""Random-weight stand-ins for openpilot's driving models: openpilot's inputs, outputs and `output_slices`, seeded weights.
+"""Random-weight stand-ins for every driving-model generation sunnypilot users run: openpilot's input names, shapes and dtypes, its output
+heads as `output_slices`, seeded weights.
 
 No real comma weights are reachable from here, so these exist to exercise the whole pipeline. Their outputs mean nothing.
 
-  python -m sunnypilot.modeld_v2.stand_in_models --layout native --size tiny --output native_tiny.onnx
+  python -m sunnypilot.modeld_v2.stand_in_models --generation split_09 --size tiny --output models/split_09.onnx
 
-Layouts: `native` (new_img + state_feat_q -> outputs + next_state_feat_q), `supercombo` (img, big_img, features_buffer,
-desire_pulse, ...), `vision` and `policy` (the split pair). Sizes: `tiny` (tests) and `full` (a conv backbone of realistic
-depth, for benchmarks). Recurrent cells are MatMul/Sigmoid/Tanh, as comma's are: tinygrad's ONNX runner has no GRU/LSTM.
+Generations (names and shapes from openpilot's modeld.py history, FACTS.md section 4):
+  native             new_img + desire, traffic_convention, action_t + state_feat_q -> outputs + next_state_feat_q
+  supercombo_20hz    0.9.x supercombo, float16 images and host inputs: input_imgs, big_input_imgs, desire (1,100,8), traffic_convention, lateral_control_params,
+                     prev_desired_curv (1,100,1), nav_features, nav_instructions, features_buffer (1,99,512) (20 Hz history: frame_skip 1)
+  split_09           0.9.7-0.9.9 vision (input_imgs, big_input_imgs) + policy (desire (1,25,8), traffic_convention, lateral_control_params,
+                     prev_desired_curv (1,25,1), features_buffer (1,25,512))
+  split_010          0.10 vision (img, big_img) + policy (desire_pulse (1,25,8), traffic_convention, features_buffer (1,24,512))
+  split_action       the same with action_t in the policy and features_buffer (1,25,512)
+  supercombo_action  one ONNX: img, big_img, features_buffer (1,24,512), desire_pulse (1,25,8), traffic_convention, action_t
+  multi_policy       vision + off-policy + on-policy (desire_pulse, traffic_convention, features_buffer (1,25,512) each)
+A generation of several models writes one file per model next to `--output` (split_09.onnx -> split_09_vision.onnx, split_09_policy.onnx)
+and prints the compile_modeld command for them. Sizes: `tiny` (tests) and `full` (a conv backbone of realistic depth, for benchmarks).
+Recurrent cells are MatMul/Sigmoid/Tanh, as comma's are: tinygrad's ONNX runner has no GRU/LSTM.
 """
 from __future__ import annotations
 
@@ -15,6 +26,7 @@ import base64
 import os
 import pickle
 import sys
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,7 +39,46 @@ NATIVE_HISTORY = {"tiny": 4, "full": 24}
 # per size: conv layers (out channels, kernel, stride) of each camera's backbone
 BACKBONES = {"tiny": [(8, 4, 4), (16, 3, 2)],
              "full": [(32, 3, 2), (32, 3, 1), (64, 3, 2), (64, 3, 1), (128, 3, 2), (128, 3, 1), (256, 3, 2), (256, 3, 1)]}
-LAYOUTS = ("native", "supercombo", "vision", "policy")
+
+class StandInError(ValueError):
+  """A stand-in that cannot be made as asked, with the reason."""
+
+class Part(NamedTuple):
+  """One ONNX of a generation: openpilot's input names and shapes, the dtype of its float inputs, its output heads {name: size}."""
+  heads: dict[str, int]
+  images: tuple[str, str] | None = None  # road, wide: (1, 12, 128, 256) each
+  image_dtype: Any = np.uint8
+  histories: dict[str, tuple[int, int, int]] = {}  # the queued inputs: desire history, features_buffer, prev_desired_curv
+  host: dict[str, tuple[int, ...]] = {}
+  dtype: Any = np.float32  # of the float inputs but the fed-back ones (FED_BACK)
+
+OLD_IMAGES, IMAGES = ("input_imgs", "big_input_imgs"), ("img", "big_img")
+TRAFFIC, LATERAL, ACTION_T = {"traffic_convention": (1, 2)}, {"lateral_control_params": (1, 2)}, {"action_t": (1, 2)}
+NAV = {"nav_features": (1, 256), "nav_instructions": (1, 150)}  # openpilot 0.9.x NAV_FEATURE_LEN, NAV_INSTRUCTION_LEN
+NATIVE_HOST = {"desire": (1, 8)} | TRAFFIC | ACTION_T
+# 0.9.x heads: desired_curvature (a mean and a std) instead of action, and the 48-entry meta of that era
+HEADS_09 = {k: n for k, n in POLICY_SLICES.items() if k != "action"} | {"meta": 48, "desired_curvature": 2}
+HEADS_010 = {k: n for k, n in POLICY_SLICES.items() if k != "action"}
+OFF_POLICY_HEADS = {k: POLICY_SLICES[k] for k in ("lane_lines", "lane_lines_prob", "road_edges", "lead", "lead_prob", "meta", "desire_pred", "desire_state")}
+ON_POLICY_HEADS = {k: POLICY_SLICES[k] for k in ("plan", "desire_state", "action")}  # desire_state in both: the bundle keeps them apart
+POLICY_0X = {"desire_pulse": (1, 25, 8), "features_buffer": (1, 25, FEATURE_LEN)}
+VISION = Part(VISION_SLICES, IMAGES)
+GENERATIONS: dict[str, dict[str, Part]] = {
+  "supercombo_20hz": {"onnx": Part(VISION_SLICES | HEADS_09, OLD_IMAGES, np.float16, host=TRAFFIC | LATERAL | NAV, dtype=np.float16,
+                                    histories={"desire": (1, 100, 8), "prev_desired_curv": (1, 100, 1), "features_buffer": (1, 99, FEATURE_LEN)})},
+  "split_09": {"vision": Part(VISION_SLICES, OLD_IMAGES),
+               "policy": Part(HEADS_09, histories={"desire": (1, 25, 8), "prev_desired_curv": (1, 25, 1), "features_buffer": (1, 25, FEATURE_LEN)},
+                              host=TRAFFIC | LATERAL)},
+  "split_010": {"vision": VISION, "policy": Part(HEADS_010, histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, FEATURE_LEN)}, host=TRAFFIC)},
+  "split_action": {"vision": VISION, "policy": Part(POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC | ACTION_T)},
+  "supercombo_action": {"onnx": Part(VISION_SLICES | POLICY_SLICES, IMAGES, histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, FEATURE_LEN)},
+                                     host=TRAFFIC | ACTION_T)},
+  "multi_policy": {"vision": VISION, "off_policy": Part(OFF_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC),
+                   "on_policy": Part(ON_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC)},
+}
+NAMES = ("native", *GENERATIONS)
+# float32 in every stand-in: a float16 copy of a fed-back hidden state would round tinygrad's and onnxruntime's last-bit differences apart
+FED_BACK = ("features_buffer", "prev_desired_curv")
 
 class _Graph:
   """A small ONNX graph builder: named inputs/outputs, seeded weights, one-output nodes."""
@@ -40,6 +91,11 @@ class _Graph:
   def input(self, name: str, shape: tuple, dtype=np.float32) -> str:
     self.inputs.append(self.helper.make_tensor_value_info(name, self.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
     return name
+
+  def floats(self, name: str, shape: tuple, dtype=np.float32) -> str:
+    """A float input of `dtype`, as float32 inside the graph (comma's float16 models cast their inputs the same way)."""
+    value = self.input(name, shape, dtype)
+    return value if np.dtype(dtype) == np.float32 else self.op("Cast", value, to=self.tp.FLOAT)
 
   def output(self, value: str, name: str, shape: tuple) -> None:
     self.nodes.append(self.helper.make_node("Identity", [value], [name]))
@@ -89,13 +145,14 @@ def output_slices_prop(sizes: dict[str, int]) -> str:
   """comma's format: base64 of a pickled {name: slice}."""
   return base64.b64encode(pickle.dumps(slices_of(sizes))).decode()
 
+def _ordered(sizes: dict[str, int]) -> dict[str, int]:
+  """hidden_state last: the head is computed from it, then it is appended as itself."""
+  return {k: n for k, n in sizes.items() if k != "hidden_state"} | ({"hidden_state": sizes["hidden_state"]} if "hidden_state" in sizes else {})
+
 def _head(g: _Graph, hidden: str, sizes: dict[str, int]) -> str:
   """outputs (1, N): every slice but hidden_state from a linear head, hidden_state itself last (it feeds back)."""
   head = g.linear(hidden, FEATURE_LEN, sum(n for k, n in sizes.items() if k != "hidden_state"))
   return g.op("Concat", head, hidden, axis=1) if "hidden_state" in sizes else head
-
-def _ordered(sizes: dict[str, int]) -> dict[str, int]:
-  return {k: n for k, n in sizes.items() if k != "hidden_state"} | ({"hidden_state": sizes["hidden_state"]} if "hidden_state" in sizes else {})
 
 def _gru(g: _Graph, x: str, n_in: int, h: str, extra: str | None = None) -> str:
   """A GRU cell from MatMul/Sigmoid/Tanh (what comma's exports contain), optionally also fed a history summary."""
@@ -116,69 +173,84 @@ def _context(g: _Graph, features_buffer: str, n_feat: int) -> tuple[str, str]:
               g.const(np.array([1])))
   return last, g.op("ReduceMean", features_buffer, axes=[1], keepdims=0)
 
-def build(layout: str, size: str = "tiny", seed: int = 0):
-  """The ONNX ModelProto of a stand-in driving model, plus {"flops", "params"}."""
-  if layout not in LAYOUTS or size not in BACKBONES: raise ValueError(f"layout must be one of {LAYOUTS} and size tiny|full, got {layout!r}, {size!r}")
-  g = _Graph(f"{layout}_{size}_stand_in", seed)
-  host = lambda: (g.input("traffic_convention", (1, 2)), g.input("action_t", (1, 2)))
-  if layout == "native":
-    t = NATIVE_HISTORY[size]
-    img, desire = g.input("new_img", (2, 6, MODEL_H, MODEL_W), np.uint8), g.input("desire", (1, 8))
-    traffic, action_t = host()
-    state = g.input("state_feat_q", (t, 1, FEATURE_LEN))
-    vis, n_vis = _vision(g, size, 12, g.op("Reshape", img, g.const(np.array([1, 12, MODEL_H, MODEL_W]))))
-    x = g.op("Concat", vis, desire, traffic, action_t, axis=1)
-    prev = g.op("Squeeze", g.op("Slice", state, g.const(np.array([t - 1])), g.const(np.array([t])), g.const(np.array([0]))), g.const(np.array([0])))
-    hidden = _gru(g, x, n_vis + 12, prev, g.op("ReduceMean", state, axes=[0], keepdims=0))
-    sizes = _ordered(VISION_SLICES | POLICY_SLICES)
-    g.output(_head(g, hidden, sizes), "outputs", (1, sum(sizes.values())))
-    nxt = g.op("Concat", g.op("Slice", state, g.const(np.array([1])), g.const(np.array([t])), g.const(np.array([0]))),
-               g.op("Unsqueeze", hidden, g.const(np.array([0]))), axis=0)
-    g.output(nxt, "next_state_feat_q", (t, 1, FEATURE_LEN))
-  elif layout in ("supercombo", "vision"):
-    img, big = g.input("img", (1, 12, MODEL_H, MODEL_W), np.uint8), g.input("big_img", (1, 12, MODEL_H, MODEL_W), np.uint8)
-    vis, n_vis = _vision(g, size, 12, img, big)
-    if layout == "vision":
-      sizes = _ordered(VISION_SLICES)
-      hidden = g.op("Tanh", g.linear(vis, n_vis, FEATURE_LEN))
-    else:
-      fb, pulse = g.input("features_buffer", (1, 24, FEATURE_LEN)), g.input("desire_pulse", (1, 25, 8))
-      traffic, action_t = host()
-      last, mean = _context(g, fb, 24)
-      x = g.op("Concat", vis, g.op("Flatten", pulse), traffic, action_t, axis=1)
-      hidden = _gru(g, x, n_vis + 204, last, mean)
-      sizes = _ordered(VISION_SLICES | POLICY_SLICES)
-    g.output(_head(g, hidden, sizes), "outputs", (1, sum(sizes.values())))
-  else:
-    fb, pulse = g.input("features_buffer", (1, 24, FEATURE_LEN)), g.input("desire_pulse", (1, 25, 8))
-    traffic, action_t = host()
-    last, mean = _context(g, fb, 24)
-    x = g.op("Concat", g.op("Flatten", pulse), traffic, action_t, axis=1)
-    hidden = _gru(g, x, 204, last, mean)
-    sizes = POLICY_SLICES
-    g.output(_head(g, hidden, sizes), "outputs", (1, sum(sizes.values())))
-  metadata = {"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "layout": layout}
-  return g.model(metadata), {"flops": g.flops, "params": g.params}
+def build_native(size: str = "tiny", seed: int = 0, host: dict[str, tuple[int, ...]] = NATIVE_HOST):
+  """The native stand-in: new_img, the `host` inputs (float32) and state_feat_q -> outputs + next_state_feat_q. ModelProto and stats."""
+  g, t = _Graph(f"native_{size}_stand_in", seed), NATIVE_HISTORY[size]
+  img = g.input("new_img", (2, 6, MODEL_H, MODEL_W), np.uint8)
+  values = [g.op("Flatten", g.input(name, shape)) for name, shape in host.items()]
+  state = g.input("state_feat_q", (t, 1, FEATURE_LEN))
+  vis, n_vis = _vision(g, size, 12, g.op("Reshape", img, g.const(np.array([1, 12, MODEL_H, MODEL_W]))))
+  x = g.op("Concat", vis, *values, axis=1)
+  prev = g.op("Squeeze", g.op("Slice", state, g.const(np.array([t - 1])), g.const(np.array([t])), g.const(np.array([0]))), g.const(np.array([0])))
+  hidden = _gru(g, x, n_vis + sum(int(np.prod(s[1:])) for s in host.values()), prev, g.op("ReduceMean", state, axes=[0], keepdims=0))
+  sizes = _ordered(VISION_SLICES | POLICY_SLICES)
+  g.output(_head(g, hidden, sizes), "outputs", (1, sum(sizes.values())))
+  nxt = g.op("Concat", g.op("Slice", state, g.const(np.array([1])), g.const(np.array([t])), g.const(np.array([0]))),
+             g.op("Unsqueeze", hidden, g.const(np.array([0]))), axis=0)
+  g.output(nxt, "next_state_feat_q", (t, 1, FEATURE_LEN))
+  return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "generation": "native"}), \
+    {"flops": g.flops, "params": g.params}
 
-def write(layout: str, size: str, path: str, seed: int = 0) -> dict:
+def build_part(part: Part, name: str, size: str = "tiny", seed: int = 0):
+  """One model of a queued generation: its images through a conv backbone, its histories and host inputs into a recurrent cell fed by the
+  features_buffer (or one tanh layer where it has none), then the heads. ModelProto and stats."""
+  g = _Graph(f"{name}_{size}_stand_in", seed)
+  values, n_in = [], 0
+  if part.images:
+    vis, n_in = _vision(g, size, 12, *(g.input(image, (1, 12, MODEL_H, MODEL_W), part.image_dtype) for image in part.images))
+    values.append(vis)
+  features = None
+  for input_name, shape in (part.histories | part.host).items():
+    value = g.floats(input_name, shape, np.float32 if input_name in FED_BACK else part.dtype)
+    if input_name == "features_buffer": features = value
+    else: values, n_in = values + [g.op("Flatten", value)], n_in + int(np.prod(shape[1:]))
+  x = g.op("Concat", *values, axis=1) if len(values) > 1 else values[0]
+  if features is None: hidden = g.op("Tanh", g.linear(x, n_in, FEATURE_LEN))
+  else: hidden = _gru(g, x, n_in, *_context(g, features, part.histories["features_buffer"][1]))
+  sizes = _ordered(part.heads)
+  g.output(_head(g, hidden, sizes), "outputs", (1, sum(sizes.values())))
+  return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "generation": name}), \
+    {"flops": g.flops, "params": g.params}
+
+def part_path(path: str, part: str) -> str:
+  """Where one model of a generation goes: `path` itself for a one-model generation, else `<path stem>_<part>.onnx`."""
+  return path if part == "onnx" else f"{os.path.splitext(path)[0]}_{part}.onnx"
+
+def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple[Any, dict]]:
+  """{compile_model keyword ("onnx", "vision", "policy", "off_policy", "on_policy"): (ModelProto, stats)} of a generation's stand-in."""
+  if generation not in NAMES or size not in BACKBONES: raise StandInError(f"generation must be one of {NAMES} and size tiny|full, got {generation!r}, {size!r}")
+  if not isinstance(seed, int) or seed < 0: raise StandInError(f"the seed must be a non-negative integer, got {seed!r}")
+  if generation == "native": return {"onnx": build_native(size, seed)}
+  return {key: build_part(part, f"{generation}_{key}", size, seed + i) for i, (key, part) in enumerate(GENERATIONS[generation].items())}
+
+def write(generation: str, size: str, path: str, seed: int = 0) -> dict:
+  """Write a generation's stand-in (see part_path for where each model goes). Returns {"files": {compile_model keyword: path}, "flops", "params"}."""
   import onnx
-  model, stats = build(layout, size, seed)
-  onnx.checker.check_model(model)
-  tmp = f"{path}.tmp{os.getpid()}"
-  onnx.save(model, tmp)
-  os.replace(tmp, path)
-  return stats
+  models = build(generation, size, seed)
+  files = {key: part_path(path, key) for key in models}
+  for key, (model, _) in models.items():
+    onnx.checker.check_model(model)
+    tmp = f"{files[key]}.tmp{os.getpid()}"
+    onnx.save(model, tmp)
+    os.replace(tmp, files[key])
+  return {"files": files, "flops": sum(s["flops"] for _, s in models.values()), "params": sum(s["params"] for _, s in models.values())}
 
 def main(argv: list[str] | None = None) -> int:
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--layout", choices=LAYOUTS, required=True)
+  parser.add_argument("--generation", choices=NAMES, required=True)
   parser.add_argument("--size", choices=tuple(BACKBONES), default="tiny")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--output", required=True, help="ONNX file to write")
+  parser.add_argument("--output", required=True, help="ONNX file to write (a generation of several models writes <stem>_<model>.onnx)")
   args = parser.parse_args(argv)
-  stats = write(args.layout, args.size, args.output, args.seed)
-  print(f"wrote {args.output}: {args.layout} {args.size} RANDOM-WEIGHT STAND-IN, {stats['params'] / 1e6:.2f} M parameters, "
-        f"{stats['flops'] / 1e9:.3f} GFLOPs per step")
+  try:
+    for key in GENERATIONS.get(args.generation, {"onnx": None}): check_output_path(part_path(args.output, key))
+    stats = write(args.generation, args.size, args.output, args.seed)
+  except (StandInError, ArtifactError) as e:
+    parser.exit(2, f"stand_in_models: error: {e}\n")
+  flags = " ".join(f"--{k.replace('_', '-')} {p}" for k, p in stats["files"].items())
+  print(f"wrote {', '.join(stats['files'].values())}: {args.generation} {args.size} RANDOM-WEIGHT STAND-IN, {stats['params'] / 1e6:.2f} M parameters, "
+        f"{stats['flops'] / 1e9:.3f} GFLOPs per step\ncompile with: python -m sunnypilot.modeld_v2.compile_modeld {flags} --output model.bin")
   return 0
 
 if __name__ == "__main__":

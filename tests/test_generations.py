@@ -1,0 +1,244 @@
+"""Every driving-model generation, 20 steps of state feedback: the bundle and the fused warp + model adapter (camera buffers read in place)
+against onnxruntime driven by openpilot's input handling, written here in numpy. The reference shares no code with the package's queues: it
+keeps openpilot's full-length buffers and every warped frame, and samples them the way openpilot's modeld.py does (commaai/openpilot
+selfdrive/modeld/modeld.py @6c6be47b: full_desire max-pooled per TEMPORAL_SKIP window, temporal_idxs, features pushed after the vision
+model and prev_desired_curv after the policy; @00731a68: the 20 Hz supercombo, features and prev_desired_curv pushed after the run)."""
+import base64
+import mmap
+import pickle
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from sunnypilot.modeld_v2 import stand_in_models
+from sunnypilot.modeld_v2.compile_modeld import compile_model
+from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+from sunnypilot.modeld_v2.warp import camerad_frame
+
+from conftest import realized, reference_warp
+
+STEPS = 20
+FRAME = camerad_frame(1344, 760)  # the frames of native_artifacts' warps
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+  """Each generation's tiny stand-in and bundle, built the first time a test asks for it."""
+  tmp, cache = tmp_path_factory.mktemp("generations"), {}
+  def get(generation: str) -> tuple[dict, dict]:
+    if generation not in cache:
+      files = stand_in_models.write(generation, "tiny", str(tmp / f"{generation}.onnx"), seed=7)["files"]
+      cache[generation] = files, compile_model(str(tmp / f"{generation}.bin"), **files, log=lambda s: None)
+    return cache[generation]
+  return get
+
+def slices_of(path: str) -> dict[str, slice]:
+  meta = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+  return pickle.loads(base64.b64decode(meta["output_slices"]))
+
+class Openpilot:
+  """openpilot's modeld input handling in numpy, driving onnxruntime sessions of one model, a vision + policy pair or a vision + policies
+  triple; `step` returns the outputs concatenated vision first. Native models feed their next_X outputs back as X."""
+  def __init__(self, files: dict[str, str], frame_skip: int | None = None):
+    self.sessions = {k: ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for k, p in files.items()}
+    self.slices = {k: slices_of(p) for k, p in files.items()}
+    self.inputs = {i.name: (tuple(i.shape), ORT_DTYPES[i.type]) for s in self.sessions.values() for i in s.get_inputs()}
+    shape = lambda name: self.inputs[name][0]
+    self.native = "new_img" in self.inputs
+    self.states = {n: np.zeros(s, d) for n, (s, d) in self.inputs.items() if n.startswith("state_")}
+    # openpilot 0.9.x: a 20 Hz features history (HISTORY_BUFFER_LEN 99); since 0.9.7 the model samples every TEMPORAL_SKIP = 4th frame
+    self.fs = frame_skip or (1 if "features_buffer" in self.inputs and shape("features_buffer")[1] >= 99 else 4)
+    if not self.native: self.road, self.wide = (next(n for n in self.inputs if "img" in n and ("big" in n) == wide) for wide in (False, True))
+    self.desire_key = next((n for n in self.inputs if n.startswith("desire") and len(shape(n)) == 3), None)
+    self.curv_key = next((n for n in self.inputs if n.startswith("prev_desired_curv")), None)
+    full = lambda name: np.zeros((self.fs * shape(name)[1], shape(name)[2]), np.float32)
+    self.full = {name: full(name) for name in (self.desire_key, "features_buffer", self.curv_key) if name in self.inputs}
+    self.frames: list[np.ndarray] = []  # every warped (road, wide) pair so far
+    self.host = [n for n in self.inputs if n not in self.full and n not in self.states and "img" not in n]
+
+  def temporal(self, name: str) -> np.ndarray:
+    """openpilot's temporal_idxs: every fs-th entry ending at the newest."""
+    n = self.inputs[name][0][1]
+    return self.full[name][-1 - self.fs * (n - 1)::self.fs][None]
+
+  def images(self, cam: int) -> np.ndarray:
+    n = self.inputs[self.road][0][1] // 6
+    picks = [len(self.frames) - 1 - self.fs * k for k in reversed(range(n))]
+    return np.concatenate([self.frames[i][cam] if i >= 0 else np.zeros_like(self.frames[-1][cam]) for i in picks]).reshape(self.inputs[self.road][0])
+
+  def push(self, name: str, value: np.ndarray) -> None:
+    self.full[name][:-1] = self.full[name][1:]
+    self.full[name][-1] = value
+
+  def run(self, model: str, feeds: dict) -> np.ndarray:
+    session = self.sessions[model]
+    return session.run(["outputs"], {i.name: feeds[i.name].astype(ORT_DTYPES[i.type]) for i in session.get_inputs()})[0].astype(np.float32)
+
+  def step(self, new_img: np.ndarray, desire: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+    if self.native:
+      session = self.sessions["onnx"]
+      names = ["outputs"] + [f"next_{k}" for k in self.states]
+      out = dict(zip(names, session.run(names, {"new_img": new_img} | host | self.states)))
+      self.states = {k: out[f"next_{k}"] for k in self.states}
+      return out["outputs"]
+    self.frames.append(new_img)
+    feeds = dict(host) | {self.road: self.images(0), self.wide: self.images(1)}
+    if self.desire_key:
+      self.push(self.desire_key, desire.reshape(-1))
+      n = self.inputs[self.desire_key][0][1]
+      feeds[self.desire_key] = self.full[self.desire_key].reshape(n, self.fs, -1).max(axis=1)[None]
+    if self.curv_key: feeds[self.curv_key] = self.temporal(self.curv_key)
+    models = list(self.sessions)
+    if models == ["onnx"]:
+      if "features_buffer" in self.full: feeds["features_buffer"] = self.temporal("features_buffer")
+      out = self.run("onnx", feeds)
+      hidden, curv_from = out[0, self.slices["onnx"]["hidden_state"]], out[0, self.slices["onnx"].get("desired_curvature", slice(0, 0))]
+    else:
+      vision = self.run("vision", feeds)
+      if "features_buffer" in self.full:
+        self.push("features_buffer", vision[0, self.slices["vision"]["hidden_state"]])
+        feeds["features_buffer"] = self.temporal("features_buffer")
+      policies = {k: self.run(k, feeds) for k in models[1:]}
+      out = np.concatenate([vision, *policies.values()], axis=1)
+      curv_from = next((o[0, self.slices[k]["desired_curvature"]] for k, o in policies.items() if "desired_curvature" in self.slices[k]), None)
+    if models == ["onnx"] and "features_buffer" in self.full: self.push("features_buffer", hidden)
+    if self.curv_key: self.push(self.curv_key, curv_from[:self.inputs[self.curv_key][0][2]])  # the head's mean, as parse_mdn gives it
+    return out
+
+def step_inputs(rng, step: int, host_names: list[str], reference: Openpilot) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+  """This step's one-hot desire pulse (a one-frame pulse now and then, which max-pooling must keep) and random host inputs."""
+  desire = np.zeros((1, 8), np.float32)
+  if step % 6 == 2: desire[0, 1 + step % 7] = 1
+  host = {n: rng.standard_normal(reference.inputs[n][0]).astype(np.float32) for n in host_names if n != "desire"}
+  return desire, host | ({"desire": desire} if "desire" in host_names else {})
+
+class CameraBuffer:
+  """A VisionBuf stand-in: a page-aligned shared mapping with `.data`, as visionipc hands modeld."""
+  def __init__(self, size: int):
+    self.map = mmap.mmap(-1, size)
+    self.data = memoryview(self.map)
+
+def integer_transform(rng) -> np.ndarray:
+  """A scale-2 warp with an even shift: every source coordinate (Y and UV) is an integer, so no pixel sits on a rounding tie."""
+  return np.array([[2, 0, 2 * rng.integers(0, 160)], [0, 2, 2 * rng.integers(0, 124)], [0, 0, 1]], np.float32)
+
+@pytest.mark.parametrize("generation", stand_in_models.NAMES)
+def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
+  files, summary = built(generation)
+  reference = Openpilot(files)
+  model = load_model(summary["output"])
+  specs = model["input_specs"]
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model["output_specs"]}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
+  jit_states = {n: realized(np.zeros(t.shape, t.dtype.fmt)) for n, t in states.items()}
+  jit_outs = {n: realized(np.zeros(t.shape, t.dtype.fmt)) for n, t in summary["inputs"]["output_buffers"].items()}  # in the capture's order
+  rng = np.random.default_rng(11)
+  for step in range(STEPS):
+    new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
+    desire, host = step_inputs(rng, step, reference.host, reference)
+    expected = reference.step(new_img, desire, host)
+    inputs = {n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | host).items() if n in specs}
+    model["run"](**inputs, **states, output_buffers=outs)
+    summary["jit"](**inputs, **jit_states, output_buffers=jit_outs)
+    for n, t in jit_states.items(): t.assign(jit_outs[f"next_{n}"]).realize()
+    got = outs["outputs"].numpy()
+    assert got.tobytes() == jit_outs["outputs"].numpy().tobytes(), f"{generation} step {step}: the bundle differs from the TinyJit replay"
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{generation} step {step} vs onnxruntime")
+  assert set(specs) == {"new_img", *reference.host, *states} | ({"desire"} if reference.desire_key else set()), "every input by its role"
+
+@pytest.mark.parametrize("generation", stand_in_models.NAMES)
+def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(built, native_artifacts, generation):
+  files, summary = built(generation)
+  reference = Openpilot(files)
+  adapter = NativeTinygradAdapter(summary["output"], f"{native_artifacts}/warp_split.bin", cache=False)
+  assert adapter.in_place, "VisionIPC-shaped buffers are read in place"
+  cameras = [[CameraBuffer(FRAME.size) for _ in range(3)] for _ in range(2)]  # a few rotating buffers per stream, as camerad's
+  rng = np.random.default_rng(12)
+  for step in range(STEPS):
+    frames = rng.integers(0, 256, (2, FRAME.size), dtype=np.uint8)
+    m_inv = np.stack([integer_transform(rng), integer_transform(rng)])
+    bufs = [cameras[cam][step % 3] for cam in range(2)]
+    for buf, frame in zip(bufs, frames): np.frombuffer(buf.data, np.uint8)[:] = frame
+    warped = [reference_warp(frames[cam], FRAME, m_inv[cam]) for cam in range(2)]
+    assert not any(ties.any() for _, ties in warped), "integer transforms have no rounding ties"
+    desire, host = step_inputs(rng, step, reference.host, reference)
+    expected = reference.step(np.stack([planes for planes, _ in warped]), desire, host)
+    adapter.numpy_inputs["tfm"][:] = m_inv
+    for name, value in ({"desire": desire} | host).items():
+      if name in adapter.numpy_inputs: adapter.numpy_inputs[name][:] = value
+    adapter.copy_frames({"img": bufs[0], "big_img": bufs[1]})
+    adapter.run()
+    np.testing.assert_allclose(adapter.output_array(), expected, rtol=1e-4, atol=1e-5, err_msg=f"{generation} step {step}: fused vs onnxruntime")
+  assert len(adapter.camera_tensors) == 6, "each camera buffer mapped once"
+  adapter.drop_camera_buffers()
+
+def drive_bundle(path: str, reference: Openpilot, rng, steps: int = STEPS) -> None:
+  """`steps` random frames through the bundle (states written in place, as modeld runs it) and through the reference."""
+  model = load_model(path)
+  specs = model["input_specs"]
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model["output_specs"]}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
+  for step in range(steps):
+    new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
+    desire, host = step_inputs(rng, step, reference.host, reference)
+    expected = reference.step(new_img, desire, host)
+    model["run"](**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | host).items() if n in specs}, **states, output_buffers=outs)
+    np.testing.assert_allclose(outs["outputs"].numpy(), expected, rtol=1e-4, atol=1e-5, err_msg=f"{path} step {step} vs onnxruntime")
+
+def test_native_model_with_its_own_host_inputs(tmp_path):
+  """No action_t, and an input openpilot never had: every non-state input is a host input under its own name."""
+  model, _ = stand_in_models.build_native("tiny", seed=3, host={"desire": (1, 8), "traffic_convention": (1, 2), "driving_style": (1, 12)})
+  onnx.save(model, path := str(tmp_path / "native.onnx"))
+  summary = compile_model(str(tmp_path / "native.bin"), onnx=path, log=lambda s: None)
+  meta = load_model(summary["output"])["metadata"]
+  assert meta["input_roles"] == {"new_img": "frames", "desire": "host", "traffic_convention": "host", "driving_style": "host", "state_feat_q": "state"}
+  drive_bundle(summary["output"], Openpilot({"onnx": path}), np.random.default_rng(5))
+
+def onnx_model(nodes: list, inputs: dict[str, tuple], outputs: dict[str, tuple], slices: dict[str, slice], inits=(), **metadata):
+  """A small ONNX model: inputs and outputs {name: (elem type, shape)}, comma's output_slices and other metadata."""
+  from onnx import helper
+  info = lambda specs: [helper.make_tensor_value_info(n, t, s) for n, (t, s) in specs.items()]
+  model = helper.make_model(helper.make_graph(nodes, "m", info(inputs), info(outputs), list(inits)), opset_imports=[helper.make_opsetid("", 17)],
+                            ir_version=8)
+  for k, v in ({"output_slices": base64.b64encode(pickle.dumps(slices)).decode()} | metadata).items(): model.metadata_props.add(key=k, value=v)
+  return model
+
+def exact_float16_pair(folder) -> dict[str, str]:
+  """A vision + policy pair in float16 whose every value is exact in float16 (maxima of uint8 planes / 256, copies), so onnxruntime and the
+  bundle must agree bit for bit: float16 outputs, float16 host inputs, frame_skip 2 from the ONNX metadata, a policy with no
+  traffic_convention."""
+  from onnx import TensorProto, helper, numpy_helper
+  f16, images = TensorProto.FLOAT16, ("img", "big_img")
+  nodes = [helper.make_node("Cast", [n], [f"{n}_f"], to=TensorProto.FLOAT) for n in images]
+  nodes += [helper.make_node("ReduceMax", [f"{n}_f"], [f"{n}_m"], axes=[2, 3], keepdims=0) for n in images]
+  nodes += [helper.make_node("Concat", ["img_m", "big_img_m"], ["m"], axis=1), helper.make_node("Mul", ["m", "scale"], ["ms"]),
+            helper.make_node("Cast", ["ms"], ["outputs"], to=f16)]
+  vision = onnx_model(nodes, {n: (TensorProto.UINT8, (1, 12, 128, 256)) for n in images}, {"outputs": (f16, (1, 24))}, {"hidden_state": slice(0, 24)},
+                      [numpy_helper.from_array(np.array(1 / 256, np.float32), "scale")], frame_skip="2")
+  inputs = {"features_buffer": (f16, (1, 3, 24)), "desire_pulse": (f16, (1, 3, 8)), "driving_style": (f16, (1, 12))}
+  nodes = [helper.make_node("Flatten", [n], [f"{n}_flat"]) for n in inputs] + [helper.make_node("Concat", [f"{n}_flat" for n in inputs], ["outputs"], axis=1)]
+  policy = onnx_model(nodes, inputs, {"outputs": (f16, (1, 108))}, {"features": slice(0, 72), "desire": slice(72, 96), "style": slice(96, 108)})
+  files = {"vision": str(folder / "vision.onnx"), "policy": str(folder / "policy.onnx")}
+  onnx.save(vision, files["vision"]), onnx.save(policy, files["policy"])
+  return files
+
+def test_float16_pair_is_exact_and_takes_frame_skip_from_the_onnx(tmp_path):
+  files = exact_float16_pair(tmp_path)
+  summary = compile_model(str(tmp_path / "pair.bin"), **files, log=lambda s: None)
+  model = load_model(summary["output"])
+  assert model["metadata"]["frame_skip"] == 2 and model["input_specs"]["driving_style"].dtype == "<f4" and model["output_specs"]["outputs"].shape == (1, 132)
+  assert {n: s.shape for n, s in model["input_specs"].items() if n.endswith("_q")} == {"img_q": (3, 6, 128, 256), "big_img_q": (3, 6, 128, 256),
+                                                                                         "desire_q": (6, 8), "feat_q": (5, 24)}
+  reference, rng = Openpilot(files, frame_skip=2), np.random.default_rng(6)
+  specs = model["input_specs"]
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if n.endswith("_q")}
+  outs = {"outputs": realized(np.zeros((1, 132), np.float32))} | {f"next_{n}": t for n, t in states.items()}
+  for step in range(8):
+    new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
+    desire, host = step_inputs(rng, step, reference.host, reference)
+    expected = reference.step(new_img, desire, host)
+    model["run"](new_img=realized(new_img), desire=realized(desire), **{n: realized(v) for n, v in host.items()}, **states, output_buffers=outs)
+    assert outs["outputs"].numpy().tobytes() == expected.tobytes(), f"step {step}: float16 values must round the same on both sides"
