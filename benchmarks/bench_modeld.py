@@ -1,6 +1,11 @@
 """Driving-model benchmark: compile time, bundle size, kernels and per-step time of every generation's stand-in (tiny and full) on this device.
 
-  python -m benchmarks.bench_modeld [--sizes tiny,full] [--generations native,split_09,...] [--steps 50] [--json out/bench_modeld.json]
+  python -m benchmarks.bench_modeld [--sizes tiny,full] [--generations native,split_09,...] [--variants default,fuse-layers,beam2]
+                                    [--steps 50] [--json out/bench_modeld.json]
+
+Variants: `default` (a realize point per Conv/MatMul/Gemm, no search), `fuse-layers` (tinygrad left to fuse across layers: the
+compiler's behaviour before layer boundaries), `beamN` (default, each kernel searched with BEAM=N; compile time includes the search,
+or a hit in tinygrad's search cache).
 """
 from __future__ import annotations
 
@@ -34,10 +39,17 @@ def step_ms(path: str, steps: int) -> list[float]:
     if i >= 5: times.append((time.perf_counter() - t) * 1e3)
   return times
 
+def variant_options(name: str) -> dict:
+  if name == "default": return {}
+  if name == "fuse-layers": return {"fuse_layers": True}
+  if name.startswith("beam") and name[4:].isdigit(): return {"beam": int(name[4:])}
+  raise SystemExit(f"bench_modeld: unknown variant {name!r} (default, fuse-layers, beamN)")
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--sizes", default="tiny,full")
   parser.add_argument("--generations", default=",".join(stand_in_models.NAMES), help="stand-in generations, comma separated")
+  parser.add_argument("--variants", default="default", help="compile variants per generation, comma separated: default, fuse-layers, beamN")
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--json")
   args = parser.parse_args(argv)
@@ -45,20 +57,22 @@ def main(argv: list[str] | None = None) -> int:
   with tempfile.TemporaryDirectory() as tmp:
     for size in args.sizes.split(","):
       for generation in args.generations.split(","):
-        print(f"compiling {generation} {size} ...", file=sys.stderr, flush=True)
         stand_in = stand_in_models.write(generation, size, os.path.join(tmp, f"{generation}.onnx"))
-        out = os.path.join(tmp, f"{generation}.bin")
-        summary = compile_model(out, **stand_in["files"], log=lambda s: None)
-        times = step_ms(out, args.steps)
-        rows.append({"generation": generation, "size": size, "device": Device.DEFAULT, "gflops": stand_in["flops"] / 1e9, "mparams": stand_in["params"] / 1e6,
-                     "frame_skip": load_model(out)["metadata"]["frame_skip"], "compile_s": summary["compile_s"], "kernels": summary["kernels"],
-                     "bundle_mb": summary["bytes"] / 1e6, "step_ms_median": statistics.median(times), "step_ms_p95": float(np.percentile(times, 95))})
-  print("| generation (random-weight stand-in) | size | device | GFLOPs/step | M params | frame_skip | compile s | kernels | bundle MB "
-        "| step ms (median) | p95 |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for variant in args.variants.split(","):
+          print(f"compiling {generation} {size} ({variant}) ...", file=sys.stderr, flush=True)
+          out = os.path.join(tmp, f"{generation}_{variant}.bin")
+          summary = compile_model(out, **stand_in["files"], log=lambda s: None, **variant_options(variant))
+          times = step_ms(out, args.steps)
+          rows.append({"generation": generation, "variant": variant, "size": size, "device": Device.DEFAULT, "gflops": stand_in["flops"] / 1e9,
+                       "mparams": stand_in["params"] / 1e6, "frame_skip": load_model(out)["metadata"]["frame_skip"], "compile_s": summary["compile_s"],
+                       "kernels": summary["kernels"], "bundle_mb": summary["bytes"] / 1e6, "step_ms_median": statistics.median(times),
+                       "step_ms_p10": float(np.percentile(times, 10)), "step_ms_p95": float(np.percentile(times, 95))})
+  print("| generation (random-weight stand-in) | variant | size | device | GFLOPs/step | M params | frame_skip | compile s | kernels | bundle MB "
+        "| step ms (median) | p10 | p95 |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['generation']} | {r['size']} | {r['device']} | {r['gflops']:.3f} | {r['mparams']:.2f} | {r['frame_skip'] or '-'} | {r['compile_s']:.1f} "
-          f"| {r['kernels']} | {r['bundle_mb']:.1f} | {r['step_ms_median']:.2f} | {r['step_ms_p95']:.2f} |")
+    print(f"| {r['generation']} | {r['variant']} | {r['size']} | {r['device']} | {r['gflops']:.3f} | {r['mparams']:.2f} | {r['frame_skip'] or '-'} "
+          f"| {r['compile_s']:.1f} | {r['kernels']} | {r['bundle_mb']:.1f} | {r['step_ms_median']:.2f} | {r['step_ms_p10']:.2f} | {r['step_ms_p95']:.2f} |")
   write_json(args.json, rows)
   return 0
 

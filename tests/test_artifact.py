@@ -316,6 +316,9 @@ def test_header_that_is_not_the_expected_object(tmp_bundle, head):
   data = json.dumps(head).encode()
   with open(tmp_bundle, "wb") as f: f.write(bundle.PREAMBLE.pack(bundle.MAGIC, bundle.FORMAT_VERSION, len(data), hashlib.sha256(data).digest()) + data)
   with pytest.raises(ArtifactError, match="malformed"): read_parts(tmp_bundle, allow_device=True)
+  from sunnypilot.modeld_v2.inspect_bundle import main as inspect_main
+  for command in ("inspect", "verify"):
+    assert inspect_main([command, tmp_bundle]) == 2, f"{command} reports a malformed bundle as an error, not a traceback"
 
 @pytest.mark.parametrize("linear", [False, True], ids=["direct", "graph back-end"])
 def test_each_tensor_is_bound_once_per_slot(small_part, monkeypatch, linear):

@@ -34,6 +34,17 @@ def artifacts(native_artifacts, tmp_path_factory) -> str:
   (folder / "notes.bin").write_bytes(open(folder / "warp_packed.bin", "rb").read()[:5000])
   return str(folder)
 
+@pytest.fixture(scope="module")
+def split_09(artifacts, tmp_path_factory) -> str:
+  """A 0.9.7-0.9.9 vision+policy stand-in (lateral_control_params, prev_desired_curv, a desired_curvature head) with the 1344x760 warp."""
+  from sunnypilot.modeld_v2 import stand_in_models
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  folder = tmp_path_factory.mktemp("split_09")
+  files = stand_in_models.write("split_09", "tiny", str(folder / "split_09.onnx"), seed=6)["files"]
+  compile_model(str(folder / "model.bin"), **files, log=lambda s: None)
+  shutil.copy(os.path.join(artifacts, "warp_split.bin"), folder / "warp_split.bin")
+  return str(folder)
+
 def frames_for(frame_id: int, frame=FRAME) -> tuple[np.ndarray, np.ndarray]:
   rng = np.random.default_rng(frame_id)
   return rng.integers(0, 256, frame.size, dtype=np.uint8), rng.integers(0, 256, frame.size, dtype=np.uint8)
@@ -104,12 +115,12 @@ def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "wa
   (vEgo, no blinkers, no lateral control: no desire) are published."""
   adapter = NativeTinygradAdapter(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp), cache=False)
   road, wide = SENSOR_CAMERAS[sensor]
+  # openpilot's inputs with the default 0.2 s steering delay: action_t (lat, long) and 0.9.x's lateral_control_params [vEgo, delay]
+  values = {"tfm": np.stack([get_warp_matrix(DEFAULT_RPY, road.intrinsics), get_warp_matrix(DEFAULT_RPY, wide.intrinsics, True)]), "desire": 0,
+            "traffic_convention": [1, 0], "action_t": [0.2 + 1.5 * DT_MDL, 0.3 + 1.5 * DT_MDL], "lateral_control_params": [V_EGO, 0.2]}
   outs = []
   for frame_id in frame_ids:
-    adapter.numpy_inputs["tfm"][:] = np.stack([get_warp_matrix(DEFAULT_RPY, road.intrinsics), get_warp_matrix(DEFAULT_RPY, wide.intrinsics, True)])
-    adapter.numpy_inputs["desire"][:] = 0
-    adapter.numpy_inputs["traffic_convention"][:] = [1, 0]
-    adapter.numpy_inputs["action_t"][:] = [0.2 + 1.5 * DT_MDL, 0.3 + 1.5 * DT_MDL]
+    for name, view in adapter.numpy_inputs.items(): view.reshape(-1)[:] = np.reshape(values[name], -1)
     road_buf, wide_buf = frames_for(frame_id, frame)
     adapter.copy_frames({"img": road_buf, "big_img": wide_buf})
     adapter.run()
@@ -127,8 +138,8 @@ def check_fields(msgs: dict, slices: dict) -> None:
   np.testing.assert_allclose(list(m.temporalPose.trans), plan[0, 3:6], rtol=1e-6)  # no sim_pose head: the plan's velocity at t=0
   np.testing.assert_allclose(list(m.laneLineProbs), sig(head("lane_lines_prob"))[1::2], rtol=1e-5)
   assert m.leadsV3[0].prob == pytest.approx(sig(head("lead_prob")[0]), rel=1e-5)
-  lat_t = 0.2 + 1.5 * DT_MDL  # get_curvature_from_plan at lat_action_t, no lateral smoothing
-  curvature = 2 * np.interp(lat_t, T, plan[:, 11]) / (V_EGO * lat_t) - plan[0, 14] / V_EGO
+  lat_t = 0.2 + 1.5 * DT_MDL  # get_curvature_from_plan at lat_action_t, no lateral smoothing; the model's own head when it has one
+  curvature = head("desired_curvature")[0] if "desired_curvature" in slices else 2 * np.interp(lat_t, T, plan[:, 11]) / (V_EGO * lat_t) - plan[0, 14] / V_EGO
   assert m.action.desiredCurvature == pytest.approx(curvature, rel=1e-4, abs=1e-7) == d.action.desiredCurvature
   coeffs = np.linalg.lstsq(np.stack([T ** k for k in range(5)], axis=1), plan[:, 1].astype(np.float64), rcond=None)[0]  # degree 4, lowest first
   np.testing.assert_allclose(list(d.path.yCoefficients), coeffs, rtol=1e-3, atol=1e-4)
@@ -149,6 +160,18 @@ def test_100_frames_in_100_frames_out(artifacts, openpilot_prefix):
   assert daemon.stop() == 0, "SIGTERM is a clean exit"
   assert all(daemon.messages[i]["modelV2"][1] for i in range(21, 100)), "valid once a calibration arrived (camerad's replay sends one per second)"
   assert [daemon.raw(i) for i in range(100)] == reference(artifacts, list(range(100))), "outputs equal the adapter run directly on the same frames"
+
+def test_split_09_frames_in_messages_out(split_09, openpilot_prefix):
+  """A 0.9.x vision+policy pair end to end: every frame published, host inputs filled by name as openpilot did, fields from its heads."""
+  from sunnypilot.modeld_v2.loader import load_model
+  slices = load_model(os.path.join(split_09, "model.bin"))["metadata"]["output_slices"]
+  daemon = Daemon(split_09)
+  for frame_id in range(30):
+    daemon.send(frame_id)
+    check_fields(daemon.receive(frame_id), slices)
+  assert daemon.stop() == 0 and daemon.published == list(range(30))
+  assert not any("has no source" in line for line in daemon.lines), "every host input of the generation has a source"
+  assert [daemon.raw(i) for i in range(30)] == reference(split_09, list(range(30))), "the same inputs as openpilot's modeld, frame by frame"
 
 def expected_drop_perc(frame_ids: list[int]) -> list[float]:
   """FACTS 5, independently: filter min(dropped, 10) with rc=10 s at 20 Hz, zero for the first 10 runs; perc = 100 f / (1 + f)."""

@@ -14,11 +14,14 @@ every other input is a host input under its ONNX name and shape. Host inputs are
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import io
 import os
 import pickle
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -313,16 +316,33 @@ def make_step(plan: Plan, runners: dict):
 
 def _np_str(dtype) -> str: return np.dtype(dtype).str
 
+LAYER_OPS = ("Conv", "MatMul", "Gemm")
+
+@contextlib.contextmanager
+def layer_boundaries(on: bool = True) -> Iterator[None]:
+  """Realize the output of every convolution and matrix product while ONNX runners trace. Left free, tinygrad 0.14.0's scheduler fuses a
+  convolution into the next one and recomputes it for every tap of the second (supercombo's backbones) and nests the GRU's matrix
+  products the same way; a boundary per layer computes each once."""
+  import tinygrad.nn.onnx as onnx_module
+  saved = {op: onnx_module.onnx_ops[op] for op in LAYER_OPS if on}
+  def realized(op):
+    return functools.wraps(op)(lambda *args, **kwargs: op(*args, **kwargs).contiguous())
+  onnx_module.onnx_ops.update({name: realized(op) for name, op in saved.items()})
+  try: yield
+  finally: onnx_module.onnx_ops.update(saved)
+
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
-                  off_policy: str | None = None, on_policy: str | None = None, log=print) -> dict:
+                  off_policy: str | None = None, on_policy: str | None = None, log=print, beam: int | None = None, fuse_layers: bool = False) -> dict:
   """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
-  Returns a summary. Fails before any work when `output` cannot be written."""
+  Returns a summary. Fails before any work when `output` cannot be written or `beam` cannot search here. `beam`: search every kernel
+  with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see layer_boundaries)."""
   from tinygrad import Device, Tensor
   from tinygrad.nn.onnx import OnnxRunner
 
-  from sunnypilot.modeld_v2.capture import capture, compile_session
+  from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
   t0, dev = time.perf_counter(), Device.DEFAULT
   check_output_path(output)
+  level = search_level(beam)
   plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip)
   log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), frame_skip {plan.frame_skip}, on {dev}")
   rng = np.random.default_rng(0)
@@ -330,17 +350,18 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
     value = rng.integers(0, 256, shape, dtype=np.uint8) if np.dtype(dtype) == np.uint8 else rng.standard_normal(shape).astype(dtype)
     return Tensor(value, device=dev).realize()
   make_inputs = lambda: {k: make(*s) for k, s in plan.specs.items()} | {"output_buffers": {k: make(*s) for k, s in plan.out_specs.items()}}
-  with compile_session() as null_holds_data:  # the ONNX weights load into device buffers: on NULL they must be host-backed too
+  with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):  # weights load into device buffers: host-backed on NULL
     step = make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
     log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
-    jit, part, inputs = capture(step, make_inputs, null_holds_data=null_holds_data)
-  metadata = {"kind": "model", "layout": plan.layout, "frame_skip": plan.frame_skip, "output_slices": plan.slices, "input_roles": plan.input_roles,
+    jit, part, inputs = capture(step, make_inputs, null_holds_data=null_holds_data, beam=level, log=log)
+  metadata = {"kind": "model", "layout": plan.layout, "layer_boundaries": not fuse_layers,
+              "frame_skip": plan.frame_skip, "output_slices": plan.slices, "input_roles": plan.input_roles,
               "onnx_roles": plan.roles, "input_shapes": {n: list(s) for n, s in plan.input_shapes.items()},
               "output_shapes": {k: list(s) for k, (s, _) in plan.out_specs.items()},
               "stand_in": plan.metadata.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in plan.paths.items()}}
   extras = {"input_specs": {k: (list(s), _np_str(d), dev) for k, (s, d) in plan.specs.items()},
             "output_specs": {k: (list(s), _np_str(d), dev) for k, (s, d) in plan.out_specs.items()}, "metadata": metadata}
-  size = write_bundle(output, {"run": part}, extras)
+  size = write_bundle(output, {"run": part}, extras, flags={"BEAM": level})
   header = part[0]
   weights = sum(b["init"][1] - b["init"][0] for b in header["buffers"] if "init" in b)
   summary = {"output": output, "layout": plan.layout, "kernels": sum(c["kind"] == "program" for c in header["calls"]), "calls": len(header["calls"]),
@@ -360,11 +381,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--frame-skip", help="frames between the queues' samples, at least 1 (default: the ONNX's frame_skip, else 1 for a "
                       "features_buffer of >= 99 entries, else 4)")
+  parser.add_argument("--beam", type=int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
+                      "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
+                      "Default: the BEAM environment setting, else 0")
+  parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
+                      "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")
   args = parser.parse_args(argv)
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
     compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
-                  log=lambda s: print(s, file=sys.stderr, flush=True))
+                  log=lambda s: print(s, file=sys.stderr, flush=True), beam=args.beam, fuse_layers=args.fuse_layers)
   except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0

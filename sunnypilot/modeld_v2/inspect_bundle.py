@@ -12,11 +12,14 @@ import sys
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
 
 def describe(path: str) -> str:
-  from sunnypilot.modeld_v2.bundle import read_bundle
+  from sunnypilot.modeld_v2.bundle import ArtifactError, read_bundle, validate_part
   head, blob = read_bundle(path)
   prov, extras = head["provenance"], head.get("extras", {})
-  lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov['tinygrad']} for {prov['device']} ({prov['target']}), format {prov['format']}",
-           f"  flags: {', '.join(f'{k}={v}' for k, v in prov['flags'].items())}"]
+  for name, part in head["parts"].items():  # any tinygrad's bundle may be inspected, but only a well-formed one
+    try: validate_part(part["header"], part["blob"][1] - part["blob"][0])
+    except ArtifactError as e: raise ArtifactError(f"{path}: malformed part {name!r}: {e}") from None
+  lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov.get('tinygrad')} for {prov.get('device')} ({prov.get('target')}), "
+           f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
   if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
   for model, roles in meta.get("onnx_roles", {}).items(): lines.append(f"  onnx {model}: {', '.join(f'{n} ({r})' for n, r in roles.items())}")

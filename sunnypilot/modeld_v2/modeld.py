@@ -29,8 +29,11 @@ from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
-STEER_DELAY_EXTRA = 0.2  # openpilot 0.9.x fed lateral_control_params [vEgo, steerActuatorDelay + 0.2]
+# lateral_control_params = [vEgo, steering delay]: openpilot's 0.9.x supercombo (modeld.py @00731a68) fed steerActuatorDelay + 0.2, its
+# 0.9.7-0.9.9 vision+policy pairs (modeld.py @6c6be47b) liveDelay's lateral delay as it is
+STEER_DELAY_EXTRA = {"supercombo": 0.2}
 ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone
+DRIVING_STYLE = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # sunnypilot's default driving_style input (modeld.py @002f69b0)
 
 class VisionStreamType(enum.IntEnum):  # msgq-ipc has no enum for these
   ROAD = 0
@@ -209,7 +212,7 @@ class ModelD:
     model_path = os.path.join(self.artifacts, "model.bin")
     t = time.perf_counter()
     self.adapter = NativeTinygradAdapter(model_path, warp)
-    self.slices = self.adapter.jits["metadata"]["output_slices"]
+    self.slices, self.layout = self.adapter.jits["metadata"]["output_slices"], self.adapter.jits["metadata"]["layout"]
     self.cameras = (wide, wide) if self.main_wide else (road, wide)
     self.rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
     log(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
@@ -236,7 +239,8 @@ class ModelD:
     cal = sm["liveCalibration"]
     values = {"tfm": self.transforms(list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY),
               "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
-              "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay + STEER_DELAY_EXTRA]}
+              "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay + STEER_DELAY_EXTRA.get(self.layout, 0.0)],
+              "driving_style": DRIVING_STYLE}
     for name, view in inputs.items():
       if name in values: view.reshape(-1)[:] = np.reshape(values[name], -1)
       elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
