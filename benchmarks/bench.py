@@ -3,15 +3,18 @@
   python -m benchmarks.bench --model tiny --camera 1344x760,1928x1208 --frames 1000 --json out/bench.json --plot out/bench.png
 
 Per camera size, in one process and interleaved frame by frame, it times copy_frames + run + readback for
-  fused split   the fused warp+model part, camera buffers read in place (bound by pointer; on CUDA registered with the driver)
+  fused split   the fused warp+model part, camera buffers read in place (bound by pointer; on CUDA registered with the driver),
+                camerad's 18 buffers per stream rotating
+  fused split, one buffer pair  the same, one camera buffer pair every frame (what binding per slot costs over no rotation)
   fused split upload  the same part, each frame uploaded instead
   fused packed  the fused part, both frames copied into the packed host buffer and uploaded
   unfused       the warp bundle, then the model bundle (frames and inputs written into their tensors)
   legacy        unpickled TinyJits for warp and model, frames copied each step (old modeld)
 peers on the same ONNX and frames (onnxruntime's CPU EP with a numpy warp; PyTorch eager and CUDA-graph replay on a GPU),
-and the kernel-only floor (the fused split part's calls with no Python between them, or the device's own graph timing).
-Host overhead = total - floor. Load times are measured in fresh processes. Camera buffers are 18 page-aligned shared mappings per
-stream cycling like camerad's; their contents are synthetic road scenes.
+and the kernel-only floor (the fused split part's calls on its last bindings with no Python per input: Replay.run_bound). Host
+overhead = total - floor; for the fused split path the time is also split into copy_frames, run and output_array. Load times are
+measured in fresh processes. Camera buffers are 18 page-aligned shared mappings per stream cycling like camerad's; their contents are
+synthetic road scenes. `--beam N` builds the model and warps with searched kernels (the legacy baseline stays unsearched).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ class CameraBuffer:
     self.data = memoryview(self._map)
     np.frombuffer(self.data, np.uint8)[:] = data
 
-def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log) -> dict:
+def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0) -> dict:
   """Stand-in ONNX (or the given one), model bundle and warp bundles per camera size; compile times."""
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.compile_modeld import compile_model
@@ -55,11 +58,11 @@ def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: 
   else: onnx = model
   bundle = os.path.join(workdir, "model.bin")
   log(f"compiling {onnx} ...")
-  summary = compile_model(bundle, onnx=onnx, log=lambda s: None)
+  summary = compile_model(bundle, onnx=onnx, log=lambda s: None, beam=beam)
   out = {"onnx": onnx, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}}
   for w, h in cameras:
     frame = camerad_frame(w, h)
-    out["warps"][(w, h)] = {split: compile_warp(frame.spec, "512x256", os.path.join(workdir, f"warp_{w}x{h}_{split}.bin"), split)["output"]
+    out["warps"][(w, h)] = {split: compile_warp(frame.spec, "512x256", os.path.join(workdir, f"warp_{w}x{h}_{split}.bin"), split, beam=beam)["output"]
                             for split in (False, True)} | {"frame": frame}
   return out
 
@@ -100,11 +103,12 @@ class Unfused:
 
   def output_array(self) -> np.ndarray: return self.outputs["outputs"].numpy()
 
-def frame_bytes_copied(path: str, frame_size: int, in_place: bool) -> int:
-  """Camera bytes the host copies per step on each path (read off the code path: copies into host/device buffers and uploads; the
-  peers copy into their input arrays and, on a GPU, up to it)."""
-  return {"fused split": 0 if in_place else 2 * frame_size, "fused split upload": 2 * frame_size, "fused packed": 4 * frame_size,
-          "unfused": 2 * frame_size, "legacy": 4 * frame_size}.get(path, 2 * frame_size)
+def reads_in_place(adapter) -> bool | None:
+  """Whether this frame's warp inputs are the camera buffers' own memory (mapped once, bound by pointer), checked on the adapter's objects;
+  None for paths with no camera tensors (they copy by construction)."""
+  if not hasattr(adapter, "camera_tensors"): return None
+  mapped = list(adapter.camera_tensors.values())
+  return bool(adapter.frame_inputs) and all(any(t is m for m in mapped) for t in adapter.frame_inputs.values())
 
 def numpy_warp(buf: np.ndarray, frame, m_inv: np.ndarray, w: int = 512, h: int = 256) -> np.ndarray:
   """The warp in numpy, for the onnxruntime peer: the six (h/2, w/2) planes of one NV12 buffer."""
@@ -191,6 +195,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
   bufs = synthetic_buffers(warps["frame"])
   m_inv = warp_matrices(sensor_for_size(*size))
   adapters = {"fused split": NativeTinygradAdapter(built["model"], warps[True], cache=False),
+              "fused split, one buffer pair": NativeTinygradAdapter(built["model"], warps[True], cache=False),
               "fused split upload": NativeTinygradAdapter(built["model"], warps[True], cache=False, map_camera_buffers=False),
               "fused packed": NativeTinygradAdapter(built["model"], warps[False], cache=False),
               "unfused": Unfused(built["model"], warps[False]), "legacy": LegacyModelAdapter(*legacy_pickles)}
@@ -198,45 +203,53 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
   from tinygrad.helpers import GlobalCounters
   device_bytes = GlobalCounters.mem_used
   times: dict[str, list[float]] = {p: [] for p in adapters}
-  floors: list[float] = []
+  kernels: dict[str, list[float]] = {"fused split": [], "fused split, one buffer pair": []}  # CPU: each call's own kernel time
+  stages: dict[str, list[float]] = {"copy_frames": [], "run": [], "output_array": []}  # the fused split path's time, split
   outputs: dict[str, np.ndarray] = {}
+  in_place: dict[str, bool | None] = {}
   log(f"{size[0]}x{size[1]}: {frames} frames per path, interleaved ...")
   for step in range(frames + 20):
     for path, adapter in list(adapters.items()):
       set_inputs(adapter, step, m_inv)
-      t = time.perf_counter()
-      adapter.copy_frames(bufs[step % CAMERA_BUFFERS])
+      t0 = time.perf_counter()
+      adapter.copy_frames(bufs[0 if path == "fused split, one buffer pair" else step % CAMERA_BUFFERS])
       try:
+        t1 = time.perf_counter()
         adapter.run()
+        t2 = time.perf_counter()
         outputs[path] = adapter.output_array()
       except Exception as e:
         if not isinstance(adapter, PeerAdapter): raise
         log(f"dropping the {path} peer: {type(e).__name__}: {e}")  # a peer must not sink the run
         del adapters[path], times[path]
         continue
-      if step >= 20: times[path].append((time.perf_counter() - t) * 1e3)
-      if step >= 20 and path == "fused split": floors.append(adapter.run_model.replay_s * 1e3)  # its kernels, timed inside the same call
+      t3 = time.perf_counter()
+      in_place[path] = reads_in_place(adapter)
+      if step < 20: continue
+      times[path].append((t3 - t0) * 1e3)
+      if path in kernels: kernels[path].append(adapter.run_model.replay_s * 1e3)
+      if path == "fused split":
+        for stage, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3))): stages[stage].append((b - a) * 1e3)
   max_diff = {p: float(np.abs(outputs[p] - outputs["fused split"]).max()) for p in adapters}
   split_run = adapters["fused split"].run_model
-  if split_run.outputs_in_place: floor_how = "the fused split part's kernel calls, timed inside each call"
-  else:
-    floors, floor_how = device_floor_ms(adapters["fused split"]), "the fused split part's graph run back to back with wait=True"
+  if split_run.outputs_in_place: floors, floor_how = kernels["fused split"], "the fused split part's kernel calls, timed inside each call"
+  else: floors, floor_how = device_floor_ms(adapters["fused split"]), "the fused split part's graph run back to back with wait=True"
   floor = float(np.percentile(floors, 50))
-  in_place = adapters["fused split"].in_place
   rows = {}
   for path in adapters:
     t = np.array(times[path])
-    # fused split: overhead per call against its own kernel time; others: against the fused split's median kernel time (same kernels)
-    overhead = t - np.array(floors) if path == "fused split" and split_run.outputs_in_place else t - floor
+    # the fused split paths on CPU: overhead per call against its own kernel time; others: against the fused split's median floor (same kernels)
+    overhead = t - np.array(kernels[path]) if path in kernels and split_run.outputs_in_place else t - floor
     ours = not isinstance(adapters[path], PeerAdapter)  # a peer runs other kernels: the floor says nothing about its overhead
-    rows[path] = {"p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95)), "p99": float(np.percentile(t, 99)),
-                  "host_overhead_ms": float(np.percentile(overhead, 50)) if ours else None,
-                  "frame_bytes_copied": frame_bytes_copied(path, warps["frame"].size, in_place),
-                  "host_upload_bytes": adapters[path].packed_input.nbytes if path.startswith("fused") else None,
+    rows[path] = {"p10": float(np.percentile(t, 10)), "p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95)),
+                  "p99": float(np.percentile(t, 99)), "x_floor": float(np.percentile(t, 50)) / floor,
+                  "host_overhead_ms": float(np.percentile(overhead, 50)) if ours else None, "camera_frames_in_place": in_place.get(path),
+                  "bindings_made": adapters[path].run_model.bindings_made if path.startswith("fused") else None,
                   "max_abs_diff_vs_fused_split": max_diff[path]}
   for adapter in adapters.values():
     if hasattr(adapter, "drop_camera_buffers"): adapter.drop_camera_buffers()  # unregister the camera buffers before they are freed
   return {"camera": f"{size[0]}x{size[1]}", "device": dev, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows, "times": times,
+          "fused_split_stages_ms": {k: {"p10": float(np.percentile(v, 10)), "p50": float(np.percentile(v, 50))} for k, v in stages.items()},
           "tinygrad_device_bytes": device_bytes, "torch_cuda_peak_bytes": _torch_peak()}
 
 def _torch_peak() -> int | None:
@@ -285,14 +298,22 @@ def table(results: list[dict], loads: dict) -> str:
   lines = []
   for r in results:
     lines += [f"\n{r['camera']} on {r['device']}, {r['frames']} frames; kernel-only floor {r['floor_ms']:.2f} ms ({r['floor']})", "",
-              "| path | p50 ms | p95 ms | p99 ms | host overhead ms (median of total - floor) | frame bytes copied / step | max abs diff vs fused split |",
-              "|---|---|---|---|---|---|---|"]
+              "| path | p10 ms | p50 ms | p95 ms | p99 ms | p50 / floor | host overhead ms (median of total - floor) | camera frames read in place "
+              "| bindings made | max abs diff vs fused split |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path, row in r["paths"].items():
-      overhead = "-" if row["host_overhead_ms"] is None else f"{row['host_overhead_ms']:.2f}"
-      lines.append(f"| {path} | {row['p50']:.2f} | {row['p95']:.2f} | {row['p99']:.2f} | {overhead} | {row['frame_bytes_copied']:,} "
-                   f"| {row['max_abs_diff_vs_fused_split']:.2g} |")
+      overhead = "-" if row["host_overhead_ms"] is None else f"{row['host_overhead_ms']:.3f}"
+      place = {True: "yes", False: "no (copied)", None: "no (copied)"}[row["camera_frames_in_place"]]
+      lines.append(f"| {path} | {row['p10']:.2f} | {row['p50']:.2f} | {row['p95']:.2f} | {row['p99']:.2f} | {row['x_floor']:.2f}x | {overhead} | {place} "
+                   f"| {row['bindings_made'] if row['bindings_made'] is not None else '-'} | {row['max_abs_diff_vs_fused_split']:.2g} |")
+    stages = r["fused_split_stages_ms"]
+    lines.append("\nfused split per frame: " + ", ".join(f"{k} {v['p50'] * 1e3:.0f} us (p10 {v['p10'] * 1e3:.0f})" for k, v in stages.items()) +
+                 " (output_array includes waiting for the device)")
+    rotating, fixed = r["paths"]["fused split"], r["paths"]["fused split, one buffer pair"]
+    lines.append(f"18 rotating camera buffers vs one fixed pair: p50 {rotating['p50']:.3f} vs {fixed['p50']:.3f} ms "
+                 f"({100 * (rotating['p50'] / fixed['p50'] - 1):+.1f}%), host overhead {rotating['host_overhead_ms']:.3f} vs "
+                 f"{fixed['host_overhead_ms']:.3f} ms (the one-pair path sees other frames: its diff column is not a check)")
     legacy, split = r["paths"]["legacy"]["host_overhead_ms"], r["paths"]["fused split"]["host_overhead_ms"]
-    lines.append(f"\nfused split host overhead = {100 * split / legacy:.1f}% of legacy's" if legacy > 0 else "")
+    lines.append(f"fused split host overhead = {100 * split / legacy:.1f}% of legacy's" if legacy > 0 else "")
   if loads:
     lines += ["", "| load (fresh process) | " + " | ".join(loads[next(iter(loads))]) + " |", "|---|" + "---|" * len(loads[next(iter(loads))])]
     for camera, row in loads.items(): lines.append(f"| {camera} | " + " | ".join(f"{v:.1f} ms" for v in row.values()) + " |")
@@ -326,12 +347,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--load-runs", type=int, default=3, help="fresh processes per load measurement (0: skip loads)")
   parser.add_argument("--workdir", default="out/bench_work")
   parser.add_argument("--no-peers", action="store_true", help="skip onnxruntime and PyTorch")
+  parser.add_argument("--beam", type=int, default=0, help="build the model and warp bundles with BEAM-searched kernels (0: no search)")
   parser.add_argument("--json")
   parser.add_argument("--plot", help="PNG of the latency distributions")
   args = parser.parse_args(argv)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   cameras = [tuple(int(x) for x in c.split("x")) for c in args.camera.split(",")]
-  built = build(args.model, args.generation, cameras, args.workdir, log)
+  built = build(args.model, args.generation, cameras, args.workdir, log, args.beam)
   results, loads = [], {}
   for size in cameras:
     frame = built["warps"][size]["frame"]
@@ -339,10 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     results.append(bench_frames(built, size, args.frames, legacy, log, not args.no_peers, args.generation))
     if args.load_runs: loads[f"{size[0]}x{size[1]}"] = bench_load(built, size, legacy, args.workdir, args.load_runs)
   print(f"model {args.model} ({args.generation}{', random-weight stand-in' if args.model in ('tiny', 'full') else ''}), {built['kernels']} model kernels, "
+        f"BEAM={args.beam}, "
         f"device {Device.DEFAULT}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
   print(table(results, loads))
   if args.plot: plot(results, args.plot)
-  write_json(args.json, {"model": args.model, "generation": args.generation, "device": Device.DEFAULT, "loads": loads,
+  write_json(args.json, {"model": args.model, "generation": args.generation, "beam": args.beam, "device": Device.DEFAULT, "loads": loads,
                          "results": [{k: v for k, v in r.items() if k != "times"} for r in results],
                          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   return 0
