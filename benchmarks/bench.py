@@ -2,7 +2,7 @@
 
   python -m benchmarks.bench --model tiny --camera 1344x760,1928x1208 --frames 1000 --json out/bench.json --plot out/bench.png
 
-Per camera size, in one process and interleaved frame by frame, it times copy_frames + run + readback for
+Per camera size, in one process and interleaved frame by frame (each frame starting at the next path), it times copy_frames + run + readback for
   fused split   the fused warp+model part, camera buffers read in place (bound by pointer; on CUDA registered with the driver),
                 camerad's 18 buffers per stream rotating
   fused split, one buffer pair  the same, one camera buffer pair every frame (what binding per slot costs over no rotation)
@@ -209,7 +209,8 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
   in_place: dict[str, bool | None] = {}
   log(f"{size[0]}x{size[1]}: {frames} frames per path, interleaved ...")
   for step in range(frames + 20):
-    for path, adapter in list(adapters.items()):
+    order = list(adapters.items())  # each step starts at another path: whatever follows a peer (a CUDA context switch, cold caches) is shared
+    for path, adapter in order[step % len(order):] + order[:step % len(order)]:
       set_inputs(adapter, step, m_inv)
       t0 = time.perf_counter()
       adapter.copy_frames(bufs[0 if path == "fused split, one buffer pair" else step % CAMERA_BUFFERS])
