@@ -37,8 +37,11 @@ def test_cuda_round_trip_replays_through_a_graph():
     img = make()["img"]
     assert jit(img=img).numpy().tobytes() == plain(img=img).numpy().tobytes()
 
-def test_registered_camera_buffers_match_the_upload_path(tmp_path):
+@pytest.mark.parametrize("instances", [36, 3], ids=["a graph instance per buffer pair", "instances re-pointed past the cap"])
+def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, instances):
+  from sunnypilot.modeld_v2 import replay
   from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+  monkeypatch.setattr(replay, "MAX_GRAPH_INSTANCES", instances)
   frame = camerad_frame(1344, 760)
   stand_in_models.write("native", "tiny", str(tmp_path / "m.onnx"), seed=5)
   compile_model(str(tmp_path / "m.bin"), onnx=str(tmp_path / "m.onnx"), log=lambda s: None)
@@ -58,5 +61,8 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path):
       outs.append(adapter.output_array().tobytes())
     assert outs[0] == outs[1], f"step {step}: registered camera buffers differ from uploaded frames"
   assert registered.registered_camera_buffers == 10, "each camera buffer registered once"
+  batches = registered.run_model.call_kinds.count("graph")
+  assert min(instances, 5) <= registered.run_model.graph_instances <= min(instances, 5) * batches, "a graph per buffer pair, up to the cap"
   registered.reset_warmup_buffers()
   assert registered.registered_camera_buffers == 0 and registered.camera_tensors == {}
+  assert registered.run_model.graph_instances <= batches, "the instances built on camera buffers go with them"

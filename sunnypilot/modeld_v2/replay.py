@@ -7,6 +7,7 @@ calls on CPU, and tinygrad's graph runner (one submission per frame) elsewhere.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import time
 from typing import Any
@@ -21,6 +22,7 @@ from sunnypilot.modeld_v2.bundle import call_writes, device_kind, dtype_name, pa
 
 ALIGNMENT = 16  # vectorised CPU kernels fault on float pointers that are not 16-byte aligned
 MAX_BINDINGS_PER_SLOT = 64  # camerad's 18 buffers per camera fit many times over; a caller allocating per call evicts its oldest
+MAX_GRAPH_INSTANCES = 36  # per graph batch: camerad's 18 buffer pairs, twice over; past it the oldest instance is re-pointed
 
 class InputError(ValueError):
   """Inputs that do not match what the part was captured with."""
@@ -91,9 +93,48 @@ class _Direct:
     for fxn, args in self.steps: fxn(*args)
     return time.perf_counter() - start
 
+class _Batch:
+  """One graph batch's instances, keyed by the input tensors it reads (None for runners that re-point every input at each launch)."""
+  def __init__(self, ast: UOp, inputs: tuple[UOp, ...]):
+    self.ast = ast
+    first = self.make(inputs)
+    self.repointable = hasattr(first, "updatable")  # CUDAGraph: re-points the nodes listed in `updatable`, launch by launch
+    self.nodes: dict[int, set[int]] = {}
+    for j, replace in enumerate(first.uop_replace):
+      for _, slot in replace: self.nodes.setdefault(slot, set()).add(j)
+    self.slots = tuple(sorted(self.nodes))
+    self.always = set(first.var_vals_replace) | set(first.launch_dims_replace) if self.repointable else set()
+    self.instances: collections.OrderedDict[Any, Any] = collections.OrderedDict({self.key(inputs): self.settled(first)})
+
+  def make(self, inputs: tuple[UOp, ...]) -> Any:
+    return Device[self.ast.device if isinstance(self.ast.device, str) else self.ast.device[0]].graph(self.ast, input_uops=inputs)
+
+  def key(self, inputs: tuple[UOp, ...]) -> tuple[UOp, ...] | None: return tuple(inputs[s] for s in self.slots) if self.repointable else None
+
+  def settled(self, runner: Any, changed: tuple[int, ...] = ()) -> Any:
+    """The runner, told to re-point only the nodes of `changed` slots at its next launch."""
+    if self.repointable: runner.updatable = sorted(self.always.union(*(self.nodes[s] for s in changed)))
+    return runner
+
+  def instance(self, inputs: tuple[UOp, ...]) -> Any:
+    key = self.key(inputs)
+    if (runner := self.instances.get(key)) is not None:
+      self.instances.move_to_end(key)
+      return self.settled(runner)
+    if len(self.instances) < MAX_GRAPH_INSTANCES: runner, changed = self.make(inputs), ()
+    else:
+      old, runner = self.instances.popitem(last=False)
+      changed = tuple(s for s, a, b in zip(self.slots, old, key) if a is not b)
+    self.instances[key] = runner
+    return self.settled(runner, changed)
+
 class _Graph:
-  """Other devices: a tinygrad LINEAR of the compiled PROGRAMs, batched by `graph_split_rewrite` into the device's graph runner. Runners
-  that re-point every input node on each launch (CUDAGraph) are told which nodes read a slot that changed since the last run."""
+  """Other devices: a tinygrad LINEAR of the compiled PROGRAMs, batched by `graph_split_rewrite` into the device's graph runner.
+
+  A CUDA graph bakes each kernel's pointers in, and re-pointing a node costs a driver call per node and launch. So a batch keeps one
+  graph instance per combination of the tensors it reads (one per camerad buffer pair; host, states and outputs never change), and
+  launches it as built. Past MAX_GRAPH_INSTANCES the oldest instance is re-pointed, only at the nodes whose tensors differ. Runners that
+  re-point every input at each launch anyway (HCQ: QCOM, AMD) keep one instance."""
   def __init__(self, replay: Replay, programs: list[UOp]):
     from tinygrad.engine.jit import graph_split_rewrite
     from tinygrad.engine.realize import run_linear
@@ -102,8 +143,7 @@ class _Graph:
     if Device[replay.device].graph is not None and JIT < 2: self.linear = graph_split_rewrite(self.linear, max_batch_size=JIT_BATCH_SIZE.value)
     if onetime := replay.header.get("onetime_calls"): run_linear(self.build(onetime), {}, jit=True)  # weight preparation, once
     self.input_uops: list[UOp | None] = [None] * len(replay.inputs)
-    self.changed: set[int] = set()
-    self.runners: dict[UOp, tuple[Any, dict[int, set[int]] | None, set[int]]] = {}
+    self.graphs: dict[UOp, _Batch] = {}
 
   def build(self, header_calls: list[dict]) -> UOp:
     def arg(a: dict) -> UOp:
@@ -118,20 +158,12 @@ class _Graph:
       else: calls.append(self.programs[call["program"]].call(*args))
     return UOp(Ops.LINEAR, src=tuple(calls))
 
-  def patch(self, slot: int, uop: UOp, buf: Buffer) -> None:
-    self.input_uops[slot] = uop
-    self.changed.add(slot)
+  def patch(self, slot: int, uop: UOp, buf: Buffer) -> None: self.input_uops[slot] = uop
 
-  def runner(self, ast: UOp, inputs: tuple[UOp, ...]) -> tuple[Any, dict[int, set[int]] | None, set[int]]:
-    if (hit := self.runners.get(ast)) is None:  # our own runner per replay: tinygrad's graph cache is global
-      runner = Device[ast.device if isinstance(ast.device, str) else ast.device[0]].graph(ast, input_uops=inputs)
-      nodes = None
-      if hasattr(runner, "updatable"):
-        nodes = {}
-        for j, replace in enumerate(runner.uop_replace):
-          for _, slot in replace: nodes.setdefault(slot, set()).add(j)
-      hit = self.runners[ast] = (runner, nodes, set(runner.var_vals_replace) | set(runner.launch_dims_replace) if nodes is not None else set())
-    return hit
+  def forget(self, uops: set[UOp] | None) -> None:
+    """Drop the graph instances built on these tensors (all with None): their pointers are about to go stale."""
+    for batch in self.graphs.values():
+      for key in [k for k in batch.instances if uops is None or k is not None and uops.intersection(k)]: del batch.instances[key]
 
   def run(self, wait: bool = False) -> float:
     from tinygrad.engine.realize import run_linear
@@ -139,11 +171,9 @@ class _Graph:
     for call in self.linear.src:
       ast = call.src[0]
       if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
-        runner, nodes, always = self.runner(ast, inputs)
-        if nodes is not None: runner.updatable = sorted(always.union(*(nodes.get(s, ()) for s in self.changed)))
-        runner(inputs, {}, wait=wait)
+        if (batch := self.graphs.get(ast)) is None: batch = self.graphs[ast] = _Batch(ast, inputs)
+        batch.instance(inputs)(inputs, {}, wait=wait)
       else: run_linear(UOp(Ops.LINEAR, src=(call,)), {}, input_uops=inputs, jit=True, wait=wait)
-    self.changed.clear()
     return time.perf_counter() - start
 
   @property
@@ -187,6 +217,11 @@ class Replay:
   def bindings(self) -> int:
     """Tensors bound now, over all slots."""
     return sum(len(known) for known in self.known)
+
+  @property
+  def graph_instances(self) -> int:
+    """Device graph instances held now (one per combination of input tensors a batch reads; 0 on the direct CPU replay)."""
+    return sum(len(b.instances) for b in self.backend.graphs.values()) if isinstance(self.backend, _Graph) else 0
 
   @property
   def call_kinds(self) -> list[str]:
@@ -276,6 +311,7 @@ class Replay:
   def forget(self, tensors: list[Tensor]) -> None:
     """Drop the bindings of these tensors (camera buffers that went away), so neither they nor their memory are kept."""
     gone = {t.uop for t in tensors}
+    if isinstance(self.backend, _Graph): self.backend.forget({t.uop.base for t in tensors})
     for slot, known in enumerate(self.known):
       for uop in gone & known.keys(): del known[uop]
       if self.current[slot] in gone: self.current[slot] = self.buffers[slot] = None
@@ -283,6 +319,7 @@ class Replay:
   def reset(self) -> None:
     """Drop every binding (warmup reset, camera reconnect)."""
     for known in self.known: known.clear()
+    if isinstance(self.backend, _Graph): self.backend.forget(None)
     self.current, self.buffers = [None] * len(self.inputs), [None] * len(self.inputs)
 
   def returned(self, kwargs: dict) -> Any:
