@@ -51,4 +51,5 @@ def test_qcom_warps_use_the_seeds_flags():
   qcom = " ".join(scripts({"jobs": {"qcom": workflow["jobs"]["qcom"]}}))
   for flag in ("DEV=QCOM", "IMAGE=1", "FLOAT16=1", "NOLOCALS=1", "JIT_BATCH_SIZE=0", "--split-frames"): assert flag in qcom
   assert workflow["jobs"]["qcom"]["strategy"]["matrix"]["camera"] == ["1928x1208", "1344x760"]
+  assert "--beam" in qcom and "NULL" not in qcom, "kernels are searched on the comma device itself, never on a NULL cross-compile"
   assert "--split-frames" not in " ".join(scripts({"jobs": {"amd": workflow["jobs"]["amd"]}})), "chestnut warps keep the packed layout"

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--policy", help="a real split pair's policy")
   parser.add_argument("--off-policy", help="a real triple's off-policy")
   parser.add_argument("--on-policy", help="a real triple's on-policy")
-  parser.add_argument("--artifacts", help="where bundles are built and reused (default out/artifacts/<device>_<model>)")
+  parser.add_argument("--artifacts", help="where bundles are built and reused (default out/artifacts/<device>_<generation>_<size>)")
   parser.add_argument("--out", default="out", help="where the summary PNGs go")
   args = parser.parse_args(argv)
   log = lambda s: print(s, file=sys.stderr, flush=True)
