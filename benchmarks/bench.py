@@ -231,6 +231,8 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
       if path in kernels: kernels[path].append(adapter.run_model.replay_s * 1e3)
       if path == "fused split":
         for stage, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3))): stages[stage].append((b - a) * 1e3)
+  alone = {name: run_alone(adapters["fused split"], bufs, m_inv, pick, frames) for name, pick in
+           (("18 rotating buffers", lambda i: i % CAMERA_BUFFERS), ("one buffer pair", lambda i: 0))}
   max_diff = {p: float(np.abs(outputs[p] - outputs["fused split"]).max()) for p in adapters}
   split_run = adapters["fused split"].run_model
   if split_run.outputs_in_place: floors, floor_how = kernels["fused split"], "the fused split part's kernel calls, timed inside each call"
@@ -251,7 +253,24 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
     if hasattr(adapter, "drop_camera_buffers"): adapter.drop_camera_buffers()  # unregister the camera buffers before they are freed
   return {"camera": f"{size[0]}x{size[1]}", "device": dev, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows, "times": times,
           "fused_split_stages_ms": {k: {"p10": float(np.percentile(v, 10)), "p50": float(np.percentile(v, 50))} for k, v in stages.items()},
+          "fused_split_alone_ms": alone,
           "tinygrad_device_bytes": device_bytes, "torch_cuda_peak_bytes": _torch_peak()}
+
+def run_alone(adapter, bufs: list, m_inv: np.ndarray, pick, frames: int) -> dict[str, float]:
+  """The fused split path with nothing else between its frames (as modeld runs it): p50 of each stage and of the whole frame, in ms."""
+  stages: dict[str, list[float]] = {"copy_frames": [], "run": [], "output_array": [], "frame": []}
+  for step in range(frames + 20):
+    set_inputs(adapter, step, m_inv)
+    t0 = time.perf_counter()
+    adapter.copy_frames(bufs[pick(step)])
+    t1 = time.perf_counter()
+    adapter.run()
+    t2 = time.perf_counter()
+    adapter.output_array()
+    t3 = time.perf_counter()
+    if step >= 20:
+      for stage, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3), (t0, t3))): stages[stage].append((b - a) * 1e3)
+  return {stage: float(np.percentile(v, 50)) for stage, v in stages.items()}
 
 def _torch_peak() -> int | None:
   try:
@@ -309,6 +328,10 @@ def table(results: list[dict], loads: dict) -> str:
     stages = r["fused_split_stages_ms"]
     lines.append("\nfused split per frame: " + ", ".join(f"{k} {v['p50'] * 1e3:.0f} us (p10 {v['p10'] * 1e3:.0f})" for k, v in stages.items()) +
                  " (output_array includes waiting for the device)")
+    for name, a in r["fused_split_alone_ms"].items():
+      lines.append(f"fused split alone, {name}: p50 {a['frame']:.3f} ms = {a['frame'] / r['floor_ms']:.2f}x the floor, host overhead "
+                   f"{a['frame'] - r['floor_ms']:.3f} ms (copy_frames {a['copy_frames'] * 1e3:.0f} us, run {a['run'] * 1e3:.0f} us, "
+                   f"output_array {a['output_array'] * 1e3:.0f} us)")
     rotating, fixed = r["paths"]["fused split"], r["paths"]["fused split, one buffer pair"]
     lines.append(f"18 rotating camera buffers vs one fixed pair: p50 {rotating['p50']:.3f} vs {fixed['p50']:.3f} ms "
                  f"({100 * (rotating['p50'] / fixed['p50'] - 1):+.1f}%), host overhead {rotating['host_overhead_ms']:.3f} vs "
