@@ -218,13 +218,14 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
         t1 = time.perf_counter()
         adapter.run()
         t2 = time.perf_counter()
-        outputs[path] = adapter.output_array()
+        out = adapter.output_array()
       except Exception as e:
         if not isinstance(adapter, PeerAdapter): raise
         log(f"dropping the {path} peer: {type(e).__name__}: {e}")  # a peer must not sink the run
         del adapters[path], times[path]
         continue
       t3 = time.perf_counter()
+      outputs[path] = np.array(out)  # a copy: the output array is the adapter's own buffer, rewritten by its next run
       in_place[path] = reads_in_place(adapter)
       if step < 20: continue
       times[path].append((t3 - t0) * 1e3)
