@@ -4,6 +4,8 @@ A small interpreter of the ONNX ops the driving models use (the stand-ins' set),
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 def _attrs(node) -> dict:
@@ -90,7 +92,7 @@ class TorchPeer:
     self.pinned = torch.zeros(2, frame.size, dtype=torch.uint8).pin_memory() if device == "cuda" else None
     self.warp = TorchWarp(frame, device)
     self.graph = None
-    if device == "cuda": self._primary_context()
+    previous = self._primary_context() if device == "cuda" else None
     if graph:
       stream = torch.cuda.Stream()
       stream.wait_stream(torch.cuda.current_stream())
@@ -99,6 +101,7 @@ class TorchPeer:
       torch.cuda.current_stream().wait_stream(stream)
       self.graph = torch.cuda.CUDAGraph()
       with torch.cuda.graph(self.graph): self.out = self._compute()
+    self._restore(previous)
 
   def _compute(self):
     new_img = self.torch.stack([self.warp(self.frames[i], self.m_inv[i]) for i in range(2)])
@@ -106,19 +109,34 @@ class TorchPeer:
     for k, v in self.states.items(): v.copy_(out[f"next_{k}"])
     return out["outputs"]
 
-  def _primary_context(self) -> None:
-    """tinygrad runs CUDA in a context of its own and leaves it current; torch expects the device's primary context."""
+  def _primary_context(self) -> Any:
+    """tinygrad runs CUDA in a context of its own and leaves it current; torch expects the device's primary context. Returns the context
+    that was current, for step() to put back: tinygrad's graphs launch in whatever context is current."""
     import ctypes
 
     from tinygrad.runtime.autogen import cuda
     if not hasattr(self, "_ctx"):
       self._ctx = cuda.CUcontext()
       cuda.cuDevicePrimaryCtxRetain(ctypes.byref(self._ctx), 0)
+    previous = cuda.CUcontext()
+    cuda.cuCtxGetCurrent(ctypes.byref(previous))
     cuda.cuCtxSetCurrent(self._ctx)
+    return previous
 
   def step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+    previous = self._primary_context() if self.device == "cuda" else None
+    try: return self._step(road, wide, host)
+    finally: self._restore(previous)
+
+  @staticmethod
+  def _restore(previous: Any) -> None:
+    """Put back the context the caller had current (tinygrad's): a peer must not move tinygrad's next launches into torch's context."""
+    if previous is not None:
+      from tinygrad.runtime.autogen import cuda
+      cuda.cuCtxSetCurrent(previous)
+
+  def _step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
     torch = self.torch
-    if self.device == "cuda": self._primary_context()
     staging = self.pinned if self.pinned is not None else torch.empty(2, self.frame.size, dtype=torch.uint8)
     staging[0].numpy()[:] = road[:self.frame.size]
     staging[1].numpy()[:] = wide[:self.frame.size]
