@@ -78,12 +78,13 @@ class Unfused:
   def __init__(self, model_path: str, warp_path: str):
     from tinygrad import Tensor
 
+    from sunnypilot.modeld_v2.bundle import state_names
     from sunnypilot.modeld_v2.loader import load_model
     self.warp, self.model = load_model(warp_path), load_model(model_path)
     zeros = lambda spec: Tensor(np.zeros(spec.shape, spec.dtype)).realize()
     self.frames = zeros(self.warp["input_specs"]["input_frame"])
     self.tfm = zeros(self.warp["input_specs"]["M_inv"])
-    states = [n for n in self.model["input_specs"] if f"next_{n}" in self.model["output_specs"]]
+    states = state_names(self.model["input_specs"], self.model["output_specs"])
     self.tensors = {n: zeros(s) for n, s in self.model["input_specs"].items() if n != "new_img"}
     self.outputs = {n: self.tensors[n[5:]] if n[5:] in states else zeros(s) for n, s in self.model["output_specs"].items()}
     self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s.shape, np.float32) for n, s in self.model["input_specs"].items()
@@ -252,7 +253,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
                   "bindings_made": adapters[path].run_model.bindings_made if path.startswith("fused") else None,
                   "max_abs_diff_vs_fused_split": max_diff[path]}
   for adapter in adapters.values():
-    if hasattr(adapter, "drop_camera_buffers"): adapter.drop_camera_buffers()  # unregister the camera buffers before they are freed
+    if hasattr(adapter, "close"): adapter.close()  # unregister the camera buffers and pinned memory before they are freed
   return {"camera": f"{size[0]}x{size[1]}", "device": dev, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows, "times": times,
           "fused_split_stages_ms": {k: {"p10": float(np.percentile(v, 10)), "p50": float(np.percentile(v, 50))} for k, v in stages.items()},
           "fused_split_alone_ms": alone,

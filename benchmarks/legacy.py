@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
+from sunnypilot.modeld_v2.bundle import state_names
 from sunnypilot.modeld_v2.model_adapters import VISION_INPUTS, BaseModelAdapter
 
 def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
@@ -24,7 +25,7 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
   warp_jit = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame.to(dev)[i], M_inv.to(dev)[i]) for i in range(2))))
   plan = cm.plan_model(onnx_paths.get("model"), onnx_paths.get("vision"), onnx_paths.get("policy"))
   step = cm.make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
-  states = {k: v for k, v in plan.specs.items() if f"next_{k}" in plan.out_specs}
+  states = {k: plan.specs[k] for k in state_names(plan.specs, plan.out_specs)}
   host = {k: v for k, v in plan.specs.items() if k not in states and k != "new_img"}
   n_out = plan.out_specs["outputs"][0]
   model_jit = TinyJit(lambda new_img, output_buffers, **kw: step(new_img=new_img, output_buffers=output_buffers,

@@ -50,6 +50,22 @@ def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int 
   ties = np.stack([y_tie[0::2, 0::2], y_tie[1::2, 0::2], y_tie[0::2, 1::2], y_tie[1::2, 1::2], u_tie, u_tie])
   return planes, ties
 
+def warp_in_fresh_process(path: str, bufs: np.ndarray, m_inv: np.ndarray, folder) -> np.ndarray:
+  """A --split-frames warp bundle replayed in a fresh process with the compiler disabled: its flat uint8 output."""
+  np.save(folder / "bufs.npy", bufs), np.save(folder / "m.npy", m_inv)
+  run_python(f"""
+import numpy as np
+from tinygrad import Tensor, Device
+bufs, m = np.load({str(folder / 'bufs.npy')!r}), np.load({str(folder / 'm.npy')!r})
+frame, big, m_inv = Tensor(bufs[0]).realize(), Tensor(bufs[1]).realize(), Tensor(m).realize()
+Device[Device.DEFAULT]
+{NO_COMPILE}
+from sunnypilot.modeld_v2.loader import load_model
+out = load_model({path!r})["run"](frame=frame, big_frame=big, M_inv=m_inv)
+np.save({str(folder / 'out.npy')!r}, np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.uint8))
+""")
+  return np.load(folder / "out.npy")
+
 NO_COMPILE = """
 import tinygrad.engine.realize as realize, tinygrad.device as device
 def _forbidden(*a, **k): raise AssertionError("compile or schedule after the device was opened")

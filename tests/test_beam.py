@@ -10,7 +10,7 @@ from sunnypilot.modeld_v2.bundle import read_bundle
 from sunnypilot.modeld_v2.compile_warp import main as compile_warp_main
 from sunnypilot.modeld_v2.warp import unpadded_frame
 
-from conftest import NO_COMPILE, ROOT, reference_warp, run_python
+from conftest import ROOT, reference_warp, warp_in_fresh_process
 
 TINY = unpadded_frame(64, 32)  # a warp small enough to search in seconds
 
@@ -22,19 +22,7 @@ def test_searched_warp_replays_without_a_compiler(tmp_path, capfd):
   assert read_bundle(path)[0]["provenance"]["flags"]["BEAM"] == 1
   rng = np.random.default_rng(0)
   bufs, m = rng.integers(0, 256, (2, TINY.size), dtype=np.uint8), np.stack([np.eye(3), [[2, 0.1, 3], [0, 2, 1], [0, 0, 1]]]).astype(np.float32)
-  np.save(tmp_path / "bufs.npy", bufs), np.save(tmp_path / "m.npy", m)
-  run_python(f"""
-import numpy as np
-from tinygrad import Tensor, Device
-bufs, m = np.load({str(tmp_path / 'bufs.npy')!r}), np.load({str(tmp_path / 'm.npy')!r})
-frame, big, m_inv = Tensor(bufs[0]).realize(), Tensor(bufs[1]).realize(), Tensor(m).realize()
-Device[Device.DEFAULT]
-{NO_COMPILE}
-from sunnypilot.modeld_v2.loader import load_model
-out = load_model({path!r})["run"](frame=frame, big_frame=big, M_inv=m_inv)
-np.save({str(tmp_path / 'out.npy')!r}, np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.uint8))
-""")
-  got = np.load(tmp_path / "out.npy").reshape(2, 6, 8, 16)
+  got = warp_in_fresh_process(path, bufs, m, tmp_path).reshape(2, 6, 8, 16)
   for cam in range(2):
     expected, ties = reference_warp(bufs[cam], TINY, m[cam], 32, 16)
     assert not ((got[cam] != expected) & ~ties).any(), f"camera {cam}: the searched warp differs from the numpy reference"

@@ -145,6 +145,17 @@ def test_bad_onnx_is_a_clear_error(tmp_path, onnx_files):
   with pytest.raises(ModelError, match="give --onnx, or --vision with --policy.*got --vision, --on-policy"):
     plan_model(vision=onnx_files["multi_policy"]["vision"], on_policy=onnx_files["multi_policy"]["on_policy"])
 
+def test_stateless_native_output_must_be_named_outputs(tmp_path):
+  """modeld and the fused part read `outputs`: a native model's single output under another name is refused at compile time."""
+  from sunnypilot.modeld_v2.stand_in_models import output_slices_prop
+  graph = helper.make_graph([helper.make_node("Cast", ["new_img"], ["f"], to=TensorProto.FLOAT), helper.make_node("ReduceMean", ["f"], ["vec"],
+                             axes=[1, 2, 3], keepdims=0)], "stateless", [helper.make_tensor_value_info("new_img", TensorProto.UINT8, (2, 6, 128, 256))],
+                            [helper.make_tensor_value_info("vec", TensorProto.FLOAT, (2,))])
+  model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+  model.metadata_props.add(key="output_slices", value=output_slices_prop({"pose": 2}))
+  onnx.save(model, str(tmp_path / "stateless.onnx"))
+  with pytest.raises(ModelError, match="must be named 'outputs'"): plan_model(onnx=str(tmp_path / "stateless.onnx"))
+
 def test_output_slices_unpickler_admits_only_slices():
   assert read_output_slices(base64.b64encode(pickle.dumps({"a": slice(0, 3), "b": slice(3, 9)})).decode()) == {"a": [0, 3], "b": [3, 9]}
   class Evil:

@@ -7,7 +7,7 @@ from sunnypilot.modeld_v2.compile_warp import compile_warp, main
 from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame, parse_frame, parse_size, unpadded_frame
 
-from conftest import NO_COMPILE, realized, reference_warp, run_python
+from conftest import realized, reference_warp, warp_in_fresh_process
 
 MODEL_W, MODEL_H = 512, 256
 
@@ -77,20 +77,7 @@ def test_bundle_replays_in_a_fresh_process_without_compiler(bundles, tmp_path):
   frame, paths = bundles["camerad 1344x760"]
   rng = np.random.default_rng(3)
   bufs, m_inv = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), np.stack(list(transforms(frame, rng).values())[5:7])
-  np.save(tmp_path / "bufs.npy", bufs), np.save(tmp_path / "m.npy", m_inv)
-  run_python(f"""
-import numpy as np
-from tinygrad import Tensor, Device
-bufs, m = np.load({str(tmp_path / 'bufs.npy')!r}), np.load({str(tmp_path / 'm.npy')!r})
-frame, big, m_inv = Tensor(bufs[0]).realize(), Tensor(bufs[1]).realize(), Tensor(m).realize()
-Device[Device.DEFAULT]
-{NO_COMPILE}
-from sunnypilot.modeld_v2.loader import load_model
-run = load_model({paths[True]!r})["run"]
-out = run(frame=frame, big_frame=big, M_inv=m_inv)
-np.save({str(tmp_path / 'out.npy')!r}, np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.uint8))
-""")
-  got = np.load(tmp_path / "out.npy").reshape(2, 6, MODEL_H // 2, MODEL_W // 2)
+  got = warp_in_fresh_process(paths[True], bufs, m_inv, tmp_path).reshape(2, 6, MODEL_H // 2, MODEL_W // 2)
   for cam in range(2):
     expected, ties = reference_warp(bufs[cam], frame, m_inv[cam])
     assert not ((got[cam] != expected) & ~ties).any()

@@ -117,7 +117,10 @@ def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool
   if beam:
     kernels = len(capture(fn, make_inputs, prune, seed, null_holds_data).part[0]["programs"])
     log(f"searching {kernels} kernels with BEAM={beam} on {Device.DEFAULT} ...")
-    with beam_progress(beam, kernels, log): return capture(fn, make_inputs, prune, seed, null_holds_data)
+    with beam_progress(beam, kernels, log): return _capture(fn, make_inputs, prune, seed, null_holds_data)
+  with Context(BEAM=0): return _capture(fn, make_inputs, prune, seed, null_holds_data)  # no search, whatever the environment says
+
+def _capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool, seed: int, null_holds_data: bool) -> Captured:
   jit = TinyJit(fn, prune=prune)
   with record_kernel_linear() as recorded:
     for _ in range(2): inputs = make_inputs(); jit(**inputs)

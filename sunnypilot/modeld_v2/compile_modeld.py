@@ -204,6 +204,8 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
 
 def _plan_native(infos: dict, **common) -> Plan:
   (path,), info = common["paths"].values(), infos["model"]
+  if "outputs" not in info["outputs"]:  # the fused part and modeld read `outputs`; states are the other outputs
+    raise ModelError(f"{path}: a native model's output vector must be named 'outputs' (it has {sorted(info['outputs'])})")
   roles = _native_roles(path, info)
   specs = {n: (s, np.uint8 if roles[n] == FRAMES else d if roles[n] == STATE else np.float32) for n, (s, d) in info["inputs"].items()}
   out_specs = {n: (s, d if n.startswith("next_") and roles.get(n[5:]) == STATE else np.float32) for n, (s, d) in info["outputs"].items()}

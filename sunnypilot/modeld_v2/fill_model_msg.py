@@ -142,8 +142,7 @@ def _temporal_pose(p: dict[str, np.ndarray]) -> dict[str, Any]:
   return {"temporalPose": {"trans": now[Plan.VELOCITY].tolist(), "transStd": std[Plan.VELOCITY].tolist(),
                            "rot": now[Plan.ORIENTATION_RATE].tolist(), "rotStd": std[Plan.ORIENTATION_RATE].tolist()}}
 
-def _lines(p: dict[str, np.ndarray], name: str, count: int) -> list[dict[str, list[float]]]:
-  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0])
+def _lines(p: dict[str, np.ndarray], name: str, count: int, t: list[float]) -> list[dict[str, list[float]]]:
   return [xyzt(t, X_IDXS, p[name][i, :, 0], p[name][i, :, 1]) for i in range(count)]
 
 def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -168,14 +167,15 @@ def lane_line_probs(p: dict[str, np.ndarray]) -> np.ndarray: return p["lane_line
 def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> Fields:
   """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan."""
   f = Fields(p)
+  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else []  # when the plan reaches each X_IDXS: lane lines and road edges
   f.part(("plan",), PLAN_FIELDS, lambda: _plan(p))
   f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p))
   f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
   f.part(("lane_lines", "plan"), ("laneLines", "laneLineStds"),
-         lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES), "laneLineStds": p["lane_lines_std"][:, 0, 0].tolist()})
+         lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t), "laneLineStds": p["lane_lines_std"][:, 0, 0].tolist()})
   f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p).tolist()})
   f.part(("road_edges", "plan"), ("roadEdges", "roadEdgeStds"),
-         lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES), "roadEdgeStds": p["road_edges_std"][:, 0, 0].tolist()})
+         lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t), "roadEdgeStds": p["road_edges_std"][:, 0, 0].tolist()})
   f.part(("lead", "lead_prob"), ("leadsV3",), lambda: {"leadsV3": _leads(p)})
   f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"].tolist()})
   f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1).tolist()})

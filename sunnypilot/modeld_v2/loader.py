@@ -6,6 +6,7 @@ is used only when it records the key it was built for; anything unreadable or mi
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -103,7 +104,9 @@ def load_fused(model_path: str, warp_path: str, device: str | None = None, cache
     parts, extras = fuse(read_parts(model_path, dev, allow_device), read_parts(warp_path, dev, allow_device), os.path.basename(warp_path))
     extras["metadata"]["fused"]["key"] = key
     if use_cache: _store(folder, entry, parts, extras)
-  else: parts, extras = hit
+  else:
+    parts, extras = hit
+    with contextlib.suppress(OSError): os.utime(entry)  # the cache keeps the most recently used entries
   return loaded(parts, extras, dev, mapped)
 
 def load_model(path: str, cache: bool = True, extend: Any = None, device: str | None = None, allow_device: bool = False) -> dict[str, Any]:

@@ -58,11 +58,6 @@ class BaseModelAdapter:
   """The per-frame interface modeld uses: fill `numpy_inputs`, `copy_frames(bufs)`, `run()`, read the outputs."""
   numpy_inputs: dict[str, np.ndarray]
 
-  @property
-  def registered_camera_buffers(self) -> int:
-    """Camera buffers registered with the CUDA driver now (0 elsewhere)."""
-    return len(self._cuda.registered) if self._cuda else 0
-
   def copy_frames(self, bufs: dict[str, Any]) -> None: raise NotImplementedError
   def reset_warmup_buffers(self) -> None: raise NotImplementedError
   def run(self) -> Tensor: raise NotImplementedError
@@ -111,7 +106,7 @@ class NativeTinygradAdapter(BaseModelAdapter):
       self.outputs["outputs"] = self._pinned.mapped_tensor(self._output_view.reshape(-1)).reshape(self._output_view.shape)
     for name, next_name in self.state_pairs.items(): self.outputs[next_name] = self.input_queues[name]  # next_X is written into X
     self.frame_inputs: dict[str, Tensor] = {}
-    self.camera_tensors: dict[tuple[str, int], Tensor] = {}  # (stream, pointer) -> the camera buffer mapped as a tensor, once
+    self.camera_tensors: dict[int, Tensor] = {}  # pointer -> the camera buffer mapped as a tensor, once (one stream may feed both inputs)
     self._uploads: dict[str, Tensor] = {}  # per split input: the device buffer numpy frames are uploaded into
     out = self.outputs["outputs"]
     self._output_buffer = out.uop.base.buffer
@@ -139,12 +134,12 @@ class NativeTinygradAdapter(BaseModelAdapter):
       name = ("frame", "big_frame")[i]
       if camera and self.in_place:
         ptr, length = _pointer(buf)
-        if (key, ptr) not in self.camera_tensors:
+        if ptr not in self.camera_tensors:
           if ptr % ALIGNMENT: raise ValueError(f"{key}: camera buffer at {ptr:#x} is not {ALIGNMENT}-byte aligned")
           if length < self.warp_frame_size: raise ValueError(f"{key}: camera buffer has {length} bytes, the warp reads {self.warp_frame_size}")
           device_ptr = self._cuda.map(ptr, length) if self._cuda else ptr
-          self.camera_tensors[(key, ptr)] = Tensor.from_blob(device_ptr, (self.warp_frame_size,), dtype="uint8", device=self.model_device)
-        self.frame_inputs[name] = self.camera_tensors[(key, ptr)]
+          self.camera_tensors[ptr] = Tensor.from_blob(device_ptr, (self.warp_frame_size,), dtype="uint8", device=self.model_device)
+        self.frame_inputs[name] = self.camera_tensors[ptr]
       else:
         data = np.frombuffer(buf.data if camera else buf, dtype=np.uint8, count=self.warp_frame_size)
         if name not in self._uploads: self._uploads[name] = Tensor(np.zeros(self.warp_frame_size, np.uint8), device=self.model_device).realize()
@@ -158,6 +153,11 @@ class NativeTinygradAdapter(BaseModelAdapter):
     self.camera_tensors.clear()
     self._uploads.clear()
     if self._cuda: self._cuda.unmap_all()
+
+  def close(self) -> None:
+    """Let go of the camera buffers and, on CUDA, of the registered host inputs and outputs (the adapter is being replaced)."""
+    self.drop_camera_buffers()
+    if self._pinned: self._pinned.unmap_all()
 
   def reset_warmup_buffers(self) -> None:
     """Back to a clean start: zero host inputs and states; drop frame tensors, camera mappings and input bindings."""

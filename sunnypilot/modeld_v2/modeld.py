@@ -91,7 +91,7 @@ def warp_bundles(artifacts: str, device: str | None = None, report=log) -> list[
   """(path, metadata) of every warp bundle in `artifacts` this process can load; each unreadable or foreign bundle is skipped with a line."""
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   out = []
-  for path in sorted(glob.glob(os.path.join(artifacts, "*.bin"))):
+  for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != "model.bin"):  # the model is big: not a warp
     try:
       head, _ = read_bundle(path)
       if (meta := head["extras"].get("metadata", {})).get("kind") != "warp": continue
@@ -202,7 +202,7 @@ class ModelD:
     if geometry == self.geometry and self.adapter is not None:
       self.adapter.drop_camera_buffers()
       return True
-    if self.adapter is not None: self.adapter.drop_camera_buffers()  # e.g. unregister them from CUDA before the adapter goes
+    if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
     try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.width, geometry.height)]
     except ValueError as e:

@@ -144,6 +144,9 @@ class _Graph:
     if onetime := replay.header.get("onetime_calls"): run_linear(self.build(onetime), {}, jit=True)  # weight preparation, once
     self.input_uops: list[UOp | None] = [None] * len(replay.inputs)
     self.graphs: dict[UOp, _Batch] = {}
+    # per top-level call: a graph batch (its ast) or a lone call, as the LINEAR run_linear takes
+    self.steps = [(c.src[0], None) if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph" else (None, UOp(Ops.LINEAR, src=(c,)))
+                  for c in self.linear.src]
 
   def build(self, header_calls: list[dict]) -> UOp:
     def arg(a: dict) -> UOp:
@@ -161,19 +164,20 @@ class _Graph:
   def patch(self, slot: int, uop: UOp, buf: Buffer) -> None: self.input_uops[slot] = uop
 
   def forget(self, uops: set[UOp] | None) -> None:
-    """Drop the graph instances built on these tensors (all with None): their pointers are about to go stale."""
+    """Drop the graph instances built on these tensors (all with None): their pointers are about to go stale. A runner that re-points
+    every input at each launch (key None) still holds the buffers it was built with: it goes too, and is rebuilt on the next run."""
     for batch in self.graphs.values():
-      for key in [k for k in batch.instances if uops is None or k is not None and uops.intersection(k)]: del batch.instances[key]
+      for key in [k for k in batch.instances if uops is None or k is None or uops.intersection(k)]: del batch.instances[key]
 
   def run(self, wait: bool = False) -> float:
     from tinygrad.engine.realize import run_linear
     inputs, start = tuple(self.input_uops), time.perf_counter()
-    for call in self.linear.src:
-      ast = call.src[0]
-      if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph":
-        if (batch := self.graphs.get(ast)) is None: batch = self.graphs[ast] = _Batch(ast, inputs)
-        batch.instance(inputs)(inputs, {}, wait=wait)
-      else: run_linear(UOp(Ops.LINEAR, src=(call,)), {}, input_uops=inputs, jit=True, wait=wait)
+    for ast, lone in self.steps:
+      if lone is not None:
+        run_linear(lone, {}, input_uops=inputs, jit=True, wait=wait)
+        continue
+      if ast not in self.graphs: self.graphs[ast] = _Batch(ast, inputs)
+      self.graphs[ast].instance(inputs)(inputs, {}, wait=wait)
     return time.perf_counter() - start
 
   @property
@@ -205,8 +209,6 @@ class Replay:
     self.backend = _Direct(self, programs) if device_kind(self.device) == "CPU" and not getenv("PLAIN_JIT_LINEAR") else _Graph(self, programs)
     self.ret = [None if "input" in r else Tensor(UOp.from_buffer(self.view(r))).reshape(tuple(r["shape"])) for r in header["returns"]["tensors"]]
     self.same_ret = None if any(t is None for t in self.ret) else self.returned({})  # nothing returned is an input: the same objects every call
-
-  def __reduce__(self): return Replay, (self.header, bytes(self.blob), self.device)  # plain data; bindings point at live buffers and stay behind
 
   @property
   def outputs_in_place(self) -> bool:
@@ -240,26 +242,30 @@ class Replay:
     return self.views[key]
 
   def sharing_conflicts(self) -> list[set[int]]:
-    """Per slot, the slots it may not share a buffer with. Sharing is fine when neither is written, or when one is write-only and written
-    first after every access of the other: that is how next_X is written into X."""
+    """Per slot, the slots it may not share a buffer with. Sharing is fine when neither is written, or when one is write-only, the other
+    read-only, and every read comes before the first write: that is how next_X is written into X."""
     access: list[tuple[list[int], list[int]]] = [([], []) for _ in self.inputs]
     for j, call in enumerate(self.header["calls"]):
       for i, a in enumerate(call["args"]):
         if "input" in a: access[a["input"]][1 if call_writes(call, self.header["programs"], i) else 0].append(j)
     def may_share(w: int, r: int) -> bool:
       (w_reads, w_writes), (r_reads, r_writes) = access[w], access[r]
-      return not w_writes and not r_writes or not w_reads and bool(w_writes) and max(r_reads + r_writes, default=-1) < min(w_writes)
+      return not w_writes and not r_writes or not w_reads and bool(w_writes) and not r_writes and max(r_reads, default=-1) < min(w_writes)
     return [{o for o in range(len(self.inputs)) if o != s and not may_share(s, o) and not may_share(o, s)} for s in range(len(self.inputs))]
 
   def __call__(self, **kwargs) -> Any:
     if len(kwargs) != len(self.kwargs): raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
     changed = []
-    for slot, (name, key) in enumerate(self.slots):
-      t = slot_value(kwargs, name, key)
-      if t.__class__ is Tensor and t.uop is self.current[slot]: continue
-      self.bind(slot, t, kwargs)
-      changed.append(slot)
-    if changed: self.check_sharing(changed)
+    try:
+      for slot, (name, key) in enumerate(self.slots):
+        t = slot_value(kwargs, name, key)
+        if t.__class__ is Tensor and t.uop is self.current[slot]: continue
+        changed.append(slot)
+        self.bind(slot, t, kwargs)
+      if changed: self.check_sharing(changed)
+    except InputError:
+      for s in changed: self.current[s] = self.buffers[s] = None  # a rejected call binds nothing: check these slots again next time
+      raise
     self.replay_s = self.backend.run()
     return self.same_ret if self.same_ret is not None else self.returned(kwargs)
 
@@ -284,7 +290,6 @@ class Replay:
   def check_sharing(self, changed: list[int]) -> None:
     for slot in changed:
       if (other := next((o for o in self.conflicts[slot] if self.buffers[o] is self.buffers[slot]), None)) is not None:
-        for s in changed: self.current[s] = None  # check these again on the next call
         a, b = sorted((slot, other))
         raise InputError(f"inputs {label(*self.slots[a])} and {label(*self.slots[b])} share a buffer, and the part reads one after writing the other")
 
