@@ -97,6 +97,12 @@ class Daemon:
       if len(got := self.messages.get(frame_id, {})) == 3: return {k: m for k, (m, _) in got.items()}
     raise AssertionError(f"no complete output for frame {frame_id}: got {sorted(self.messages.get(frame_id, {}))}; modeld: {''.join(self.lines)}")
 
+  def exchange(self, frame_ids) -> None:
+    """Send each frame and wait for its messages, one after the other."""
+    for frame_id in frame_ids:
+      self.send(frame_id)
+      self.receive(frame_id)
+
   def restart_camerad(self, frame) -> None:
     from sunnypilot.modeld_v2.camera_replay import CameraReplay
     self.replay.close()  # camerad dies; its buffers go with it
@@ -201,31 +207,23 @@ def test_skipped_frames_are_prepare_only_and_filtered(artifacts, openpilot_prefi
 
 def test_camerad_restart(artifacts, openpilot_prefix):
   daemon = Daemon(artifacts)
-  for frame_id in range(20):
-    daemon.send(frame_id)
-    daemon.receive(frame_id)
+  daemon.exchange(range(20))
   seen = len(daemon.lines)
   daemon.restart_camerad(FRAME)
   daemon.wait_for_line("reconnected to camerad", after=seen)
-  for frame_id in range(20, 30):
-    daemon.send(frame_id)
-    daemon.receive(frame_id)
+  daemon.exchange(range(20, 30))
   assert daemon.stop() == 0
   assert [daemon.raw(i) for i in range(30)] == reference(artifacts, list(range(30))), "every output came from the new buffers"
 
 def test_camera_geometry_change_loads_the_matching_warp(artifacts, openpilot_prefix):
   """camerad comes back with 1928x1208 buffers: modeld loads that geometry's warp and intrinsics, then back to 1344x760 (smaller buffers)."""
   daemon = Daemon(artifacts)
-  for frame_id in range(10):
-    daemon.send(frame_id)
-    daemon.receive(frame_id)
+  daemon.exchange(range(10))
   for frame, ids, warp, sensor in ((BIG_FRAME, range(100, 110), "warp_big_split.bin", "ar0231"), (FRAME, range(200, 210), "warp_split.bin", "os04c10")):
     seen = len(daemon.lines)
     daemon.restart_camerad(frame)
     daemon.wait_for_line(f"camera geometry changed to {frame.width}x{frame.height}", after=seen)
-    for frame_id in ids:
-      daemon.send(frame_id)
-      daemon.receive(frame_id)
+    daemon.exchange(ids)
     assert [daemon.raw(i) for i in ids] == reference(artifacts, list(ids), frame, warp, sensor), f"{frame.width}x{frame.height} through its own warp"
   assert daemon.stop() == 0
 
@@ -234,9 +232,7 @@ def test_camera_geometry_without_a_warp_waits(artifacts, tmp_path, openpilot_pre
   folder.mkdir()
   for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(artifacts, name), folder / name)
   daemon = Daemon(str(folder))
-  for frame_id in range(5):
-    daemon.send(frame_id)
-    daemon.receive(frame_id)
+  daemon.exchange(range(5))
   seen = len(daemon.lines)
   daemon.restart_camerad(BIG_FRAME)
   daemon.wait_for_line("no warp bundle", after=seen)
@@ -244,9 +240,7 @@ def test_camera_geometry_without_a_warp_waits(artifacts, tmp_path, openpilot_pre
   seen = len(daemon.lines)
   daemon.restart_camerad(FRAME)
   daemon.wait_for_line("camera geometry changed to 1344x760", after=seen)
-  for frame_id in range(200, 205):
-    daemon.send(frame_id)
-    daemon.receive(frame_id)
+  daemon.exchange(range(200, 205))
   assert daemon.stop() == 0, "it waited instead of exiting"
   assert not set(daemon.published) & set(range(100, 120)), "nothing published while no warp fit the camera"
   assert sum("no warp bundle" in line for line in daemon.lines) == 1, "one clear line while waiting"
