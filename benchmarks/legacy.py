@@ -33,7 +33,7 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
   specs = {"host": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in host.items()}, "states": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in states.items()},
            "outputs": tuple(n_out), "frame_size": frame.size, "planes": (2, cm.FRAME_PLANES, 128, 256)}
   legacy = LegacyModelAdapter.__new__(LegacyModelAdapter)
-  legacy._setup(warp_jit, model_jit, specs, dev)
+  legacy.setup(warp_jit, model_jit, specs, dev)
   for _ in range(2):  # call 0 runs eagerly, call 1 captures
     legacy.copy_frames({k: np.zeros(frame.size, np.uint8) for k in VISION_INPUTS})
     legacy.run()
@@ -43,9 +43,9 @@ class LegacyModelAdapter(BaseModelAdapter):
   """Old modeld: unpickle two TinyJits; each step copies both frames into a numpy buffer the warp JIT uploads, then runs the model JIT
   (tinygrad's `_prepare_jit_inputs` on every call)."""
   def __init__(self, warp_pickle: bytes, model_pickle: bytes, specs: dict, device: str | None = None):
-    self._setup(pickle.loads(warp_pickle), pickle.loads(model_pickle), specs, Device.canonicalize(device))
+    self.setup(pickle.loads(warp_pickle), pickle.loads(model_pickle), specs, Device.canonicalize(device))
 
-  def _setup(self, warp_jit, model_jit, specs: dict, device: str) -> None:
+  def setup(self, warp_jit, model_jit, specs: dict, device: str) -> None:
     self.warp_jit, self.model_jit, self.device = warp_jit, model_jit, device
     self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(s, np.dtype(d)) for k, (s, d) in specs["host"].items()}
     self.npy = {k: Tensor(v, device="NPY") for k, v in self.numpy_inputs.items()}  # NPY tensors read these arrays in place

@@ -159,6 +159,11 @@ def test_tinygrad_api_the_loader_reads():
   assert list(inspect.signature(UOp.from_buffer).parameters) == ["opaque", "device"]
   assert all(hasattr(Ops, op) for op in ("PROGRAM", "BINARY", "SOURCE", "LINEAR", "COPY", "CUSTOM_FUNCTION", "PARAM", "BUFFER", "CALL"))
   assert list(inspect.signature(jit._prepare_jit_inputs).parameters) == ["args", "kwargs"]
+  import tinygrad.codegen.opt.search as search  # --beam's progress lines wrap these two
+  assert list(inspect.signature(search.beam_search).parameters)[:4] == ["s", "rawbufs", "var_vals", "amt"]
+  assert list(inspect.signature(search._time_program).parameters)[:3] == ["prg", "var_vals", "rawbufs"]
+  from tinygrad.runtime.graph.cuda import CUDAGraph  # the graph back-end keeps instances and sets which nodes a launch re-points
+  assert "self.updatable" in inspect.getsource(CUDAGraph.__call__) and "uop_replace" in inspect.getsource(CUDAGraph.__init__)
   fn, make = conv_net()
   j, part, _ = capture(fn, make)
   call = j.captured.linear.src[0]
