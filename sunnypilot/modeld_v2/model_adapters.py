@@ -72,7 +72,7 @@ class NativeTinygradAdapter(BaseModelAdapter):
   """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame.
 
   Packed warps copy both frames into the host buffer. --split-frames warps read each visionipc buffer in place: it is mapped once per
-  (stream, pointer) with Tensor.from_blob (on CUDA after registering its pages) and bound by pointer, so steady state copies no frame
+  pointer with Tensor.from_blob (on CUDA after registering its pages) and bound by pointer, so steady state copies no frame
   bytes. numpy frames (warmup, tests) are uploaded instead: cached host memory must not be read in place by a GPU.
   """
   def __init__(self, model_path: str, warp_path: str, device: str | None = None, cache: bool = True, map_camera_buffers: bool = True,

@@ -88,6 +88,8 @@ class _Direct:
   def patch(self, slot: int, uop: UOp, buf: Buffer) -> None:
     self.ptrs[slot].value = self.void_ptrs[slot].value = address(buf)
 
+  def forget(self, uops: set[UOp] | None) -> None: """Nothing kept per tensor: a slot's pointer is rewritten by its next patch."""
+
   def run(self, wait: bool = False) -> float:
     start = time.perf_counter()
     for fxn, args in self.steps: fxn(*args)
@@ -316,7 +318,7 @@ class Replay:
   def forget(self, tensors: list[Tensor]) -> None:
     """Drop the bindings of these tensors (camera buffers that went away), so neither they nor their memory are kept."""
     gone = {t.uop for t in tensors}
-    if isinstance(self.backend, _Graph): self.backend.forget({t.uop.base for t in tensors})
+    self.backend.forget({t.uop.base for t in tensors})
     for slot, known in enumerate(self.known):
       for uop in gone & known.keys(): del known[uop]
       if self.current[slot] in gone: self.current[slot] = self.buffers[slot] = None
@@ -324,7 +326,7 @@ class Replay:
   def reset(self) -> None:
     """Drop every binding (warmup reset, camera reconnect)."""
     for known in self.known: known.clear()
-    if isinstance(self.backend, _Graph): self.backend.forget(None)
+    self.backend.forget(None)
     self.current, self.buffers = [None] * len(self.inputs), [None] * len(self.inputs)
 
   def returned(self, kwargs: dict) -> Any:
