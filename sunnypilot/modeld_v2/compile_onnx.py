@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, write_bundle
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, dtype_name, np_dtype, write_bundle
 from sunnypilot.modeld_v2.compile_modeld import ModelError, graph_inputs, layer_boundaries, onnx_dims, onnx_np_dtype, read_onnx
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -36,6 +36,7 @@ def plan_inputs(path: str, shapes: dict[str, tuple[int, ...]] | None = None) -> 
   shapes = dict(shapes or {})
   inputs = {}
   for v in graph_inputs(model):
+    if not v.type.HasField("tensor_type"): raise ModelError(f"{path}: input {v.name} is not a tensor ({v.type.WhichOneof('value')}): not supported")
     dims, given = onnx_dims(v), shapes.pop(v.name, None)
     if given is not None:
       if len(given) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, given)):
@@ -81,14 +82,18 @@ def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | No
     value = rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else rng.integers(0, 2, shape).astype(dtype)
     return Tensor(value, device=dev).realize()
   with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):  # weights load into device buffers: host-backed on NULL
-    step = make_step(OnnxRunner(onnx), outputs)
-    log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
-    jit, part, _ = capture(step, lambda: {k: make(*s) for k, s in specs.items()}, null_holds_data=null_holds_data, beam=level, log=log)
+    try:
+      step = make_step(OnnxRunner(onnx), outputs)
+      log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
+      jit, part, _ = capture(step, lambda: {k: make(*s) for k, s in specs.items()}, null_holds_data=null_holds_data, beam=level, log=log)
+    except ArtifactError: raise
+    except Exception as e:  # tinygrad's ONNX runner or scheduler on a graph it cannot run: the reason, not a traceback
+      raise ModelError(f"{onnx}: tinygrad cannot run this model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
   returned = jit.captured.ret
   metadata = {"kind": "onnx", "source": os.path.basename(onnx), "layer_boundaries": not fuse_layers,
               "onnx_metadata": {p.key: p.value for p in model.metadata_props}}
   extras = {"input_specs": {k: (list(s), np.dtype(d).str, dev) for k, (s, d) in specs.items()},
-            "output_specs": {k: (list(t.shape), np.dtype(t.dtype.fmt).str, dev) for k, t in returned.items()}, "metadata": metadata}
+            "output_specs": {k: (list(t.shape), np_dtype(dtype_name(t.dtype)).str, dev) for k, t in returned.items()}, "metadata": metadata}
   size = write_bundle(output, {"run": part}, extras, flags={"BEAM": level})
   header = part[0]
   weights = sum(b["init"][1] - b["init"][0] for b in header["buffers"] if "init" in b)
@@ -112,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     shapes = dict(parse_shape(s) for s in args.shape)
+    if len(shapes) != len(args.shape): raise ModelError(f"--shape gives an input twice: {args.shape}")
     compile_onnx(args.output, args.onnx, shapes, log=lambda s: print(s, file=sys.stderr, flush=True), beam=args.beam, fuse_layers=args.fuse_layers)
   except (ModelError, ArtifactError) as e:
     parser.exit(2, f"compile_onnx: error: {e}\n")
