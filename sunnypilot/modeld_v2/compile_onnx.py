@@ -32,21 +32,21 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
 def plan_inputs(path: str, shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[Any, dict[str, tuple[tuple[int, ...], np.dtype]]]:
   """The ONNX model and its inputs {name: (shape, numpy dtype)}, every dimension fixed: by the ONNX, or by `shapes` (which must agree with
   the ONNX's fixed dimensions). Outputs need no declared shape: the capture finds them."""
-  model = read_onnx(path)
-  shapes = dict(shapes or {})
-  inputs = {}
+  model, shapes, inputs = read_onnx(path), shapes or {}, {}
+  if unknown := sorted(set(shapes) - {v.name for v in graph_inputs(model)}):
+    raise ModelError(f"{path}: --shape names {unknown}, which are not inputs of the model (inputs: {sorted(v.name for v in graph_inputs(model))})")
   for v in graph_inputs(model):
     if not v.type.HasField("tensor_type"): raise ModelError(f"{path}: input {v.name} is not a tensor ({v.type.WhichOneof('value')}): not supported")
-    dims, given = onnx_dims(v), shapes.pop(v.name, None)
+    dims, given = onnx_dims(v), shapes.get(v.name)
     if given is not None:
       if len(given) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, given)):
         raise ModelError(f"{path}: --shape {v.name}={'x'.join(map(str, given))} does not fit its ONNX shape {_dims_text(dims)}")
       dims = given
     if dynamic := [d for d in dims if not isinstance(d, int)]:
-      raise ModelError(f"{path}: input {v.name} has a dynamic shape {_dims_text(dims)} (dimension {', '.join(map(str, dynamic))}): "
+      raise ModelError(f"{path}: input {v.name} has a dynamic shape {_dims_text(dims)} (dimension{'s' * (len(dynamic) > 1)} "
+                       f"{', '.join(map(str, dynamic))}): "
                        f"fix it with --shape {v.name}={'x'.join(str(d) if isinstance(d, int) else 'N' for d in dims)}")
     inputs[v.name] = (tuple(dims), onnx_np_dtype(v))
-  if shapes: raise ModelError(f"{path}: --shape names {sorted(shapes)}, which are not inputs of the model (inputs: {sorted(inputs)})")
   return model, inputs
 
 def _dims_text(dims: tuple) -> str: return "(" + ", ".join(map(str, dims)) + ")"
