@@ -180,3 +180,21 @@ print({{k: list(v.shape) for k, v in out.items()}}, runner.run.call_kinds)
 """, env={"DEV": "NULL", "JIT_BATCH_SIZE": "0"})
   assert out.strip() == "{'outputs': [1, 596]} ['graph']", out
   assert head["extras"]["metadata"]["onnx_metadata"]["generation"] == "dmonitoring"
+
+def test_driver_monitoring_stand_in_as_the_readme_runs_it(tmp_path):
+  """The README's example: the DM stand-in (openpilot's dmonitoringmodeld.py inputs and output, written out here by hand), compiled with
+  compile_onnx and run through NumpyRunner in a fresh process with no compiler, against onnxruntime on the same ONNX."""
+  import onnxruntime as ort
+
+  from sunnypilot.modeld_v2.stand_in_models import main as stand_in_main
+  path, bundle = str(tmp_path / "dmonitoring.onnx"), str(tmp_path / "dmonitoring.bin")
+  assert stand_in_main(["--generation", "dmonitoring", "--output", path]) == 0
+  session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+  assert {i.name: (tuple(i.shape), i.type) for i in session.get_inputs()} == {"input_img": ((1, 1440 * 960), "tensor(uint8)"),
+                                                                               "calib": ((1, 3), "tensor(float)")}
+  assert {o.name: tuple(o.shape) for o in session.get_outputs()} == {"outputs": (1, 84 + 512)}
+  assert main(["--onnx", path, "--output", bundle]) == 0
+  rng = np.random.default_rng(3)
+  feed = {"input_img": rng.integers(0, 256, (1, 1440 * 960), dtype=np.uint8), "calib": rng.standard_normal((1, 3)).astype(np.float32)}
+  got = fresh_process_outputs(bundle, [feed], tmp_path)[0]
+  np.testing.assert_allclose(got["outputs"], onnxruntime(path, feed)["outputs"], rtol=1e-4, atol=1e-5)
