@@ -96,6 +96,20 @@ def test_outputs_independent_of_the_inputs_need_no_per_call_kernel(tmp_path):
       expected = onnxruntime(onnx_path, feed)
       assert sorted(got) == sorted(expected) and all(np.array_equal(got[k], v) and got[k].dtype == v.dtype for k, v in expected.items()), (got, expected)
 
+def test_a_returned_buffer_no_call_touches_carries_its_bytes():
+  """At the capture level, with no ONNX: a function returning a tensor realized before the capture (no kernel writes it) and one it
+  computes; the plain replay returns both, the first from the bytes the part stored."""
+  from tinygrad import Tensor
+
+  from sunnypilot.modeld_v2.capture import capture
+  from sunnypilot.modeld_v2.replay import Replay
+  const = Tensor(np.arange(4, dtype=np.float32) - 1.5).realize()
+  _, (header, blob), _ = capture(lambda x: {"y": (x * 2).contiguous(), "k": const}, lambda: {"x": Tensor(np.ones(4, np.float32)).realize()})
+  assert any("init" in header["buffers"][r["buffer"]] for r in header["returns"]["tensors"])
+  out = Replay(header, blob)(x=Tensor(np.full(4, 3, np.float32)).realize())
+  np.testing.assert_array_equal(out["k"].numpy(), [-1.5, -0.5, 0.5, 1.5])
+  np.testing.assert_array_equal(out["y"].numpy(), [6, 6, 6, 6])
+
 def cli(capsys, argv: list[str]) -> tuple[int, str]:
   with pytest.raises(SystemExit) as e: main(argv)
   return e.value.code, capsys.readouterr().err

@@ -229,8 +229,8 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
     slot = next((i for i, (_, _, x) in enumerate(layout) if x.uop.base is t.uop.base), None)
     returns.append({"input": slot} if slot is not None else buffer_arg(t.uop.buffer))
     returns[-1]["shape"] = list(t.shape)
-  for r in returns:  # a returned buffer no call writes (a constant output, with no calls at all) is read by the caller as it is
-    if "buffer" in r: access(r, "r")
+  for r in returns:  # a returned buffer no call touches (a constant output) is read by the caller as it is: it carries its bytes
+    if "buffer" in r and not any(index == r["buffer"] for index, _, _ in first_access): access(r, "r")
   # weights and constants: any buffer range the replay reads before writing it carries its bytes (once per buffer)
   for (index, _, _), mode in first_access.items():
     if mode == "r" and "init" not in buffers[index] and (device_kind(device) != "NULL" or null_holds_data):

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,15 +57,15 @@ def fresh(t: Any) -> Any:
   realized before the capture would otherwise be no kernel at all, or the caller's own buffer."""
   return t.clone() if t.uop.base.is_realized else t.contiguous()
 
-def make_step(runner: Any, outputs: list[str]):
+def make_step(runner: Any, outputs: list[str]) -> Callable[..., dict[str, Any]]:
   """The function TinyJit captures: the ONNX inputs by name in, {output name: tensor} out."""
   def step(**inputs):
     out = runner(inputs)
     return {name: fresh(out[name]) for name in outputs}
   return step
 
-def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | None = None, log=print, beam: int | None = None,
-                 fuse_layers: bool = False) -> dict:
+def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | None = None, log: Callable[[str], None] = print,
+                 beam: int | None = None, fuse_layers: bool = False) -> dict:
   """Compile the ONNX at `onnx` into a bundle at `output`; returns a summary. Fails before any work when `output` cannot be written, `beam`
   cannot search here, or an input's shape is not fixed. `beam`, `fuse_layers`: as for compile_modeld."""
   from tinygrad import Device, Tensor
