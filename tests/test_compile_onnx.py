@@ -146,9 +146,11 @@ def test_bad_input_is_one_line_exit_2_and_no_file(tmp_path, capsys):
     assert code == 2 and message in last and last.startswith("compile_onnx: error: ") and "Traceback" not in err, err
     assert onnx_path == prelu or err.count("\n") == 1, "refused before any work: the error is all it prints"
     assert not out.exists() and os.listdir(tmp_path / "folder") == [] and not any(p.name.startswith("x.bin") for p in tmp_path.iterdir())
-  proc = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.compile_onnx", "--onnx", det, "--output", str(out)], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+  for argv, env, message in ((["--onnx", det], {}, "ops not supported"), (["--onnx", ok, "--beam", "2"], {"DEV": "NULL"}, "needs the target device")):
+    proc = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.compile_onnx", *argv, "--output", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=os.environ | env)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not out.exists()
 
 def test_beam_and_float16_replay_without_a_compiler(tmp_path):
   """--beam 1 and FLOAT16=1 on a convolution: both recorded in provenance; the searched kernels replay in a fresh process with the compiler
