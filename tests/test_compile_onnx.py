@@ -38,6 +38,14 @@ def patterns_onnx(path) -> str:
               [("pooled", TensorProto.FLOAT, (1, 4, 4, 4)), ("emb", TensorProto.FLOAT, (4, 5)), ("flat", TensorProto.FLOAT, (1, 192)),
                ("same", TensorProto.INT64, (4,)), ("const", TensorProto.FLOAT, (2, 3)), ("shape", TensorProto.INT64, (4,))], [w, table])
 
+@pytest.fixture(scope="module")
+def patterns(tmp_path_factory) -> tuple[str, str]:
+  """The patterns ONNX and its bundle, compiled once through the CLI."""
+  folder = tmp_path_factory.mktemp("patterns")
+  path, bundle = patterns_onnx(folder / "patterns.onnx"), str(folder / "patterns.bin")
+  assert main(["--onnx", path, "--output", bundle]) == 0
+  return path, bundle
+
 def fresh_process_outputs(bundle: str, feeds: list[dict], folder, env: dict | None = None) -> list[dict]:
   """NumpyRunner on each feed in turn, in a new process that cannot compile: the outputs by name."""
   for i, f in enumerate(feeds): np.savez(folder / f"in{i}.npz", **f)
@@ -59,9 +67,8 @@ def onnxruntime(path: str, feed: dict) -> dict:
   session = ort.InferenceSession(path)
   return dict(zip((o.name for o in session.get_outputs()), session.run(None, feed)))
 
-def test_inputs_and_outputs_by_name_match_onnxruntime(tmp_path, capsys):
-  path, bundle = patterns_onnx(tmp_path / "patterns.onnx"), str(tmp_path / "patterns.bin")
-  assert main(["--onnx", path, "--output", bundle]) == 0
+def test_inputs_and_outputs_by_name_match_onnxruntime(patterns, tmp_path, capsys):
+  path, bundle = patterns
   rng = np.random.default_rng(1)
   feeds = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32), "idx": rng.integers(0, 10, 4)} for _ in range(2)]
   for feed, got in zip(feeds, fresh_process_outputs(bundle, feeds, tmp_path)):
@@ -95,6 +102,16 @@ def test_outputs_independent_of_the_inputs_need_no_per_call_kernel(tmp_path):
     for feed, got in zip(feeds, fresh_process_outputs(bundle, feeds, tmp_path)):
       expected = onnxruntime(onnx_path, feed)
       assert sorted(got) == sorted(expected) and all(np.array_equal(got[k], v) and got[k].dtype == v.dtype for k, v in expected.items()), (got, expected)
+
+def test_numpy_runner_names_what_is_wrong_with_an_input(patterns):
+  from sunnypilot.modeld_v2.numpy_runner import NumpyRunner
+  from sunnypilot.modeld_v2.replay import InputError
+  run, x, idx = NumpyRunner(patterns[1]), np.zeros((1, 3, 8, 8), np.float32), np.zeros(4, np.int64)
+  for kwargs, message in (({"x": x}, "expected inputs \\['idx', 'x'\\], got \\['x'\\]"),
+                          ({"x": x.astype(np.float64), "idx": idx}, "input x: expected shape \\(1, 3, 8, 8\\) float32, got \\(1, 3, 8, 8\\) float64"),
+                          ({"x": x[0], "idx": idx}, "input x: expected shape \\(1, 3, 8, 8\\) float32, got \\(3, 8, 8\\) float32")):
+    with pytest.raises(InputError, match=message): run(**kwargs)
+  assert run(x=x, idx=idx)["pooled"].shape == (1, 4, 4, 4)
 
 def test_a_returned_buffer_no_call_touches_carries_its_bytes():
   """At the capture level, with no ONNX: a function returning a tensor realized before the capture (no kernel writes it) and one it
@@ -130,11 +147,11 @@ def test_dynamic_shape_is_refused_unless_fixed(tmp_path, capsys):
   feed = {"x": np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)}
   np.testing.assert_array_equal(fresh_process_outputs(str(out), [feed], tmp_path)[0]["y"], np.maximum(feed["x"], 0))
 
-def test_bad_input_is_one_line_exit_2_and_no_file(tmp_path, capsys):
+def test_bad_input_is_one_line_exit_2_and_no_file(patterns, tmp_path, capsys):
   det = save(tmp_path / "det.onnx", [helper.make_node("Det", ["x"], ["y"])], [("x", TensorProto.FLOAT, (3, 3))], [("y", TensorProto.FLOAT, ())])
   # an op tinygrad has but cannot run on this graph (from ONNX's own backend test data): a failure inside the runner, reported as one line
   prelu = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "pytorch-converted", "test_PReLU_1d_multiparam", "model.onnx")
-  ok = patterns_onnx(tmp_path / "ok.onnx")
+  ok = patterns[0]
   (tmp_path / "folder").mkdir()
   out = tmp_path / "x.bin"
   cases = [([det, out], "ops not supported by tinygrad's ONNX runner: Det"), ([str(tmp_path / "missing.onnx"), out], "no such ONNX file"),
