@@ -165,9 +165,8 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
   if getattr(run, "captured", None) is None: raise ArtifactError("the TinyJit has not captured yet: call it twice before serializing")
   layout = input_layout(check)
   calls, onetime_calls = _flat_calls(linear), _flat_calls(onetime) if onetime is not None else []
-  if not calls: raise ArtifactError("the captured kernel list is empty")
-  device = next((a.device for c in calls for a in c.src[1:] if a.op is Ops.BUFFER and isinstance(a.device, str) and device_kind(a.device) != "NPY"),
-                Device.DEFAULT)
+  device = next((a.device for c in calls + onetime_calls for a in c.src[1:]
+                 if a.op is Ops.BUFFER and isinstance(a.device, str) and device_kind(a.device) not in ("NPY", "PYTHON")), Device.DEFAULT)
   blob, buffers, base_index, programs, program_index = bytearray(), [], {}, [], {}
   first_access: dict[tuple, str] = {}  # (buffer, offset, nbytes) -> "r" or "w": what the replay does to it first
 
@@ -189,9 +188,12 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
   def access(a: dict, mode: str) -> None:
     if "buffer" in a: first_access.setdefault((a["buffer"], a["offset"], a["nbytes"]), mode)
 
-  def serialize_calls(calls: list[UOp]) -> list[dict]:
+  def serialize_calls(calls: list[UOp], onetime: bool = False) -> list[dict]:
     out = []
     for call in calls:
+      if onetime and call.src[0].op is Ops.COPY and device_kind(call.src[2].buffer.base.device) != device_kind(device):
+        access(arg(call.src[1]), "r")  # a constant copied once from host memory (a Python list): ran at capture, its result is stored
+        continue
       ast, args = call.src[0], [arg(u) for u in call.src[1:] if not u.is_bound_var]
       if ast.op is Ops.COPY:
         access(args[1], "r")
@@ -217,7 +219,7 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
       out.append({"kind": "program", "program": program_index[key], "args": args})
     return out
 
-  header_onetime = serialize_calls(onetime_calls)  # first: what they write (prepared weights) needs no bytes in the bundle
+  header_onetime = serialize_calls(onetime_calls, onetime=True)  # first: what they write (prepared weights) needs no bytes in the bundle
   if any("input" in a for c in header_onetime for a in c["args"]): raise ArtifactError("a one-time call reads a JIT input")
   header_calls = serialize_calls(calls)
 
@@ -227,6 +229,8 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
     slot = next((i for i, (_, _, x) in enumerate(layout) if x.uop.base is t.uop.base), None)
     returns.append({"input": slot} if slot is not None else buffer_arg(t.uop.buffer))
     returns[-1]["shape"] = list(t.shape)
+  for r in returns:  # a returned buffer no call touches (a constant output) is read by the caller as it is: it carries its bytes
+    if "buffer" in r and not any(index == r["buffer"] for index, _, _ in first_access): access(r, "r")
   # weights and constants: any buffer range the replay reads before writing it carries its bytes (once per buffer)
   for (index, _, _), mode in first_access.items():
     if mode == "r" and "init" not in buffers[index] and (device_kind(device) != "NULL" or null_holds_data):

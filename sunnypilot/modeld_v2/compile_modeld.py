@@ -88,10 +88,10 @@ def read_output_slices(encoded: str) -> dict[str, list[int]]:
 
 # *** reading ONNX ***
 
-def load_onnx(path: str) -> dict:
-  """{"model", "inputs": {name: (shape, np dtype)}, "outputs": {...}, "metadata": {...}}; clear errors for what tinygrad cannot run."""
+def read_onnx(path: str) -> Any:
+  """The ONNX ModelProto at `path` (weights not loaded); clear errors for a missing or unreadable file, an empty graph, and ops tinygrad's
+  ONNX runner lacks."""
   import onnx
-  from onnx import helper
   from tinygrad.nn.onnx import onnx_ops
   if not os.path.isfile(path): raise ModelError(f"{path}: no such ONNX file")
   try: model = onnx.load(path, load_external_data=False)
@@ -101,13 +101,29 @@ def load_onnx(path: str) -> dict:
   if unsupported:
     hint = " (write recurrent cells with MatMul/Sigmoid/Tanh, as comma's models do)" if {"GRU", "LSTM", "RNN"} & set(unsupported) else ""
     raise ModelError(f"{path}: ops not supported by tinygrad's ONNX runner: {', '.join(unsupported)}{hint}")
+  return model
+
+def onnx_dims(v: Any) -> tuple[int | str, ...]:
+  """An ONNX value's declared shape: each fixed dimension's size, each dynamic one's name ("?" when it has none)."""
+  return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else d.dim_param or "?" for d in v.type.tensor_type.shape.dim)
+
+def onnx_np_dtype(v: Any) -> np.dtype:
+  from onnx import helper
+  return np.dtype(helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
+
+def graph_inputs(model: Any) -> list[Any]:
+  """The graph inputs a caller feeds: those no initializer provides."""
   inits = {i.name for i in model.graph.initializer}
+  return [v for v in model.graph.input if v.name not in inits]
+
+def load_onnx(path: str) -> dict:
+  """{"model", "inputs": {name: (shape, np dtype)}, "outputs": {...}, "metadata": {...}}; clear errors for what tinygrad cannot run."""
+  model = read_onnx(path)
   def spec(v) -> tuple[tuple, Any]:
-    t = v.type.tensor_type
-    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+    shape = tuple(d if isinstance(d, int) else -1 for d in onnx_dims(v))
     if any(d <= 0 for d in shape): raise ModelError(f"{path}: {v.name} has a dynamic shape {shape}: export with fixed shapes")
-    return shape, np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type))
-  return {"model": model, "inputs": {v.name: spec(v) for v in model.graph.input if v.name not in inits},
+    return shape, onnx_np_dtype(v)
+  return {"model": model, "inputs": {v.name: spec(v) for v in graph_inputs(model)},
           "outputs": {v.name: spec(v) for v in model.graph.output}, "metadata": {p.key: p.value for p in model.metadata_props}}
 
 def main_output(path: str, info: dict) -> str:

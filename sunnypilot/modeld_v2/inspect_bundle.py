@@ -34,7 +34,8 @@ def describe(path: str) -> str:
     weights = sum(b["init"][1] - b["init"][0] for b in h["buffers"] if "init" in b)
     inputs = ", ".join(s["name"] + (f"[{s['key']}]" if s["key"] else "") for s in h["inputs"])
     check = "none" if h.get("check") is None else f"seed {h['check']['seed']}, {len(h['check']['outputs'])} output digests"
-    lines += [f"  part {name!r}: {sum(calls.values())} calls ({', '.join(f'{n} {k}' for k, n in calls.items())}), {len(h['programs'])} distinct programs, "
+    lines += [f"  part {name!r}: {sum(calls.values())} calls ({', '.join(f'{n} {k}' for k, n in calls.items())}), "
+              f"{len(h.get('onetime_calls', []))} one-time calls, {len(h['programs'])} distinct programs, "
               f"{len(h['buffers'])} buffers ({sum(b['nbytes'] for b in h['buffers']):,} bytes, {weights:,} of them weights)",
               f"    inputs: {inputs}", f"    check: {check}",
               f"    {'program':40s} {'global':>14s} {'local':>12s} {'binary':>9s} {'calls':>6s}"]

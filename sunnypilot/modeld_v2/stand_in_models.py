@@ -15,6 +15,8 @@ Generations (names and shapes from openpilot's modeld.py history, FACTS.md secti
   split_action       the same with action_t in the policy and features_buffer (1,25,512)
   supercombo_action  one ONNX: img, big_img, features_buffer (1,24,512), desire_pulse (1,25,8), traffic_convention, action_t
   multi_policy       vision + off-policy + on-policy (desire_pulse, traffic_convention, features_buffer (1,25,512) each)
+Other models (compiled with compile_onnx, not compile_modeld):
+  dmonitoring        openpilot's driver-monitoring model: input_img (1, 1440*960) uint8 + calib (1, 3) -> outputs (1, 84 + 512)
 A generation of several models writes one file per model next to `--output` (split_09.onnx -> split_09_vision.onnx, split_09_policy.onnx)
 and prints the compile_modeld command for them. Sizes: `tiny` (tests) and `full` (a conv backbone of realistic depth, for benchmarks).
 Recurrent cells are MatMul/Sigmoid/Tanh, as comma's are: tinygrad's ONNX runner has no GRU/LSTM.
@@ -77,6 +79,10 @@ GENERATIONS: dict[str, dict[str, Part]] = {
                    "on_policy": Part(ON_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC)},
 }
 NAMES = ("native", *GENERATIONS)
+# openpilot's driver-monitoring model (selfdrive/modeld/dmonitoringmodeld.py and common/transformations/model.py @ba2aa31c): the warped
+# driver frame's Y plane, DM_INPUT_SIZE (width, height), as uint8 input_img (1, w*h); calib (1, 3); outputs (1, 84 heads + 512 features)
+DM_INPUT_SIZE, DM_CALIB_LEN, DM_HEADS, DM_FEATURE_LEN = (1440, 960), 3, 84, 512
+OTHER_MODELS = ("dmonitoring",)
 # float32 in every stand-in: a float16 copy of a fed-back hidden state would round tinygrad's and onnxruntime's last-bit differences apart
 FED_BACK = ("features_buffer", "prev_desired_curv")
 
@@ -121,10 +127,10 @@ class _Graph:
     self.flops += 2 * n_in * n_out
     return self.op("Add", self.op("MatMul", x, self.weight((n_in, n_out), n_in)), self.const(np.zeros(n_out, np.float32), trainable=True))
 
-  def camera_features(self, img_u8: str, channels: int, size: str) -> tuple[str, int]:
+  def camera_features(self, img_u8: str, channels: int, size: str, hw: tuple[int, int] = (MODEL_H, MODEL_W)) -> tuple[str, int]:
     """uint8 planes (1, C, H, W) -> (1, F) features: normalise, conv+relu backbone, global average pool."""
     x = self.op("Sub", self.op("Mul", self.op("Cast", img_u8, to=self.tp.FLOAT), self.const(np.float32(1 / 128))), self.const(np.float32(1)))
-    h, w = MODEL_H, MODEL_W
+    h, w = hw
     for out_c, k, s in BACKBONES[size]:
       pad = (k - 1) // 2 if s == 1 or k == 3 else 0
       x = self.op("Relu", self.op("Conv", x, self.weight((out_c, channels, k, k), channels * k * k), self.const(np.zeros(out_c, np.float32), True),
@@ -212,15 +218,27 @@ def build_part(part: Part, name: str, size: str = "tiny", seed: int = 0):
   return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "generation": name}), \
     {"flops": g.flops, "params": g.params}
 
+def build_dmonitoring(size: str = "tiny", seed: int = 0):
+  """The driver-monitoring stand-in: input_img's Y plane through a conv backbone, with calib, into one tanh layer (the features), then the
+  heads; outputs is the heads followed by the features, as openpilot's DM model lays them out. ModelProto and stats."""
+  g, (w, h) = _Graph(f"dmonitoring_{size}_stand_in", seed), DM_INPUT_SIZE
+  img = g.op("Reshape", g.input("input_img", (1, w * h), np.uint8), g.const(np.array([1, 1, h, w])))
+  feats, n_feats = g.camera_features(img, 1, size, (h, w))
+  features = g.op("Tanh", g.linear(g.op("Concat", feats, g.input("calib", (1, DM_CALIB_LEN)), axis=1), n_feats + DM_CALIB_LEN, DM_FEATURE_LEN))
+  g.output(g.op("Concat", g.linear(features, DM_FEATURE_LEN, DM_HEADS), features, axis=1), "outputs", (1, DM_HEADS + DM_FEATURE_LEN))
+  return g.model({"stand_in": "random weights: outputs mean nothing", "size": size, "generation": "dmonitoring"}), {"flops": g.flops, "params": g.params}
+
 def part_path(path: str, part: str) -> str:
   """Where one model of a generation goes: `path` itself for a one-model generation, else `<path stem>_<part>.onnx`."""
   return path if part == "onnx" else f"{os.path.splitext(path)[0]}_{part}.onnx"
 
 def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple[Any, dict]]:
   """{compile_model keyword ("onnx", "vision", "policy", "off_policy", "on_policy"): (ModelProto, stats)} of a generation's stand-in."""
-  if generation not in NAMES or size not in BACKBONES: raise StandInError(f"generation must be one of {NAMES} and size tiny|full, got {generation!r}, {size!r}")
+  if generation not in NAMES + OTHER_MODELS or size not in BACKBONES:
+    raise StandInError(f"generation must be one of {NAMES + OTHER_MODELS} and size tiny|full, got {generation!r}, {size!r}")
   if not isinstance(seed, int) or seed < 0: raise StandInError(f"the seed must be a non-negative integer, got {seed!r}")
   if generation == "native": return {"onnx": build_native(size, seed)}
+  if generation == "dmonitoring": return {"onnx": build_dmonitoring(size, seed)}
   return {key: build_part(part, f"{generation}_{key}", size, seed + i) for i, (key, part) in enumerate(GENERATIONS[generation].items())}
 
 def write(generation: str, size: str, path: str, seed: int = 0) -> dict:
@@ -238,7 +256,7 @@ def write(generation: str, size: str, path: str, seed: int = 0) -> dict:
 def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--generation", choices=NAMES, required=True)
+  parser.add_argument("--generation", choices=NAMES + OTHER_MODELS, required=True)
   parser.add_argument("--size", choices=tuple(BACKBONES), default="tiny")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--output", required=True, help="ONNX file to write (a generation of several models writes <stem>_<model>.onnx)")
@@ -249,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
   except (StandInError, ArtifactError) as e:
     parser.exit(2, f"stand_in_models: error: {e}\n")
   flags = " ".join(f"--{k.replace('_', '-')} {p}" for k, p in stats["files"].items())
+  compiler = "compile_onnx" if args.generation in OTHER_MODELS else "compile_modeld"
   print(f"wrote {', '.join(stats['files'].values())}: {args.generation} {args.size} RANDOM-WEIGHT STAND-IN, {stats['params'] / 1e6:.2f} M parameters, "
-        f"{stats['flops'] / 1e9:.3f} GFLOPs per step\ncompile with: python -m sunnypilot.modeld_v2.compile_modeld {flags} --output model.bin")
+        f"{stats['flops'] / 1e9:.3f} GFLOPs per step\ncompile with: python -m sunnypilot.modeld_v2.{compiler} {flags} --output model.bin")
   return 0
 
 if __name__ == "__main__":
