@@ -15,6 +15,9 @@ Generations (names and shapes from openpilot's modeld.py history, FACTS.md secti
   split_action       the same with action_t in the policy and features_buffer (1,25,512)
   supercombo_action  one ONNX: img, big_img, features_buffer (1,24,512), desire_pulse (1,25,8), traffic_convention, action_t
   multi_policy       vision + off-policy + on-policy (desire_pulse, traffic_convention, features_buffer (1,25,512) each)
+  split_current      openpilot's current layout (compile_modeld.py @55cac784): vision (img, big_img) -> lanes, edges, meta, desire_pred, a
+                     single-hypothesis lead (144) and hidden_state; policy (desire_pulse (1,25,8), traffic_convention, features_buffer
+                     (1,25,512)) -> a single-hypothesis plan (990), desire_state and 2 floats of padding
 A generation of several models writes one file per model next to `--output` (split_09.onnx -> split_09_vision.onnx, split_09_policy.onnx)
 and prints the compile_modeld command for them. Sizes: `tiny` (tests) and `full` (a conv backbone of realistic depth, for benchmarks).
 Recurrent cells are MatMul/Sigmoid/Tanh, as comma's are: tinygrad's ONNX runner has no GRU/LSTM.
@@ -30,6 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sunnypilot.modeld_v2.model_constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES
 from sunnypilot.modeld_v2.model_outputs import FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
 
 OPSET = 17
@@ -75,6 +79,7 @@ GENERATIONS: dict[str, dict[str, Part]] = {
                                      host=TRAFFIC | ACTION_T)},
   "multi_policy": {"vision": VISION, "off_policy": Part(OFF_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC),
                    "on_policy": Part(ON_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC)},
+  "split_current": {"vision": Part(CURRENT_VISION_SLICES, IMAGES), "policy": Part(CURRENT_POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC)},
 }
 NAMES = ("native", *GENERATIONS)
 # float32 in every stand-in: a float16 copy of a fed-back hidden state would round tinygrad's and onnxruntime's last-bit differences apart
