@@ -24,6 +24,8 @@ from conftest import ROOT
 FRAME, BIG_FRAME = camerad_frame(1344, 760), camerad_frame(1928, 1208)
 SOF0 = 10**9  # camera timestamps start well after zero, as monotonic clocks do
 V_EGO = 20.0
+# modeld's defaults on a PC, a typical car (opendbc's Toyota TSS2): lateral = steerActuatorDelay 0.12 + lagd's 0.2, longitudinal 0.15
+LAT_DELAY, LONG_DELAY = 0.32, 0.15
 
 @pytest.fixture(scope="module")
 def artifacts(native_artifacts, tmp_path_factory) -> str:
@@ -116,14 +118,17 @@ class Daemon:
     self.replay.close()
     return code
 
-def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "warp_split.bin", sensor: str = "os04c10") -> list[bytes]:
+def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "warp_split.bin", sensor: str = "os04c10", lat_delay: float = LAT_DELAY,
+              long_delay: float = LONG_DELAY) -> list[bytes]:
   """The adapter run directly on the same frames, from fresh states, with the inputs modeld derives when cameras, calibration and carState
   (vEgo, no blinkers, no lateral control: no desire) are published."""
   adapter = NativeTinygradAdapter(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp), cache=False)
   road, wide = SENSOR_CAMERAS[sensor]
-  # openpilot's inputs with the default 0.2 s steering delay: action_t (lat, long) and 0.9.x's lateral_control_params [vEgo, delay]
+  # openpilot's inputs: action_t = [lat + 1.5 DT, long + LONG_SMOOTH_SECONDS 0.3 + 1.5 DT] and 0.9.x's lateral_control_params [vEgo, lat],
+  # each delay once; the prepare_only gate off
   values = {"tfm": np.stack([get_warp_matrix(DEFAULT_RPY, road.intrinsics), get_warp_matrix(DEFAULT_RPY, wide.intrinsics, True)]), "desire": 0,
-            "traffic_convention": [1, 0], "action_t": [0.2 + 1.5 * DT_MDL, 0.3 + 1.5 * DT_MDL], "lateral_control_params": [V_EGO, 0.2]}
+            "traffic_convention": [1, 0], "action_t": [lat_delay + 1.5 * DT_MDL, long_delay + 0.3 + 1.5 * DT_MDL],
+            "lateral_control_params": [V_EGO, lat_delay], "prepare_only": 0}
   outs = []
   for frame_id in frame_ids:
     for name, view in adapter.numpy_inputs.items(): view.reshape(-1)[:] = np.reshape(values[name], -1)
@@ -144,7 +149,7 @@ def check_fields(msgs: dict, slices: dict) -> None:
   np.testing.assert_allclose(list(m.temporalPose.trans), plan[0, 3:6], rtol=1e-6)  # no sim_pose head: the plan's velocity at t=0
   np.testing.assert_allclose(list(m.laneLineProbs), sig(head("lane_lines_prob"))[1::2], rtol=1e-5)
   assert m.leadsV3[0].prob == pytest.approx(sig(head("lead_prob")[0]), rel=1e-5)
-  lat_t = 0.2 + 1.5 * DT_MDL  # get_curvature_from_plan at lat_action_t, no lateral smoothing; the model's own head when it has one
+  lat_t = LAT_DELAY + 1.5 * DT_MDL  # get_curvature_from_plan at lat_action_t, no lateral smoothing; the model's own head when it has one
   curvature = head("desired_curvature")[0] if "desired_curvature" in slices else 2 * np.interp(lat_t, T, plan[:, 11]) / (V_EGO * lat_t) - plan[0, 14] / V_EGO
   assert m.action.desiredCurvature == pytest.approx(curvature, rel=1e-4, abs=1e-7) == d.action.desiredCurvature
   coeffs = np.linalg.lstsq(np.stack([T ** k for k in range(5)], axis=1), plan[:, 1].astype(np.float64), rcond=None)[0]  # degree 4, lowest first
