@@ -420,3 +420,37 @@ def test_desire_helper_guards():
     dh = DesireHelper()
     dh.update(car(v_ego=20.0, left=True), lateral_active, 0.0)
     assert dh.lane_change_state == expected, "no lane change without lateral control"
+
+def test_generation_rules_decide_curvature_source_and_hold():
+  """sunnypilot modeld.py: mlsim generations take the plan's curvature over a desired_curvature head; the low-speed hold only from
+  generation 10 (post FOF) on; the 0.9.x supercombo publishes the head's value as it is."""
+  from sunnypilot.modeld_v2.generations import GENERATIONS
+  raws = heads(np.random.default_rng(24)) | {"desired_curvature": np.array([0.0123, -2.0], np.float32)}
+  slow = raws | {"desired_curvature": np.array([-0.004, -2.0], np.float32)}
+  plan, lat_t = plan_mean(), 0.275
+  from_plan = 2 * np.interp(lat_t, T, plan[:, 11]) / (20.0 * lat_t) - plan[0, 14] / 20.0
+  for generation, fast, held in (("split_current", from_plan, from_plan), ("split_09", 0.0123, 0.0123), ("supercombo_20hz", 0.0123, -0.004)):
+    state = PublishState(rules=GENERATIONS[generation])
+    assert publish(state, raws, frame(1), car(v_ego=20.0))[1]["modelV2"]["action.desiredCurvature"] == pytest.approx(fast, rel=1e-5), generation
+    got = publish(state, slow, frame(2), car(v_ego=0.2))[1]["modelV2"]["action.desiredCurvature"]
+    assert got == pytest.approx(held, rel=1e-5), f"{generation} below 0.3 m/s"
+
+def test_lat_planner_state_is_fed_back_from_the_solution():
+  """sunnypilot modeld.py @002f69b0: lat_planner_state's yaw and curvature are the solution's, interpolated one frame (DT_MDL) ahead."""
+  rng = np.random.default_rng(25)
+  state = PublishState()
+  raws = heads(rng) | {"lat_planner_solution": rng.standard_normal(264).astype(np.float32)}
+  publish(state, raws)
+  solution = raws["lat_planner_solution"][:132].reshape(33, 4)
+  close(state.lat_planner_state, [0, 0, np.interp(DT, T, solution[:, 2]), np.interp(DT, T, solution[:, 3])])
+
+def test_camera_offset_shears_the_camera_pixel():
+  """sunnypilot camera_offset_helper.py: a camera pixel (u, v) moves to (u + offset / height * (v - cy), v)."""
+  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix
+  road = SENSOR_CAMERAS["os04c10"][0]
+  m_inv = get_warp_matrix((0.01, 0.02, -0.01), road.intrinsics)
+  shifted = apply_camera_offset(m_inv, road.intrinsics, 1.4, 0.3)
+  for x, y in ((10, 20), (256, 128), (500, 250)):
+    u, v, w = m_inv @ [x, y, 1]
+    u2, v2, w2 = shifted @ [x, y, 1]
+    close([u2 / w2, v2 / w2], [u / w + 0.3 / 1.4 * (v / w - road.height / 2), v / w], rtol=1e-9)
