@@ -133,7 +133,7 @@ class Daemon:
     return code
 
 def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "warp_split.bin", sensor: str = "os04c10", lat_delay: float = LAT_DELAY,
-              long_delay: float = LONG_DELAY) -> list[bytes]:
+              long_delay: float = LONG_DELAY, prepare_only: tuple[int, ...] = ()) -> list[bytes]:
   """The adapter run directly on the same frames, from fresh states, with the inputs modeld derives when cameras, calibration and carState
   (vEgo, no blinkers, no lateral control: no desire) are published."""
   adapter = NativeTinygradAdapter(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp), cache=False)
@@ -145,6 +145,7 @@ def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "wa
             "lateral_control_params": [V_EGO, lat_delay], "prepare_only": 0}
   outs = []
   for frame_id in frame_ids:
+    values["prepare_only"] = float(frame_id in prepare_only)  # the frames after a drop: the gate on
     for name, view in adapter.numpy_inputs.items(): view.reshape(-1)[:] = np.reshape(values[name], -1)
     road_buf, wide_buf = frames_for(frame_id, frame)
     adapter.copy_frames({"img": road_buf, "big_img": wide_buf})
@@ -223,6 +224,23 @@ def test_skipped_frames_are_prepare_only_and_filtered(artifacts, openpilot_prefi
     (m, _), (d, _) = daemon.messages[frame_id]["modelV2"], daemon.messages[frame_id]["drivingModelData"]
     assert m.frameDropPerc == pytest.approx(expected[frame_id], rel=1e-4, abs=1e-6) and d.frameDropPerc == m.frameDropPerc
   assert daemon.messages[39]["modelV2"][0].frameDropPerc > 0.5
+
+def test_prepare_only_frames_run_the_gate(split_current, openpilot_prefix):
+  """Today's layout: the frame after each gap runs with the gate on (only the image queues advance) and publishes nothing; every published
+  output equals the bundle run directly on the same frames with the gate on exactly there."""
+  daemon = Daemon(split_current)
+  sent = [i for i in range(30) if i not in (10, 11, 20)]
+  for frame_id in sent:
+    daemon.send(frame_id)
+    if frame_id in (12, 21): daemon.wait_for_line(f"frame {frame_id}: ")
+    else: daemon.receive(frame_id)
+  assert daemon.stop() == 0
+  published = [i for i in sent if i not in (12, 21)]
+  assert daemon.published == published
+  outs = dict(zip(sent, reference(split_current, sent, prepare_only=(12, 21)), strict=True))
+  assert [daemon.raw(i) for i in published] == [outs[i] for i in published]
+  ungated = dict(zip(sent, reference(split_current, sent), strict=True))
+  assert daemon.raw(13) != ungated[13], "the gate changed what the model saw after the drop"
 
 def test_camerad_restart(artifacts, openpilot_prefix):
   daemon = Daemon(artifacts)
