@@ -426,7 +426,7 @@ def test_todays_layout_every_field_from_raw_predictions(split_current, openpilot
     daemon.send(frame_id)
     expected.check(daemon.receive(frame_id))
   assert daemon.stop() == 0 and daemon.published == list(range(45))
-  assert any("generation split_current (recorded (onnx))" in line for line in daemon.lines)
+  assert any("generation split_current (recorded, from the ONNX)" in line for line in daemon.lines)
   assert [daemon.raw(i) for i in range(45)] == reference(split_current, list(range(45))), "the same inputs as openpilot's modeld"
 
 def fake_openpilot_params(folder, steer: float, long: float) -> dict:
