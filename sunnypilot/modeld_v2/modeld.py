@@ -266,7 +266,8 @@ class ModelD:
               "action_t": [lat_t, long_t], "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay], "driving_style": DRIVING_STYLE,
               "prepare_only": [float(prepare_only)], "lat_planner_state": self.publish_state.lat_planner_state}
     for name, view in inputs.items():
-      if name in values: view.reshape(-1)[:] = np.reshape(values[name], -1)
+      if name in values and np.size(values[name]) == view.size: view.reshape(-1)[:] = np.reshape(values[name], -1)
+      elif name in values: self.log_once(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
       elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
 
   def run(self, max_frames: int | None = None) -> int:
