@@ -36,6 +36,7 @@ EXPECTED = {
   "split_action": ("split", 4, {"traffic_convention", "action_t"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (97, 512)}),
   "supercombo_action": ("supercombo", 4, {"traffic_convention", "action_t"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (93, 512)}),
   "multi_policy": ("multi_policy", 4, {"traffic_convention"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (97, 512)}),
+  "split_current": ("split", 4, {"traffic_convention"}, {"img_q": IMG, "big_img_q": IMG, "desire_q": (100, 8), "feat_q": (97, 512)}),
 }
 
 @pytest.mark.parametrize("generation", stand_in_models.NAMES)
@@ -45,8 +46,10 @@ def test_roles_frame_skip_and_queues_of_every_generation(onnx_files, generation)
   assert (plan.layout, plan.frame_skip) == (layout, frame_skip)
   assert {n for n, r in plan.input_roles.items() if r == "host"} == host
   assert {n: q.shape for n, q in plan.queues.items()} == queues
-  expected_roles = {"new_img": "frames"} | ({"state_feat_q": "state"} if layout == "native" else {"desire": "desire"} | dict.fromkeys(queues, "queue"))
+  expected_roles = {"new_img": "frames"} | ({"state_feat_q": "state"} if layout == "native" else
+                                           {"desire": "desire", "prepare_only": "gate"} | dict.fromkeys(queues, "queue"))
   assert plan.input_roles == expected_roles | dict.fromkeys(host, "host")
+  assert (plan.generation, plan.generation_source) == (generation, "onnx"), "each stand-in's generation is derived from its inputs and heads"
   assert set(plan.specs) == set(plan.input_roles) and all(np.dtype(plan.specs[n][1]) == np.float32 for n in host), "host inputs are float32"
 
 def test_onnx_roles_name_each_input(onnx_files):
@@ -196,8 +199,9 @@ def test_metadata_says_roles_slices_and_frame_skip(supercombo, onnx_files):
   slices, width = onnx_slices(onnx_files["supercombo_action"]["onnx"])
   assert meta["layout"] == "supercombo" and meta["frame_skip"] == 4 and meta["output_slices"] == slices
   assert meta["output_shapes"]["outputs"] == [1, width] and meta["output_shapes"]["next_feat_q"] == [93, 512]
-  assert meta["input_roles"] == {"new_img": "frames", "desire": "desire", "traffic_convention": "host", "action_t": "host", "img_q": "queue",
-                                 "big_img_q": "queue", "desire_q": "queue", "feat_q": "queue"}
+  assert meta["input_roles"] == {"new_img": "frames", "desire": "desire", "traffic_convention": "host", "action_t": "host", "prepare_only": "gate",
+                                 "img_q": "queue", "big_img_q": "queue", "desire_q": "queue", "feat_q": "queue"}
+  assert (meta["generation"], meta["generation_source"]) == ("supercombo_action", "onnx")
   assert meta["onnx_roles"] == {"model": {"img": "road_image", "big_img": "wide_image", "desire_pulse": "desire_history", "features_buffer": "features",
                                           "traffic_convention": "host", "action_t": "host"}}
   assert "random weights" in meta["stand_in"] and meta["sources"] == {"model": "supercombo_action.onnx"}
@@ -227,3 +231,16 @@ load_model({supercombo['output']!r})["run"](**inputs, output_buffers=outs)
 print(bytes(outs["outputs"].uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
 """)
   assert np.frombuffer(bytes.fromhex(out.strip()), np.float32).tobytes() == expected.tobytes()
+
+def test_a_model_no_generation_fits_needs_generation(tmp_path, capsys):
+  """One ONNX with a 24-entry features_buffer and no action_t fits no generation: a one-line error, then --generation decides and is recorded."""
+  part = stand_in_models.Part(stand_in_models.VISION_SLICES | stand_in_models.POLICY_SLICES, stand_in_models.IMAGES,
+                              histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, 512)}, host=stand_in_models.TRAFFIC)
+  onnx.save(stand_in_models.build_part(part, "unknown")[0], path := str(tmp_path / "unknown.onnx"))
+  code, err = cli(capsys, ["--onnx", path, "--output", str(tmp_path / "x.bin")])
+  assert code == 2 and "fits no known generation: give --generation" in err and err.count("\n") == 1 and not (tmp_path / "x.bin").exists(), err
+  assert main(["--onnx", path, "--output", str(tmp_path / "x.bin"), "--generation", "supercombo_action"]) == 0
+  meta = load_model(str(tmp_path / "x.bin"))["metadata"]
+  assert (meta["generation"], meta["generation_source"]) == ("supercombo_action", "--generation")
+  code, err = cli(capsys, ["--onnx", path, "--output", str(tmp_path / "y.bin"), "--generation", "split_11"])
+  assert code == 2 and "invalid choice" in err

@@ -62,7 +62,8 @@ def test_fused_equals_warp_then_model(bundles, layout):
     n = adapter.numpy_inputs
     new_img = warp(input_frame=realized(adapter.frames.copy()), M_inv=realized(n["tfm"].copy()))
     model["run"](new_img=new_img, desire=realized(n["desire"].copy()), traffic_convention=realized(n["traffic_convention"].copy()),
-                 action_t=realized(n["action_t"].copy()), **states, output_buffers=outs)
+                 action_t=realized(n["action_t"].copy()), **({"prepare_only": realized(n["prepare_only"].copy())} if "prepare_only" in n else {}),
+                 **states, output_buffers=outs)
     assert outs["outputs"].numpy().tobytes() == expected, f"step {step}: fused differs from the warp bundle then the model bundle"
 
 @pytest.mark.parametrize("layout", ["native", "supercombo"])

@@ -22,6 +22,7 @@ from conftest import realized, reference_warp
 
 STEPS = 20
 FRAME = camerad_frame(1344, 760)  # the frames of native_artifacts' warps
+GATE = {"prepare_only": np.zeros((1, 1), np.float32)}  # a queued bundle's gate, off: every queue pushes
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
 
 @pytest.fixture(scope="module")
@@ -140,14 +141,15 @@ def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
     new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
     desire, host = step_inputs(rng, step, reference.host, reference)
     expected = reference.step(new_img, desire, host)
-    inputs = {n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | host).items() if n in specs}
+    inputs = {n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | GATE | host).items() if n in specs}
     model["run"](**inputs, **states, output_buffers=outs)
     summary["jit"](**inputs, **jit_states, output_buffers=jit_outs)
     for n, t in jit_states.items(): t.assign(jit_outs[f"next_{n}"]).realize()
     got = outs["outputs"].numpy()
     assert got.tobytes() == jit_outs["outputs"].numpy().tobytes(), f"{generation} step {step}: the bundle differs from the TinyJit replay"
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5, err_msg=f"{generation} step {step} vs onnxruntime")
-  assert set(specs) == {"new_img", *reference.host, *states} | ({"desire"} if reference.desire_key else set()), "every input by its role"
+  queued = set() if reference.native else set(GATE)
+  assert set(specs) == {"new_img", *reference.host, *states} | ({"desire"} if reference.desire_key else set()) | queued, "every input by its role"
 
 @pytest.mark.parametrize("generation", stand_in_models.NAMES)
 def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(built, native_artifacts, generation):
@@ -185,7 +187,8 @@ def drive_bundle(path: str, reference: Openpilot, rng, steps: int = STEPS) -> No
     new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
     desire, host = step_inputs(rng, step, reference.host, reference)
     expected = reference.step(new_img, desire, host)
-    model["run"](**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | host).items() if n in specs}, **states, output_buffers=outs)
+    model["run"](**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | GATE | host).items() if n in specs}, **states,
+                 output_buffers=outs)
     np.testing.assert_allclose(outs["outputs"].numpy(), expected, rtol=1e-4, atol=1e-5, err_msg=f"{path} step {step} vs onnxruntime")
 
 def test_native_model_with_its_own_host_inputs(tmp_path):
@@ -240,5 +243,44 @@ def test_float16_pair_is_exact_and_takes_frame_skip_from_the_onnx(tmp_path):
     new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
     desire, host = step_inputs(rng, step, reference.host, reference)
     expected = reference.step(new_img, desire, host)
-    model["run"](new_img=realized(new_img), desire=realized(desire), **{n: realized(v) for n, v in host.items()}, **states, output_buffers=outs)
+    model["run"](new_img=realized(new_img), desire=realized(desire), **{n: realized(v) for n, v in (host | GATE).items()}, **states, output_buffers=outs)
     assert outs["outputs"].numpy().tobytes() == expected.tobytes(), f"step {step}: float16 values must round the same on both sides"
+
+# What openpilot pushes on a prepare-only frame (the one after a drop), written out: the 0.9.x modeld.py (@00731a68, @6c6be47b) pushes the
+# desire before its prepare-only return and features and prev_desired_curv after the run; compile_modeld.py @55cac784 (0.10 on) advances
+# only the image queues.
+PREPARE_PUSHES_DESIRE = {"supercombo_20hz": True, "split_09": True, "split_010": False, "split_action": False, "supercombo_action": False,
+                         "multi_policy": False, "split_current": False}
+PREPARE_ONLY_STEPS = (5, 6, 13)  # two drops in a row, then one more
+
+def prepare_only(reference: Openpilot, generation: str, new_img: np.ndarray, desire: np.ndarray) -> None:
+  """The reference's prepare-only frame: the warped frames join the image history; the desire too where the generation pushes it."""
+  reference.frames.append(new_img)
+  if PREPARE_PUSHES_DESIRE[generation] and reference.desire_key: reference.push(reference.desire_key, desire.reshape(-1))
+
+@pytest.mark.parametrize("generation", list(PREPARE_PUSHES_DESIRE))
+def test_prepare_only_frames_push_what_the_generation_pushes(built, generation):
+  """Frames after a drop run with the gate on: afterwards the desire and feature queues hold what openpilot's buffers hold, and every
+  later frame's outputs equal onnxruntime fed openpilot's inputs."""
+  files, summary = built(generation)
+  reference, model = Openpilot(files), load_model(summary["output"])
+  specs = model["input_specs"]
+  assert model["metadata"]["generation"] == generation and model["metadata"]["input_roles"]["prepare_only"] == "gate"
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model["output_specs"]}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
+  rng = np.random.default_rng(13)
+  for step in range(STEPS):
+    new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
+    desire, host = step_inputs(rng, step, reference.host, reference)
+    desire[0, 1 + step % 7] = 1  # a pulse on every frame: a dropped desire push shows
+    skip = step in PREPARE_ONLY_STEPS
+    gate = {"prepare_only": np.full((1, 1), float(skip), np.float32)}
+    model["run"](**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | gate | host).items() if n in specs}, **states,
+                 output_buffers=outs)
+    if skip: prepare_only(reference, generation, new_img, desire)
+    else: np.testing.assert_allclose(outs["outputs"].numpy(), reference.step(new_img, desire, host), rtol=1e-4, atol=1e-5,
+                                     err_msg=f"{generation} step {step} vs onnxruntime")
+    if reference.desire_key: assert np.array_equal(states["desire_q"].numpy(), reference.full[reference.desire_key]), f"desire queue, step {step}"
+    if "features_buffer" in reference.full:
+      feat = states["feat_q"].numpy()
+      np.testing.assert_allclose(feat, reference.full["features_buffer"][-len(feat):], rtol=1e-4, atol=1e-5, err_msg=f"feature queue, step {step}")

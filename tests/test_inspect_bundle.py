@@ -25,3 +25,13 @@ def test_inspect_prints_each_inputs_role(native_artifacts, capsys):
   assert main(["inspect", f"{native_artifacts}/model.bin"]) == 0
   lines = {line.split()[1]: line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("  input ")}
   assert lines == {"new_img": "frames", "desire": "host", "traffic_convention": "host", "action_t": "host", "state_feat_q": "state"}
+
+def test_inspect_shows_the_generation_recorded_or_derived(native_artifacts, tmp_path, capsys):
+  from sunnypilot.modeld_v2.bundle import read_parts
+  assert main(["inspect", f"{native_artifacts}/model.bin"]) == 0
+  assert "  generation: native (recorded, from the ONNX): 0.10 on" in capsys.readouterr().out
+  parts, extras = read_parts(f"{native_artifacts}/model.bin")  # a bundle from before generations were recorded
+  extras["metadata"] = {k: v for k, v in extras["metadata"].items() if not k.startswith("generation")}
+  write_bundle(old := str(tmp_path / "old.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()}, extras)
+  assert main(["inspect", old]) == 0
+  assert "  generation: native (derived: the bundle records none)" in capsys.readouterr().out

@@ -94,6 +94,62 @@ def test_heads_use_openpilots_activations():
   close(p["pose"], raws["pose"][:6])
   close(p["pose_std"], np.exp(raws["pose"][6:]))
 
+def todays_heads(rng) -> dict[str, np.ndarray]:
+  """Raw heads of openpilot's current models: a single-hypothesis plan (990 = one mean/std pair of 33x15) and lead (144 = one pair of
+  3x6x4), in the vision/policy split's order."""
+  plan = np.concatenate([plan_mean().reshape(-1), rng.standard_normal(495).astype(np.float32) - 2])
+  return {"pose": rng.standard_normal(12), "wide_from_device_euler": rng.standard_normal(6), "road_transform": rng.standard_normal(12),
+          "lane_lines": rng.standard_normal(528), "lane_lines_prob": rng.standard_normal(8) * 3, "road_edges": rng.standard_normal(264),
+          "desire_pred": rng.standard_normal(32), "meta": logit(np.full(55, 0.01)), "lead": rng.standard_normal(144), "lead_prob": rng.standard_normal(3),
+          "plan": plan, "desire_state": rng.standard_normal(8)}
+
+def test_todays_single_hypothesis_heads():
+  """openpilot's is_mhp: a head of exactly 2 x its shape has no hypotheses; every head parsed by openpilot's formulas written here."""
+  rng = np.random.default_rng(21)
+  raws = todays_heads(rng)
+  p = parse_outputs(*pack(raws))
+  close(p["plan"], raws["plan"][:495].reshape(33, 15))
+  close(p["plan_std"], np.exp(raws["plan"][495:]).reshape(33, 15))
+  close(p["lead"], raws["lead"][:72].reshape(3, 6, 4))  # LEAD_MHP_SELECTION x LEAD_TRAJ_LEN x LEAD_WIDTH
+  close(p["lead_std"], np.exp(raws["lead"][72:]).reshape(3, 6, 4))
+  close(p["lead_prob"], sig(raws["lead_prob"]))
+  close(p["lane_lines"], raws["lane_lines"][:264].reshape(4, 33, 2))
+  close(p["lane_lines_std"], np.exp(raws["lane_lines"][264:]).reshape(4, 33, 2))
+  close(p["road_edges_std"], np.exp(raws["road_edges"][132:]).reshape(2, 33, 2))
+  close(p["lane_lines_prob"], sig(raws["lane_lines_prob"]))
+  close(p["meta"], sig(raws["meta"]))
+  close(p["desire_state"], softmax(raws["desire_state"]))
+  close(p["desire_pred"], np.stack([softmax(row) for row in raws["desire_pred"].reshape(4, 8)]))
+  for name in ("pose", "road_transform"): close(p[name], raws[name][:6]), close(p[f"{name}_std"], np.exp(raws[name][6:]))
+  close(p["wide_from_device_euler_std"], np.exp(raws["wide_from_device_euler"][3:]))
+  msgs, values = publish(PublishState(), raws)
+  v = values["modelV2"]
+  for i in range(3):  # each lead is one selection of the (3, 6, 4) head
+    lead, std = raws["lead"][:72].reshape(3, 6, 4)[i], np.exp(raws["lead"][72:]).reshape(3, 6, 4)[i]
+    close(v["leadsV3"][i]["x"], lead[:, 0]), close(v["leadsV3"][i]["aStd"], std[:, 3])
+    assert v["leadsV3"][i]["prob"] == pytest.approx(sig(raws["lead_prob"][i]))
+  close(v["position"]["x"], plan_mean()[:, 0]), close(list(msgs["modelV2"].modelV2.position.xStd), np.exp(raws["plan"][495:]).reshape(33, 15)[:, 0])
+
+def test_safe_exp_clips_float16_overflow():
+  """openpilot's safe_exp: exponents above 11 are clipped (float16 logits of real models overflow a plain exp)."""
+  raws = todays_heads(np.random.default_rng(22))
+  raws["plan"][495:] = 60.0
+  raws["meta"][:] = -200.0
+  raws["desire_state"][:] = [300.0, -300.0, 0, 0, 0, 0, 0, 0]
+  with np.errstate(over="raise"): p = parse_outputs(*pack(raws))
+  close(p["plan_std"], np.full((33, 15), np.exp(11.0)), rtol=1e-6)
+  close(p["meta"], np.full(55, 1 / (1 + np.exp(11.0))), rtol=1e-5)
+  close(p["desire_state"], [1.0, 0, 0, 0, 0, 0, 0, 0], atol=1e-7)
+
+def test_planplus_is_added_to_the_plan_and_lat_planner_solution_is_parsed():
+  """sunnypilot's split runner: plan = plan + planplus (means); lat_planner_solution a single (33, 4) mean/std pair."""
+  rng = np.random.default_rng(23)
+  raws = todays_heads(rng) | {"planplus": rng.standard_normal(990).astype(np.float32), "lat_planner_solution": rng.standard_normal(264)}
+  p = parse_outputs(*pack(raws))
+  close(p["plan"], raws["plan"][:495].reshape(33, 15) + raws["planplus"][:495].reshape(33, 15))
+  close(p["plan_std"], np.exp(raws["plan"][495:]).reshape(33, 15)), close(p["planplus_std"], np.exp(raws["planplus"][495:]).reshape(33, 15))
+  close(p["lat_planner_solution"], raws["lat_planner_solution"][:132].reshape(33, 4))
+
 def test_model_v2_fields_follow_fill_model_msg():
   rng = np.random.default_rng(2)
   raws = heads(rng)
@@ -364,3 +420,37 @@ def test_desire_helper_guards():
     dh = DesireHelper()
     dh.update(car(v_ego=20.0, left=True), lateral_active, 0.0)
     assert dh.lane_change_state == expected, "no lane change without lateral control"
+
+def test_generation_rules_decide_curvature_source_and_hold():
+  """sunnypilot modeld.py: mlsim generations take the plan's curvature over a desired_curvature head; the low-speed hold only from
+  generation 10 (post FOF) on; the 0.9.x supercombo publishes the head's value as it is."""
+  from sunnypilot.modeld_v2.generations import GENERATIONS
+  raws = heads(np.random.default_rng(24)) | {"desired_curvature": np.array([0.0123, -2.0], np.float32)}
+  slow = raws | {"desired_curvature": np.array([-0.004, -2.0], np.float32)}
+  plan, lat_t = plan_mean(), 0.275
+  from_plan = 2 * np.interp(lat_t, T, plan[:, 11]) / (20.0 * lat_t) - plan[0, 14] / 20.0
+  for generation, fast, held in (("split_current", from_plan, from_plan), ("split_09", 0.0123, 0.0123), ("supercombo_20hz", 0.0123, -0.004)):
+    state = PublishState(rules=GENERATIONS[generation])
+    assert publish(state, raws, frame(1), car(v_ego=20.0))[1]["modelV2"]["action.desiredCurvature"] == pytest.approx(fast, rel=1e-5), generation
+    got = publish(state, slow, frame(2), car(v_ego=0.2))[1]["modelV2"]["action.desiredCurvature"]
+    assert got == pytest.approx(held, rel=1e-5), f"{generation} below 0.3 m/s"
+
+def test_lat_planner_state_is_fed_back_from_the_solution():
+  """sunnypilot modeld.py @002f69b0: lat_planner_state's yaw and curvature are the solution's, interpolated one frame (DT_MDL) ahead."""
+  rng = np.random.default_rng(25)
+  state = PublishState()
+  raws = heads(rng) | {"lat_planner_solution": rng.standard_normal(264).astype(np.float32)}
+  publish(state, raws)
+  solution = raws["lat_planner_solution"][:132].reshape(33, 4)
+  close(state.lat_planner_state, [0, 0, np.interp(DT, T, solution[:, 2]), np.interp(DT, T, solution[:, 3])])
+
+def test_camera_offset_shears_the_camera_pixel():
+  """sunnypilot camera_offset_helper.py: a camera pixel (u, v) moves to (u + offset / height * (v - cy), v)."""
+  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix
+  road = SENSOR_CAMERAS["os04c10"][0]
+  m_inv = get_warp_matrix((0.01, 0.02, -0.01), road.intrinsics)
+  shifted = apply_camera_offset(m_inv, road.intrinsics, 1.4, 0.3)
+  for x, y in ((10, 20), (256, 128), (500, 250)):
+    u, v, w = m_inv @ [x, y, 1]
+    u2, v2, w2 = shifted @ [x, y, 1]
+    close([u2 / w2, v2 / w2], [u / w + 0.3 / 1.4 * (v / w - road.height / 2), v / w], rtol=1e-9)

@@ -24,6 +24,8 @@ from conftest import ROOT
 FRAME, BIG_FRAME = camerad_frame(1344, 760), camerad_frame(1928, 1208)
 SOF0 = 10**9  # camera timestamps start well after zero, as monotonic clocks do
 V_EGO = 20.0
+# modeld's defaults on a PC, a typical car (opendbc's Toyota TSS2): lateral = steerActuatorDelay 0.12 + lagd's 0.2, longitudinal 0.15
+LAT_DELAY, LONG_DELAY = 0.32, 0.15
 
 @pytest.fixture(scope="module")
 def artifacts(native_artifacts, tmp_path_factory) -> str:
@@ -34,16 +36,30 @@ def artifacts(native_artifacts, tmp_path_factory) -> str:
   (folder / "notes.bin").write_bytes(open(folder / "warp_packed.bin", "rb").read()[:5000])
   return str(folder)
 
-@pytest.fixture(scope="module")
-def split_09(artifacts, tmp_path_factory) -> str:
-  """A 0.9.7-0.9.9 vision+policy stand-in (lateral_control_params, prev_desired_curv, a desired_curvature head) with the 1344x760 warp."""
+def stand_in_artifacts(generation: str, artifacts: str, tmp_path_factory) -> str:
+  """A generation's tiny stand-in compiled into an artifacts folder with the 1344x760 warp."""
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.compile_modeld import compile_model
-  folder = tmp_path_factory.mktemp("split_09")
-  files = stand_in_models.write("split_09", "tiny", str(folder / "split_09.onnx"), seed=6)["files"]
+  folder = tmp_path_factory.mktemp(generation)
+  files = stand_in_models.write(generation, "tiny", str(folder / f"{generation}.onnx"), seed=6)["files"]
   compile_model(str(folder / "model.bin"), **files, log=lambda s: None)
   shutil.copy(os.path.join(artifacts, "warp_split.bin"), folder / "warp_split.bin")
   return str(folder)
+
+@pytest.fixture(scope="module")
+def split_09(artifacts, tmp_path_factory) -> str:
+  """A 0.9.7-0.9.9 vision+policy stand-in (lateral_control_params, prev_desired_curv, a desired_curvature head)."""
+  return stand_in_artifacts("split_09", artifacts, tmp_path_factory)
+
+@pytest.fixture(scope="module")
+def split_current(artifacts, tmp_path_factory) -> str:
+  """openpilot's current layout: single-hypothesis lead in the vision model, single-hypothesis plan in the policy."""
+  return stand_in_artifacts("split_current", artifacts, tmp_path_factory)
+
+@pytest.fixture(scope="module")
+def split_action(artifacts, tmp_path_factory) -> str:
+  """A vision+policy stand-in whose policy takes action_t."""
+  return stand_in_artifacts("split_action", artifacts, tmp_path_factory)
 
 def frames_for(frame_id: int, frame=FRAME) -> tuple[np.ndarray, np.ndarray]:
   rng = np.random.default_rng(frame_id)
@@ -52,14 +68,14 @@ def frames_for(frame_id: int, frame=FRAME) -> tuple[np.ndarray, np.ndarray]:
 class Daemon:
   """modeld in a subprocess (its own OPENPILOT_PREFIX via the fixture), a camera replay and a subscriber in this process. Every modelV2
   published is recorded, and every line modeld logs."""
-  def __init__(self, artifacts: str, frame=FRAME):
+  def __init__(self, artifacts: str, frame=FRAME, args: tuple[str, ...] = (), env: dict | None = None):
     from sunnypilot.modeld_v2.camera_replay import CameraReplay
     from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     self.frame, self.replay = frame, CameraReplay(frame)
     self.sm = sub_master(["modelV2", "cameraOdometry", "drivingModelData"])
     self.car = pub_master(["carState"])
-    self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--send-raw"], cwd=ROOT,
-                                 stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--send-raw", *args], cwd=ROOT,
+                                 stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
     self.lines: list[str] = []
     threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
     self.messages: dict[int, dict] = {}  # frameId -> {service: message}
@@ -116,16 +132,20 @@ class Daemon:
     self.replay.close()
     return code
 
-def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "warp_split.bin", sensor: str = "os04c10") -> list[bytes]:
+def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "warp_split.bin", sensor: str = "os04c10", lat_delay: float = LAT_DELAY,
+              long_delay: float = LONG_DELAY, prepare_only: tuple[int, ...] = ()) -> list[bytes]:
   """The adapter run directly on the same frames, from fresh states, with the inputs modeld derives when cameras, calibration and carState
   (vEgo, no blinkers, no lateral control: no desire) are published."""
   adapter = NativeTinygradAdapter(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp), cache=False)
   road, wide = SENSOR_CAMERAS[sensor]
-  # openpilot's inputs with the default 0.2 s steering delay: action_t (lat, long) and 0.9.x's lateral_control_params [vEgo, delay]
+  # openpilot's inputs: action_t = [lat + 1.5 DT, long + LONG_SMOOTH_SECONDS 0.3 + 1.5 DT] and 0.9.x's lateral_control_params [vEgo, lat],
+  # each delay once; the prepare_only gate off
   values = {"tfm": np.stack([get_warp_matrix(DEFAULT_RPY, road.intrinsics), get_warp_matrix(DEFAULT_RPY, wide.intrinsics, True)]), "desire": 0,
-            "traffic_convention": [1, 0], "action_t": [0.2 + 1.5 * DT_MDL, 0.3 + 1.5 * DT_MDL], "lateral_control_params": [V_EGO, 0.2]}
+            "traffic_convention": [1, 0], "action_t": [lat_delay + 1.5 * DT_MDL, long_delay + 0.3 + 1.5 * DT_MDL],
+            "lateral_control_params": [V_EGO, lat_delay], "prepare_only": 0}
   outs = []
   for frame_id in frame_ids:
+    values["prepare_only"] = float(frame_id in prepare_only)  # the frames after a drop: the gate on
     for name, view in adapter.numpy_inputs.items(): view.reshape(-1)[:] = np.reshape(values[name], -1)
     road_buf, wide_buf = frames_for(frame_id, frame)
     adapter.copy_frames({"img": road_buf, "big_img": wide_buf})
@@ -144,7 +164,7 @@ def check_fields(msgs: dict, slices: dict) -> None:
   np.testing.assert_allclose(list(m.temporalPose.trans), plan[0, 3:6], rtol=1e-6)  # no sim_pose head: the plan's velocity at t=0
   np.testing.assert_allclose(list(m.laneLineProbs), sig(head("lane_lines_prob"))[1::2], rtol=1e-5)
   assert m.leadsV3[0].prob == pytest.approx(sig(head("lead_prob")[0]), rel=1e-5)
-  lat_t = 0.2 + 1.5 * DT_MDL  # get_curvature_from_plan at lat_action_t, no lateral smoothing; the model's own head when it has one
+  lat_t = LAT_DELAY + 1.5 * DT_MDL  # get_curvature_from_plan at lat_action_t, no lateral smoothing; the model's own head when it has one
   curvature = head("desired_curvature")[0] if "desired_curvature" in slices else 2 * np.interp(lat_t, T, plan[:, 11]) / (V_EGO * lat_t) - plan[0, 14] / V_EGO
   assert m.action.desiredCurvature == pytest.approx(curvature, rel=1e-4, abs=1e-7) == d.action.desiredCurvature
   coeffs = np.linalg.lstsq(np.stack([T ** k for k in range(5)], axis=1), plan[:, 1].astype(np.float64), rcond=None)[0]  # degree 4, lowest first
@@ -204,6 +224,23 @@ def test_skipped_frames_are_prepare_only_and_filtered(artifacts, openpilot_prefi
     (m, _), (d, _) = daemon.messages[frame_id]["modelV2"], daemon.messages[frame_id]["drivingModelData"]
     assert m.frameDropPerc == pytest.approx(expected[frame_id], rel=1e-4, abs=1e-6) and d.frameDropPerc == m.frameDropPerc
   assert daemon.messages[39]["modelV2"][0].frameDropPerc > 0.5
+
+def test_prepare_only_frames_run_the_gate(split_current, openpilot_prefix):
+  """Today's layout: the frame after each gap runs with the gate on (only the image queues advance) and publishes nothing; every published
+  output equals the bundle run directly on the same frames with the gate on exactly there."""
+  daemon = Daemon(split_current)
+  sent = [i for i in range(30) if i not in (10, 11, 20)]
+  for frame_id in sent:
+    daemon.send(frame_id)
+    if frame_id in (12, 21): daemon.wait_for_line(f"frame {frame_id}: ")
+    else: daemon.receive(frame_id)
+  assert daemon.stop() == 0
+  published = [i for i in sent if i not in (12, 21)]
+  assert daemon.published == published
+  outs = dict(zip(sent, reference(split_current, sent, prepare_only=(12, 21)), strict=True))
+  assert [daemon.raw(i) for i in published] == [outs[i] for i in published]
+  ungated = dict(zip(sent, reference(split_current, sent), strict=True))
+  assert daemon.raw(13) != ungated[13], "the gate changed what the model saw after the drop"
 
 def test_camerad_restart(artifacts, openpilot_prefix):
   daemon = Daemon(artifacts)
@@ -297,3 +334,135 @@ def test_demo_runs(artifacts, tmp_path):
   assert "frames out (modelV2 published):   20" in out.stdout and "random-weight stand-in" in out.stdout
   assert "compiling" not in out.stderr, "the demo reused the prebuilt bundles"
   assert (tmp_path / "demo_latency.png").stat().st_size > 1000 and (tmp_path / "demo_preview.png").stat().st_size > 1000
+
+# *** today's layout, every field; delays ***
+
+def lane_times(plan_x: np.ndarray) -> list[float]:
+  """openpilot's fill_model_msg: when the plan reaches each X_IDXS distance (10 s for the first beyond its end, NaN after)."""
+  x_idxs = [192.0 * (i / 32) ** 2 for i in range(33)]
+  t = [0.0] + [float("nan")] * 32
+  for xi in range(1, 33):
+    ti = 0
+    while ti < 32 and plan_x[ti + 1] < x_idxs[xi]: ti += 1
+    if ti == 32:
+      t[xi] = 10.0
+      break
+    p = (x_idxs[xi] - plan_x[ti]) / (plan_x[ti + 1] - plan_x[ti]) if abs(plan_x[ti + 1] - plan_x[ti]) > 1e-9 else float("nan")
+    t[xi] = p * T[ti + 1] + (1 - p) * T[ti]
+  return t
+
+class Expected:
+  """Every field of today's single-hypothesis layout from rawPredictions, by openpilot's and sunnypilot's formulas written out here, with the
+  history they keep: FCW's last 5/2 hard-brake probabilities, the 2 s confidence buffer. An mlsim generation: curvature from the plan."""
+  def __init__(self, slices: dict, lat_t: float):
+    self.slices, self.lat_t = slices, lat_t
+    self.brake5, self.brake3, self.buffer = np.zeros(5), np.zeros(2), np.zeros(25)
+
+  def check(self, msgs: dict) -> None:
+    m, d, o = msgs["modelV2"], msgs["drivingModelData"], msgs["cameraOdometry"]
+    raw = np.frombuffer(bytes(m.rawPredictions), np.float32).astype(np.float64)
+    head = lambda name: raw[self.slices[name][0]:self.slices[name][1]]
+    exp = lambda x: np.exp(np.minimum(x, 11))  # safe_exp
+    def eq(got, want, rtol=1e-5, atol=1e-6): np.testing.assert_allclose(np.asarray(list(got), np.float64), want, rtol=rtol, atol=atol)
+    assert head("plan").size == 990 and head("lead").size == 144, "one mean/std pair each: no hypotheses"
+    plan, plan_std = head("plan")[:495].reshape(33, 15), exp(head("plan")[495:]).reshape(33, 15)
+    for field, cols in (("position", slice(0, 3)), ("velocity", slice(3, 6)), ("acceleration", slice(6, 9)), ("orientation", slice(9, 12)),
+                        ("orientationRate", slice(12, 15))):
+      xyz = getattr(m, field)
+      for axis, col in zip("xyz", range(cols.start, cols.stop)): eq(getattr(xyz, axis), plan[:, col])
+      eq(xyz.t, T)
+    for axis, col in zip("xyz", range(3)): eq(getattr(m.position, f"{axis}Std"), plan_std[:, col])
+    eq(m.temporalPose.trans, plan[0, 3:6]), eq(m.temporalPose.transStd, plan_std[0, 3:6]), eq(m.temporalPose.rot, plan[0, 12:15])
+    lanes, lanes_std = head("lane_lines")[:264].reshape(4, 33, 2), exp(head("lane_lines")[264:]).reshape(4, 33, 2)
+    edges, edges_std = head("road_edges")[:132].reshape(2, 33, 2), exp(head("road_edges")[132:]).reshape(2, 33, 2)
+    t = lane_times(plan[:, 0])
+    for lines, values in ((m.laneLines, lanes), (m.roadEdges, edges)):
+      assert len(lines) == len(values)
+      for line, value in zip(lines, values):
+        eq(line.x, [192.0 * (i / 32) ** 2 for i in range(33)]), eq(line.y, value[:, 0]), eq(line.z, value[:, 1]), eq(line.t, t)
+    eq(m.laneLineStds, lanes_std[:, 0, 0]), eq(m.roadEdgeStds, edges_std[:, 0, 0])
+    line_probs = sig(head("lane_lines_prob"))[1::2]
+    eq(m.laneLineProbs, line_probs)
+    lead, lead_std, lead_prob = head("lead")[:72].reshape(3, 6, 4), exp(head("lead")[72:]).reshape(3, 6, 4), sig(head("lead_prob"))
+    for i, lv3 in enumerate(m.leadsV3):
+      for k, name in enumerate("xyva"): eq(getattr(lv3, name), lead[i, :, k]), eq(getattr(lv3, f"{name}Std"), lead_std[i, :, k])
+      assert lv3.prob == pytest.approx(lead_prob[i], rel=1e-5) and lv3.probTime == [0.0, 2.0, 4.0][i]
+      eq(lv3.t, [0.0, 2.0, 4.0, 6.0, 8.0, 10.0])
+    softmax = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    eq(m.meta.desireState, softmax(head("desire_state"))), eq(m.meta.desirePrediction, softmax(head("desire_pred").reshape(4, 8)).reshape(-1))
+    meta = sig(head("meta"))  # the 55-entry layout: engaged, then gas/brake/steer/hard-brake 3/4/5 interleaved by 2 s step, then presses
+    dp = m.meta.disengagePredictions
+    assert m.meta.engagedProb == pytest.approx(meta[0], rel=1e-5)
+    for field, start in (("gasDisengageProbs", 1), ("brakeDisengageProbs", 2), ("steerOverrideProbs", 3), ("brake3MetersPerSecondSquaredProbs", 4),
+                         ("brake4MetersPerSecondSquaredProbs", 5), ("brake5MetersPerSecondSquaredProbs", 6)): eq(getattr(dp, field), meta[start:31:6])
+    eq(dp.gasPressProbs, meta[31:55:4]), eq(dp.brakePressProbs, meta[32:55:4]), eq(dp.t, [2.0, 4.0, 6.0, 8.0, 10.0])
+    self.brake5 = np.append(self.brake5[1:], np.float32(meta[6]))
+    self.brake3 = np.append(self.brake3[1:], np.float32(meta[4]))
+    assert m.meta.hardBrakePredicted == bool((self.brake5 > [0.05, 0.05, 0.15, 0.15, 0.15]).all() and (self.brake3 > [0.7, 0.7]).all())
+    if m.frameId % 40 == 0:
+      any_p = 1 - (1 - meta[2:31:6]) * (1 - meta[1:31:6]) * (1 - meta[3:31:6])
+      self.buffer = np.concatenate([self.buffer[5:], [any_p[0], *(np.diff(any_p) / (1 - any_p[:-1]))]])
+    score = sum(self.buffer[i * 5 + 4 - i] for i in range(5)) / 5
+    assert str(m.confidence) == ("green" if score < 0.01165 else "yellow" if score < 0.06157 else "red")
+    curvature = 2 * np.interp(self.lat_t, T, plan[:, 11]) / (V_EGO * self.lat_t) - plan[0, 14] / V_EGO  # mlsim: the plan, no smoothing
+    assert m.action.desiredCurvature == pytest.approx(curvature, rel=1e-4, abs=1e-7) == d.action.desiredCurvature
+    coeffs = np.linalg.lstsq(np.stack([T ** k for k in range(5)], axis=1), plan[:, 0:3], rcond=None)[0]
+    for i, axis in enumerate("xyz"): eq(getattr(d.path, f"{axis}Coefficients"), coeffs[:, i], rtol=1e-3, atol=1e-4)
+    meta_d = d.laneLineMeta
+    assert (meta_d.leftY, meta_d.rightY) == pytest.approx((lanes[1, 0, 0], lanes[2, 0, 0]), rel=1e-5)
+    assert (meta_d.leftProb, meta_d.rightProb) == pytest.approx((line_probs[1], line_probs[2]), rel=1e-5)
+    pose, pose_std = head("pose")[:6], exp(head("pose")[6:])
+    eq(o.trans, pose[:3]), eq(o.rot, pose[3:]), eq(o.transStd, pose_std[:3]), eq(o.rotStd, pose_std[3:])
+    eq(o.wideFromDeviceEuler, head("wide_from_device_euler")[:3]), eq(o.wideFromDeviceEulerStd, exp(head("wide_from_device_euler")[3:]))
+    eq(o.roadTransformTrans, head("road_transform")[:3]), eq(o.roadTransformTransStd, exp(head("road_transform")[6:9]))
+
+def test_todays_layout_every_field_from_raw_predictions(split_current, openpilot_prefix):
+  """openpilot's current vision + policy layout end to end: every published field equals the reference computed from rawPredictions."""
+  from sunnypilot.modeld_v2.loader import load_model
+  meta = load_model(os.path.join(split_current, "model.bin"))["metadata"]
+  assert (meta["generation"], meta["generation_source"]) == ("split_current", "onnx")
+  daemon, expected = Daemon(split_current), Expected(meta["output_slices"], LAT_DELAY + 1.5 * DT_MDL)
+  for frame_id in range(45):  # past frame 40: a confidence update
+    daemon.send(frame_id)
+    expected.check(daemon.receive(frame_id))
+  assert daemon.stop() == 0 and daemon.published == list(range(45))
+  assert any("generation split_current (recorded, from the ONNX)" in line for line in daemon.lines)
+  assert [daemon.raw(i) for i in range(45)] == reference(split_current, list(range(45))), "the same inputs as openpilot's modeld"
+
+def fake_openpilot_params(folder, steer: float, long: float) -> dict:
+  """An `openpilot.common.params` whose Params hands out a CarParams with these actuator delays: modeld's device path on a PC."""
+  from openpilot_logging.cereal import car
+  (folder / "openpilot" / "common").mkdir(parents=True)
+  (folder / "openpilot" / "__init__.py").write_text(""), (folder / "openpilot" / "common" / "__init__.py").write_text("")
+  (folder / "car_params.bin").write_bytes(car.CarParams.new_message(steerActuatorDelay=steer, longitudinalActuatorDelay=long).to_bytes())
+  (folder / "openpilot" / "common" / "params.py").write_text(f"""
+class Params:
+  def get(self, key, block=False, return_default=False):
+    return open({str(folder / 'car_params.bin')!r}, 'rb').read() if key == 'CarParams' else None
+""")
+  return {"PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
+
+@pytest.mark.parametrize("source", ["flags", "CarParams"])
+def test_each_delay_counts_once(split_action, split_09, openpilot_prefix, tmp_path, source):
+  """action_t = [lat + 1.5 DT, long + 0.3 + 1.5 DT], lateral_control_params [vEgo, lat] (lat holds lagd's 0.2 once) and the published
+  curvature at lat + 1.5 DT: from the flags on a PC, from CarParams (steerActuatorDelay + 0.2, longitudinalActuatorDelay) on a device."""
+  f32 = lambda x: float(np.float32(x))  # CarParams holds float32s
+  lat, long = (0.41, 0.27) if source == "flags" else (f32(0.17) + 0.2, f32(0.33))
+  args, env = (("--lat-delay", "0.41", "--long-delay", "0.27"), None) if source == "flags" else ((), fake_openpilot_params(tmp_path, 0.17, 0.33))
+  from sunnypilot.modeld_v2.loader import load_model
+  for folder in (split_action, split_09):
+    slices = load_model(os.path.join(folder, "model.bin"))["metadata"]["output_slices"]
+    daemon = Daemon(folder, args=args, env=env)
+    assert any(f"delays from {'--lat-delay/--long-delay' if source == 'flags' else 'CarParams'}: lateral {lat:.3f} s" in line for line in daemon.lines)
+    for frame_id in range(12):
+      daemon.send(frame_id)
+      m = daemon.receive(frame_id)["modelV2"]
+      raw = np.frombuffer(bytes(m.rawPredictions), np.float32)
+      if "desired_curvature" not in slices:  # split_action is mlsim: the plan at lat_action_t, once
+        plan = raw[slices["plan"][0]:slices["plan"][1]].reshape(5, -1)
+        plan = plan[np.argmax(plan[:, -1])][:495].reshape(33, 15)
+        lat_t = lat + 1.5 * DT_MDL
+        assert m.action.desiredCurvature == pytest.approx(2 * np.interp(lat_t, T, plan[:, 11]) / (V_EGO * lat_t) - plan[0, 14] / V_EGO, rel=1e-4)
+    assert daemon.stop() == 0
+    assert [daemon.raw(i) for i in range(12)] == reference(folder, list(range(12)), lat_delay=lat, long_delay=long), \
+      f"{folder}: action_t and lateral_control_params with each delay once"

@@ -26,6 +26,7 @@ INPUTS = {
   "split_action": {"vision": IMGS("img", "big_img"), "policy": POLICY_0X | ACT},
   "supercombo_action": {"onnx": IMGS("img", "big_img") | {"desire_pulse": ((1, 25, 8), F32), "features_buffer": ((1, 24, 512), F32)} | TC | ACT},
   "multi_policy": {"vision": IMGS("img", "big_img"), "off_policy": POLICY_0X, "on_policy": POLICY_0X},
+  "split_current": {"vision": IMGS("img", "big_img"), "policy": POLICY_0X},  # openpilot compile_modeld.py @55cac784
 }
 
 @pytest.mark.parametrize("generation", stand_in_models.NAMES)
@@ -40,6 +41,10 @@ def test_openpilots_names_shapes_and_slices(tmp_path, generation):
     bounds = sorted((s.start, s.stop) for s in slices.values())
     assert bounds[0][0] == 0 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])) and bounds[-1][1] == outputs["outputs"][1], "slices tile outputs"
     if key in ("onnx", "vision"): assert slices["hidden_state"].stop - slices["hidden_state"].start == 512, "features_buffer's source"
+    if generation == "split_current":  # single-hypothesis heads where openpilot's current models have them: lead 917:1061 of the vision
+      size = {k: v.stop - v.start for k, v in slices.items()}
+      if key == "policy": assert size == {"plan": 990, "desire_state": 8, "pad": 2}
+      else: assert (size["lead"], slices["lead"], size["hidden_state"]) == (144, slice(917, 1061), 512)
     if generation in ("supercombo_20hz", "split_09") and key != "vision":
       assert slices["desired_curvature"].stop - slices["desired_curvature"].start == 2, "prev_desired_curv's source: a mean and a std"
 

@@ -57,3 +57,12 @@ def warp_matrices(sensor: str, rpy=DEFAULT_RPY) -> np.ndarray:
   """M_inv for (road, wide) as modeld feeds them to the warp: float32 (2, 3, 3)."""
   road, wide = SENSOR_CAMERAS[sensor]
   return np.stack([get_warp_matrix(rpy, road.intrinsics), get_warp_matrix(rpy, wide.intrinsics, bigmodel_frame=True)]).astype(np.float32)
+
+CALIBRATION_HEIGHT = 1.22  # metres: the camera height sunnypilot assumes before liveCalibration reports one
+
+def apply_camera_offset(m_inv: np.ndarray, intrinsics: np.ndarray, height: float, offset: float) -> np.ndarray:
+  """M_inv of a camera moved `offset` metres sideways (sunnypilot modeld_v2/camera_offset_helper.py @5b23aa70): for a ground point the
+  camera pixel shifts by offset/height times its row's distance below the principal point, a shear of the camera-pixel side."""
+  shear = np.eye(3)
+  shear[0, 1], shear[0, 2] = offset / height, -offset / height * intrinsics[1, 2]
+  return shear @ m_inv

@@ -8,7 +8,10 @@ Every bundle runs as `run(new_img=..., desire=..., <host inputs by ONNX name>=..
 from the ONNX's names and shapes. Native models (`new_img` + states): each input X with an output next_X is a state, every other input a
 host input. Queued models (supercombo, vision + policy, vision + off-policy + on-policy): the images, the desire history, features_buffer
 and prev_desired_curv become openpilot's input queues, compiled in as states (see input_queues); `desire` is this frame's one-hot pulse;
-every other input is a host input under its ONNX name and shape. Host inputs are float32, cast in the graph to the model's dtype;
+every other input is a host input under its ONNX name and shape. A queued bundle also takes `prepare_only` (1, 1): above 0.5 the queues
+that the generation does not push on a prepare-only frame (generations.py) keep their entries, so the frame after a drop is still one
+launch. The generation is derived from the ONNX inputs and heads, or given with --generation where more than one or none fits, and recorded
+in the bundle. Host inputs are float32, cast in the graph to the model's dtype;
 `outputs` is float32 (the models' outputs concatenated in the order given). docs/FORMAT.md has the metadata each bundle carries.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, state_names, write_bundle
+from sunnypilot.modeld_v2.generations import GENERATIONS, GenerationError, Rules, derive
 from sunnypilot.modeld_v2.input_queues import (
   CURVATURE,
   FEATURES,
@@ -57,7 +61,8 @@ LAYOUTS = {"native": ("model",), "supercombo": ("model",), "split": ("vision", "
 # policy, then the vision model over them, then the off-policy over both: where two models emit a head, the later one's is read
 SLICE_PRECEDENCE = ("policy", "on_policy", "vision", "off_policy")
 FLAGS = {"model": "--onnx", "vision": "--vision", "policy": "--policy", "off_policy": "--off-policy", "on_policy": "--on-policy"}
-FRAMES, DESIRE, HOST, STATE, QUEUE = "frames", "desire", "host", "state", "queue"  # what each bundle input is
+FRAMES, DESIRE, HOST, STATE, QUEUE, GATE = "frames", "desire", "host", "state", "queue", "gate"  # what each bundle input is
+PREPARE_ONLY = "prepare_only"  # the gate input of a queued bundle: (1, 1), above 0.5 on a prepare-only frame
 RULES = ("images have 'img' in their name and shape (1, 6n, H, W), 'big' for the wide camera; the desire history is the 3-D input whose name "
          "starts with 'desire'; features_buffer and prev_desired_curv are fed back from hidden_state and desired_curvature; any other input "
          "that is not a (1, L>1, N) history is a host input")
@@ -184,11 +189,16 @@ class Plan:
   queues: dict[str, Queue]
   specs: dict[str, tuple[tuple, Any]]  # the bundle's inputs {name: (shape, numpy dtype)}
   out_specs: dict[str, tuple[tuple, Any]]
-  input_roles: dict[str, str]  # bundle input -> FRAMES, DESIRE, HOST, STATE or QUEUE
+  input_roles: dict[str, str]  # bundle input -> FRAMES, DESIRE, HOST, STATE, QUEUE or GATE
   hidden: list[int] | None  # [start, stop] of hidden_state in the first model's output: what the feature queue gets
   curvature: list[int] | None  # [start, stop] in the bundle's outputs: what the curvature queue gets
   metadata: dict[str, str]  # the ONNX metadata_props, merged
   input_shapes: dict[str, tuple]  # every ONNX input
+  generation: str
+  generation_source: str  # "onnx" (derived) or "--generation"
+
+  @property
+  def rules(self) -> Rules: return GENERATIONS[self.generation]
 
 def _paths(onnx: str | None, vision: str | None, policy: str | None, off_policy: str | None, on_policy: str | None) -> tuple[str, dict[str, str]]:
   given = {k: v for k, v in (("model", onnx), ("vision", vision), ("policy", policy), ("off_policy", off_policy), ("on_policy", on_policy)) if v}
@@ -199,7 +209,7 @@ def _paths(onnx: str | None, vision: str | None, policy: str | None, off_policy:
   return layout, {k: given[k] for k in LAYOUTS[layout]}
 
 def plan_model(onnx: str | None = None, vision: str | None = None, policy: str | None = None, off_policy: str | None = None,
-               on_policy: str | None = None, frame_skip: int | None = None) -> Plan:
+               on_policy: str | None = None, frame_skip: int | None = None, generation: str | None = None) -> Plan:
   """Read and check the ONNX (one model, a vision + policy pair or a vision + off-policy + on-policy triple): roles, output slices,
   frame_skip, queues, and the bundle's input and output specs."""
   layout, paths = _paths(onnx, vision, policy, off_policy, on_policy)
@@ -211,7 +221,10 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
   dtypes = {k: {n: d for n, (_, d) in info["inputs"].items()} for k, info in infos.items()}
   metadata = {k: v for info in reversed(infos.values()) for k, v in info["metadata"].items()}
   shapes = {n: s for info in infos.values() for n, (s, _) in info["inputs"].items()}
-  common = {"layout": layout, "paths": paths, "dtypes": dtypes, "outputs": outputs, "slices": slices, "metadata": metadata, "input_shapes": shapes}
+  try: found = derive(layout, shapes, slices, generation)
+  except GenerationError as e: raise ModelError(f"{', '.join(paths.values())}: {e}") from None
+  common = {"layout": layout, "paths": paths, "dtypes": dtypes, "outputs": outputs, "slices": slices, "metadata": metadata, "input_shapes": shapes,
+            "generation": found, "generation_source": "onnx" if generation is None else "--generation"}
   try:
     if frame_skip is not None: frame_skip = check_frame_skip(frame_skip, "--frame-skip")
     if layout == "native": return _plan_native(infos, **common)
@@ -267,11 +280,13 @@ def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common
   _, planes_h, planes_w = queues["img_q"].shape[1:]
   specs: dict[str, tuple[tuple, Any]] = {"new_img": ((2, FRAME_PLANES, planes_h, planes_w), np.uint8)}
   if "desire_q" in queues: specs["desire"] = ((1, queues["desire_q"].shape[1]), np.float32)
-  if clash := sorted(set(host) & (set(specs) | set(queues))): raise ModelError(f"host inputs {clash} clash with the bundle's own inputs")
-  specs |= {name: (shape, np.float32) for name, shape in host.items()} | {name: (q.shape, q.dtype) for name, q in queues.items()}
+  if clash := sorted(set(host) & (set(specs) | set(queues) | {PREPARE_ONLY})): raise ModelError(f"host inputs {clash} clash with the bundle's own inputs")
+  specs |= {name: (shape, np.float32) for name, shape in host.items()} | {PREPARE_ONLY: ((1, 1), np.float32)} | \
+    {name: (q.shape, q.dtype) for name, q in queues.items()}
   n_out = sum(info["outputs"][common["outputs"][k]][0][-1] for k, info in infos.items())
   out_specs = {"outputs": ((1, n_out), np.float32)} | {f"next_{name}": (q.shape, q.dtype) for name, q in queues.items()}
-  input_roles = {"new_img": FRAMES} | ({"desire": DESIRE} if "desire" in specs else {}) | dict.fromkeys(host, HOST) | dict.fromkeys(queues, QUEUE)
+  input_roles = {"new_img": FRAMES} | ({"desire": DESIRE} if "desire" in specs else {}) | dict.fromkeys(host, HOST) | {PREPARE_ONLY: GATE} | \
+    dict.fromkeys(queues, QUEUE)
   return Plan(roles=roles, frame_skip=frame_skip, queues=queues, specs=specs, out_specs=out_specs, input_roles=input_roles, hidden=hidden,
               curvature=curvature, **common)
 
@@ -306,15 +321,20 @@ def make_step(plan: Plan, runners: dict):
       _write(output_buffers, {k: _as(out[k], plan.out_specs[k][1]) for k in output_buffers})
     return native
 
-  models, fs, queues = list(plan.paths), plan.frame_skip, plan.queues
-  def queued(output_buffers, new_img, **inputs):
+  models, fs, queues, rules = list(plan.paths), plan.frame_skip, plan.queues, plan.rules
+  # on a prepare-only frame only the images advance, and the desire where the generation pushes it then
+  held = {"feat_q", "curv_q"} | (set() if rules.prepare_pushes_desire else {"desire_q"})
+  def queued(output_buffers, new_img, prepare_only, **inputs):
     state = {name: inputs.pop(name) for name in queues}
+    skip = prepare_only.reshape(1, 1) > 0.5
     new = {name: push(state[name], new_img[i:i + 1]) for i, name in enumerate(("img_q", "big_img_q"))}
     values = inputs | {queues[name].feeds: planes(new[name], fs) for name in new}
     if "desire_q" in queues:
       new["desire_q"] = push(state["desire_q"], values.pop("desire").reshape(1, -1))
       values[queues["desire_q"].feeds] = pooled(new["desire_q"], fs)
-    if "curv_q" in queues: values[queues["curv_q"].feeds] = every(state["curv_q"], fs)  # this step's curvature joins after the run
+    if "curv_q" in queues:  # this step's curvature joins after the run; zeros where the generation is not fed it
+      curv = every(state["curv_q"], fs)
+      values[queues["curv_q"].feeds] = curv if rules.feeds_prev_curvature else curv * 0
     if len(models) == 1:
       if "feat_q" in queues: values["features_buffer"] = every(state["feat_q"], fs)  # a single model sees past features only
       out = run(models[0], values)
@@ -327,6 +347,7 @@ def make_step(plan: Plan, runners: dict):
       out = producer.cat(*(run(k, values) for k in models[1:]), dim=1)
     if "feat_q" in queues and "feat_q" not in new: new["feat_q"] = push(state["feat_q"], producer[:, slice(*plan.hidden)])
     if "curv_q" in queues: new["curv_q"] = push(state["curv_q"], out[:, slice(*plan.curvature)])
+    new = {name: skip.where(state[name], q) if name in held else q for name, q in new.items()}
     _write(output_buffers, {"outputs": out} | {f"next_{name}": new[name] for name in queues})
   return queued
 
@@ -350,10 +371,12 @@ def layer_boundaries(on: bool = True) -> Iterator[None]:
   finally: onnx_module.onnx_ops.update(saved)
 
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
-                  off_policy: str | None = None, on_policy: str | None = None, log=print, beam: int | None = None, fuse_layers: bool = False) -> dict:
+                  off_policy: str | None = None, on_policy: str | None = None, log=print, beam: int | None = None, fuse_layers: bool = False,
+                  generation: str | None = None) -> dict:
   """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
   Returns a summary. Fails before any work when `output` cannot be written or `beam` cannot search here. `beam`: search every kernel
-  with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see layer_boundaries)."""
+  with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see layer_boundaries).
+  `generation`: the model's generation (generations.GENERATIONS) when its ONNX does not tell."""
   from tinygrad import Device, Tensor
   from tinygrad.nn.onnx import OnnxRunner
 
@@ -361,8 +384,9 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
   t0, dev = time.perf_counter(), Device.DEFAULT
   check_output_path(output)
   level = search_level(beam)
-  plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip)
-  log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), frame_skip {plan.frame_skip}, on {dev}")
+  plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip, generation)
+  log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), generation {plan.generation} ({plan.generation_source}), "
+      f"frame_skip {plan.frame_skip}, on {dev}")
   rng = np.random.default_rng(0)
   def make(shape, dtype) -> Tensor:
     value = rng.integers(0, 256, shape, dtype=np.uint8) if np.dtype(dtype) == np.uint8 else rng.standard_normal(shape).astype(dtype)
@@ -372,7 +396,8 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
     step = make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
     log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
     jit, part, inputs = capture(step, make_inputs, null_holds_data=null_holds_data, beam=level, log=log)
-  metadata = {"kind": "model", "layout": plan.layout, "layer_boundaries": not fuse_layers,
+  metadata = {"kind": "model", "layout": plan.layout, "generation": plan.generation, "generation_source": plan.generation_source,
+              "layer_boundaries": not fuse_layers,
               "frame_skip": plan.frame_skip, "output_slices": plan.slices, "input_roles": plan.input_roles,
               "onnx_roles": plan.roles, "input_shapes": {n: list(s) for n, s in plan.input_shapes.items()},
               "output_shapes": {k: list(s) for k, (s, _) in plan.out_specs.items()},
@@ -397,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--off-policy", help="the off-policy of a vision + off-policy + on-policy triple")
   parser.add_argument("--on-policy", help="the on-policy of a vision + off-policy + on-policy triple")
   parser.add_argument("--output", required=True, help="bundle path to write")
+  parser.add_argument("--generation", choices=tuple(GENERATIONS), help="the model's generation, which decides modeld's rules (curvature source, "
+                      "prev_desired_curv feed, smoothing, prepare-only pushes; see README). Default: derived from the ONNX inputs and heads; "
+                      "required when they fit none or several")
   parser.add_argument("--frame-skip", help="frames between the queues' samples, at least 1 (default: the ONNX's frame_skip, else 1 for a "
                       "features_buffer of >= 99 entries, else 4)")
   parser.add_argument("--beam", type=int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
@@ -408,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
     compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
-                  log=lambda s: print(s, file=sys.stderr, flush=True), beam=args.beam, fuse_layers=args.fuse_layers)
+                  log=lambda s: print(s, file=sys.stderr, flush=True), beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
   except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0

@@ -5,7 +5,8 @@ calls them: get_accel_from_plan returns (acceleration, should_stop) from the spe
 linearises the yaw at action_t. The commaai/openpilot copy of drive_helpers.py in our source index (@500432cb) predates these functions,
 so this follows the text of that generation, not a named commaai commit. The action as a whole follows get_action_from_model of
 openpilot modeld.py (commaai/openpilot @6c6be47b) with sunnypilot's get_curvature_from_output (fill_model_msg.py @d671ce18): the
-model's desired_curvature head when it has one, else the plan.
+model's desired_curvature head when it has one and the generation is not mlsim, else the plan; the smoothing and the low-speed hold only
+where the generation has them (sunnypilot modeld.py @13ce8664 get_action_from_model; generations.py says which).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sunnypilot.modeld_v2.generations import Rules
 from sunnypilot.modeld_v2.model_constants import DT_MDL, T_IDXS, Plan
 
 MIN_SPEED = 1.0  # m/s: curvature from yaw divides by speed
@@ -55,13 +57,14 @@ def curv_from_psis(psi_target: float, psi_rate: float, v_ego: float, action_t: f
 def get_curvature_from_plan(yaws: np.ndarray, yaw_rates: np.ndarray, t_idxs: list[float], v_ego: float, action_t: float) -> float:
   return curv_from_psis(float(np.interp(action_t, t_idxs, yaws)), float(yaw_rates[0]), v_ego, action_t)
 
-def get_action(parsed: dict[str, np.ndarray], prev: Action, lat_action_t: float, long_action_t: float, v_ego: float,
+def get_action(parsed: dict[str, np.ndarray], prev: Action, lat_action_t: float, long_action_t: float, v_ego: float, rules: Rules,
                lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS) -> Action:
-  """This frame's action from the parsed outputs (plan required), smoothed against the previous frame's."""
+  """This frame's action from the parsed outputs (plan required), smoothed against the previous frame's as the generation's rules say."""
   plan = parsed["plan"]
   accel, should_stop = get_accel_from_plan(plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], T_IDXS, long_action_t)
   accel = smooth_value(accel, prev.desired_acceleration, long_smooth_s)
-  if "desired_curvature" in parsed: curvature = float(parsed["desired_curvature"][0])
+  if "desired_curvature" in parsed and not rules.curvature_from_plan: curvature = float(parsed["desired_curvature"][0])
   else: curvature = get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_IDXS, v_ego, lat_action_t)
-  curvature = smooth_value(curvature, prev.desired_curvature, lat_smooth_s) if v_ego > MIN_LAT_CONTROL_SPEED else prev.desired_curvature
+  if rules.smooth_and_hold:
+    curvature = smooth_value(curvature, prev.desired_curvature, lat_smooth_s) if v_ego > MIN_LAT_CONTROL_SPEED else prev.desired_curvature
   return Action(curvature, accel, bool(should_stop))

@@ -22,6 +22,10 @@ def describe(path: str) -> str:
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
   if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
+  if meta.get("kind") == "model":
+    from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
+    generation, source = of_bundle(meta)
+    lines.append(f"  generation: {generation} ({source}): {GENERATIONS[generation].about}")
   for model, roles in meta.get("onnx_roles", {}).items(): lines.append(f"  onnx {model}: {', '.join(f'{n} ({r})' for n, r in roles.items())}")
   roles = meta.get("input_roles", {})
   for kind in ("input_specs", "output_specs"):

@@ -26,6 +26,7 @@ LEAD_MHP_N, LEAD_TRAJ_LEN, LEAD_WIDTH, LEAD_MHP_SELECTION = 2, 6, 4, 3  # per le
 NUM_LANE_LINES, NUM_ROAD_EDGES, LANE_LINES_WIDTH = 4, 2, 2  # per point: y, z
 DESIRE_PRED_LEN = 4
 POSE_WIDTH, WIDE_FROM_DEVICE_WIDTH, DESIRED_CURV_WIDTH = 6, 3, 1
+LAT_PLANNER_SOLUTION_WIDTH = 4  # x, y, yaw, curvature (openpilot constants.py of the lat_planner models)
 META_LEN = 55
 POLY_PATH_DEGREE = 4
 
@@ -85,6 +86,15 @@ POLICY_SLICES = {
   "desire_pred": DESIRE_PRED_LEN * DESIRE_LEN,
   "action": 2,
 }
+
+# openpilot's current layout (selfdrive/modeld/compile_modeld.py @55cac784 and the heads its Parser reads): the vision model carries the lanes,
+# edges, meta, desire prediction and a single-hypothesis lead (one mean/std pair of 3x6x4) before hidden_state; the policy a
+# single-hypothesis plan (one mean/std pair of 33x15), the desire state and two floats of padding
+CURRENT_VISION_SLICES = {k: n for k, n in VISION_SLICES.items() if k != "hidden_state"} | {
+  "lane_lines": POLICY_SLICES["lane_lines"], "lane_lines_prob": POLICY_SLICES["lane_lines_prob"], "road_edges": POLICY_SLICES["road_edges"],
+  "desire_pred": POLICY_SLICES["desire_pred"], "meta": META_LEN, "lead": 2 * LEAD_MHP_SELECTION * LEAD_TRAJ_LEN * LEAD_WIDTH,
+  "lead_prob": LEAD_MHP_SELECTION, "hidden_state": FEATURE_LEN}
+CURRENT_POLICY_SLICES = {"plan": 2 * IDX_N * PLAN_WIDTH, "desire_state": DESIRE_LEN, "pad": 2}
 
 def slices_of(sizes: dict[str, int], start: int = 0) -> dict[str, slice]:
   out = {}

@@ -1,9 +1,12 @@
 """The model's raw output vector -> named arrays, with openpilot's activation for each head.
 
 Mirrors openpilot selfdrive/modeld/parse_model_outputs.py (commaai/openpilot @75a8e5d1) and sunnypilot modeld_v2/parse_model_outputs_split.py
-(sunnypilot/sunnypilot @a7fda632: every head optional). A head the model lacks is simply absent from the result. Arrays carry no batch axis;
-standard deviations are under `<name>_std`. The layout names (VISION_SLICES, POLICY_SLICES, FEATURE_LEN, DESIRE_LEN, slices_of) are
-re-exported from model_constants for the stand-in generator and the compiler.
+(sunnypilot/sunnypilot @a7fda632: every head optional; `is_mhp`: plan and lead have hypotheses unless the head is exactly one mean/std
+pair of its shape, as today's models' 990-float plan and 144-float lead are; `safe_exp` clips exponents at 11, as float16 logits overflow).
+sunnypilot's TinygradSplitRunner (sunnypilot/models/runners/tinygrad/tinygrad_runner.py @06b23b5a) adds a `planplus` head's mean to the
+plan's. A head the model lacks is simply absent from the result. Arrays carry no batch axis; standard deviations are under `<name>_std`.
+The layout names (VISION_SLICES, POLICY_SLICES, FEATURE_LEN, DESIRE_LEN, slices_of) are re-exported from model_constants for the stand-in
+generator and the compiler.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from sunnypilot.modeld_v2.model_constants import (
   DESIRED_CURV_WIDTH,
   IDX_N,
   LANE_LINES_WIDTH,
+  LAT_PLANNER_SOLUTION_WIDTH,
   LEAD_MHP_N,
   LEAD_MHP_SELECTION,
   LEAD_TRAJ_LEN,
@@ -34,10 +38,14 @@ from sunnypilot.modeld_v2.model_constants import POLICY_SLICES as POLICY_SLICES
 from sunnypilot.modeld_v2.model_constants import VISION_SLICES as VISION_SLICES
 from sunnypilot.modeld_v2.model_constants import slices_of as slices_of
 
-def sigmoid(x: np.ndarray) -> np.ndarray: return 1.0 / (1.0 + np.exp(-x))
+EXP_CLIP = 11.0  # exp(11) ~ 6e4, the largest float16 finite value's order: a larger exponent overflows half-precision models
+
+def safe_exp(x: np.ndarray) -> np.ndarray: return np.exp(np.minimum(x, EXP_CLIP))
+
+def sigmoid(x: np.ndarray) -> np.ndarray: return 1.0 / (1.0 + safe_exp(-x))
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-  e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+  e = safe_exp(x - np.max(x, axis=axis, keepdims=True))
   return e / np.sum(e, axis=axis, keepdims=True)
 
 def parse_mdn(raw: np.ndarray, shape: tuple[int, ...], hypotheses: int = 1, selections: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -46,16 +54,18 @@ def parse_mdn(raw: np.ndarray, shape: tuple[int, ...], hypotheses: int = 1, sele
   or `shape` for a single selection."""
   rows = raw.reshape(hypotheses, -1)
   n = (rows.shape[1] - selections) // 2
-  mean, std = rows[:, :n], np.exp(rows[:, n:2 * n])
+  mean, std = rows[:, :n], safe_exp(rows[:, n:2 * n])
   if hypotheses == 1: return mean.reshape(shape), std.reshape(shape)
   # openpilot sorts the softmax weights and takes the first of the descending order: the last index of an ascending argsort
   picks = [int(np.argsort(softmax(rows[:, 2 * n + k], axis=0))[-1]) for k in range(selections)]
   out_shape = shape if selections == 1 else (selections, *shape)
   return mean[picks].reshape(out_shape), std[picks].reshape(out_shape)
 
-# name -> (shape of one selection, hypotheses, selections) for the mixture-density heads
+# name -> (shape of one selection, hypotheses, selections) for the mixture-density heads; a MHP_HEADS head of exactly one mean/std pair of
+# its selections is read without hypotheses (openpilot's is_mhp)
 MDN_HEADS = {
   "plan": ((IDX_N, PLAN_WIDTH), PLAN_MHP_N, PLAN_MHP_SELECTION),
+  "planplus": ((IDX_N, PLAN_WIDTH), 1, 0),
   "lane_lines": ((NUM_LANE_LINES, IDX_N, LANE_LINES_WIDTH), 1, 0),
   "road_edges": ((NUM_ROAD_EDGES, IDX_N, LANE_LINES_WIDTH), 1, 0),
   "pose": ((POSE_WIDTH,), 1, 0),
@@ -64,7 +74,9 @@ MDN_HEADS = {
   "wide_from_device_euler": ((WIDE_FROM_DEVICE_WIDTH,), 1, 0),
   "lead": ((LEAD_TRAJ_LEN, LEAD_WIDTH), LEAD_MHP_N, LEAD_MHP_SELECTION),
   "desired_curvature": ((DESIRED_CURV_WIDTH,), 1, 0),
+  "lat_planner_solution": ((IDX_N, LAT_PLANNER_SOLUTION_WIDTH), 1, 0),
 }
+MHP_HEADS = ("plan", "lead")
 BINARY_HEADS = ("lead_prob", "lane_lines_prob", "meta")  # independent probabilities: sigmoid of every logit
 CATEGORICAL_HEADS = {"desire_state": (DESIRE_LEN,), "desire_pred": (DESIRE_PRED_LEN, DESIRE_LEN)}  # softmax over the last axis
 
@@ -74,7 +86,11 @@ def parse_outputs(outputs: np.ndarray, slices: dict[str, Sequence[int]]) -> dict
   raw = {name: vec[start:stop] for name, (start, stop) in slices.items()}
   out: dict[str, np.ndarray] = {}
   for name, (shape, hypotheses, selections) in MDN_HEADS.items():
-    if name in raw: out[name], out[f"{name}_std"] = parse_mdn(raw[name], shape, hypotheses, selections)
+    if name not in raw: continue
+    if name in MHP_HEADS and raw[name].size == 2 * int(np.prod(shape)) * max(selections, 1):  # one mean/std pair: no hypotheses
+      shape, hypotheses, selections = ((selections, *shape) if selections > 1 else shape), 1, 0
+    out[name], out[f"{name}_std"] = parse_mdn(raw[name], shape, hypotheses, selections)
+  if "plan" in out and "planplus" in out: out["plan"] = out["plan"] + out["planplus"]
   for name in BINARY_HEADS:
     if name in raw: out[name] = sigmoid(raw[name])
   for name, shape in CATEGORICAL_HEADS.items():

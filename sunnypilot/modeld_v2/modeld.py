@@ -5,6 +5,12 @@
 `--artifacts` holds `model.bin` (compile_modeld) and warp bundles (compile_warp) for the camera geometries it may meet; the daemon
 picks the warp whose frame layout matches the live camera buffers (a --split-frames warp first: it reads them in place). When camerad
 comes back with another geometry, the daemon switches to that geometry's warp and intrinsics, or waits, publishing nothing, until one is built.
+
+The model bundle's generation (recorded by compile_modeld; derived from what an older bundle records) decides the rules in generations.py:
+where the action's curvature comes from, what prev_desired_curv sees, the smoothing and low-speed hold, and what the frame after a drop
+pushes. On that prepare-only frame the fused graph runs once with its `prepare_only` gate on and nothing is published.
+Delays: on a device CarParams (read from openpilot's Params at start, waiting for it as openpilot's modeld does) give the longitudinal
+actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
 """
 from __future__ import annotations
 
@@ -21,17 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix, sensor_for_size
+from sunnypilot.modeld_v2.calibration import CALIBRATION_HEIGHT, DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
+from sunnypilot.modeld_v2.device_params import TYPICAL_LONG_ACTUATOR_DELAY, TYPICAL_STEER_ACTUATOR_DELAY, Delays, from_car_params
 from sunnypilot.modeld_v2.drive_helpers import action_times
+from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
 from sunnypilot.modeld_v2.model_constants import DT_MDL
+from sunnypilot.modeld_v2.model_outputs import parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 
 SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
-# lateral_control_params = [vEgo, steering delay]: openpilot's 0.9.x supercombo (modeld.py @00731a68) fed steerActuatorDelay + 0.2, its
-# 0.9.7-0.9.9 vision+policy pairs (modeld.py @6c6be47b) liveDelay's lateral delay as it is
-STEER_DELAY_EXTRA = {"supercombo": 0.2}
+PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
 ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone
 DRIVING_STYLE = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # sunnypilot's default driving_style input (modeld.py @002f69b0)
 
@@ -131,8 +138,11 @@ def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
   return None
 
 class ModelD:
-  def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = 0.2, long_delay: float = 0.0, send_raw: bool = False):
-    self.artifacts, self.rhd, self.lat_delay, self.long_delay = artifacts, rhd, lat_delay, long_delay
+  def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_STEER_ACTUATOR_DELAY + 0.2,
+               long_delay: float = TYPICAL_LONG_ACTUATOR_DELAY, send_raw: bool = False, camera_offset: float = 0.0):
+    self.artifacts, self.rhd = artifacts, rhd
+    self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
+    self.camera_offset_target, self.camera_offset = camera_offset, 0.0  # metres; the applied offset follows the target (sunnypilot's EMA)
     self.exit = threading.Event()
     self.adapter: Any = None
     self.geometry: Geometry | None = None
@@ -212,7 +222,12 @@ class ModelD:
     model_path = os.path.join(self.artifacts, "model.bin")
     t = time.perf_counter()
     self.adapter = NativeTinygradAdapter(model_path, warp)
-    self.slices, self.layout = self.adapter.jits["metadata"]["output_slices"], self.adapter.jits["metadata"]["layout"]
+    self.slices = self.adapter.jits["metadata"]["output_slices"]
+    generation, source = of_bundle(self.adapter.jits["metadata"])
+    self.publish_state.rules = GENERATIONS[generation]
+    self.gated = "prepare_only" in self.adapter.numpy_inputs
+    self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
+    if not self.gated: self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
     self.cameras = (wide, wide) if self.main_wide else (road, wide)
     self.rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
     log(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
@@ -232,21 +247,35 @@ class ModelD:
                                             get_warp_matrix(rpy, self.cameras[1].intrinsics, bigmodel_frame=True)])
     return self.m_inv
 
-  def fill_inputs(self, sm, lat_delay: float, lat_t: float, long_t: float) -> None:
-    """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once)."""
+  def offset_transforms(self, sm) -> np.ndarray:
+    """M_inv for both cameras with sunnypilot's CameraOffset: the applied offset moves a tenth of the way to the target on each calibration
+    update (modeld_v2/camera_offset_helper.py @5b23aa70), with the calibration's camera height."""
+    cal = sm["liveCalibration"]
+    m_inv = self.transforms(list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY)
+    if sm.updated.get("liveCalibration"): self.camera_offset = 0.9 * self.camera_offset + 0.1 * self.camera_offset_target
+    if self.camera_offset == 0: return m_inv
+    height = float(cal.height[0]) if sm.seen.get("liveCalibration") and len(cal.height) else CALIBRATION_HEIGHT
+    return np.stack([apply_camera_offset(m, camera.intrinsics, height, self.camera_offset) for m, camera in zip(m_inv, self.cameras, strict=True)])
+
+  def fill_inputs(self, sm, lat_delay: float, lat_t: float, long_t: float, prepare_only: bool = False) -> None:
+    """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once).
+    `lat_delay` is the whole lateral delay (liveDelay's, which holds lagd's 0.2 s): lateral_control_params takes it as it is."""
     inputs, car_state = self.adapter.numpy_inputs, sm["carState"]
     rhd = self.rhd or (sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
-    cal = sm["liveCalibration"]
-    values = {"tfm": self.transforms(list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY),
-              "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
-              "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay + STEER_DELAY_EXTRA.get(self.layout, 0.0)],
-              "driving_style": DRIVING_STYLE}
+    values = {"tfm": self.offset_transforms(sm), "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0],
+              "action_t": [lat_t, long_t], "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay], "driving_style": DRIVING_STYLE,
+              "prepare_only": [float(prepare_only)], "lat_planner_state": self.publish_state.lat_planner_state}
     for name, view in inputs.items():
-      if name in values: view.reshape(-1)[:] = np.reshape(values[name], -1)
+      if name in values and np.size(values[name]) == view.size: view.reshape(-1)[:] = np.reshape(values[name], -1)
+      elif name in values: self.log_once(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
       elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
 
   def run(self, max_frames: int | None = None) -> int:
+    from sunnypilot.modeld_v2.device_params import camera_offset, device_params, read_car_params
     from sunnypilot.modeld_v2.messaging import lateral_delay, new_message, pub_master, sub_master
+    params = device_params()
+    delays = self.flag_delays if params is None else read_car_params(params)
+    log(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
     if not self.wait_for_camerad(): return 0
@@ -264,23 +293,25 @@ class ModelD:
       last_frame = time.monotonic()
       buf_main, meta_main, buf_extra, meta_extra = frames
       sm.update(0)
-      lat_delay = lateral_delay(sm, self.lat_delay)
-      lat_t, long_t = action_times(lat_delay, self.long_delay)
-      self.fill_inputs(sm, lat_delay, lat_t, long_t)
+      if params is not None and sm.frame % PARAMS_EVERY == 0: self.camera_offset_target = camera_offset(params, self.camera_offset_target)
+      lat_delay = lateral_delay(sm, delays.lateral)
+      lat_t, long_t = action_times(lat_delay, delays.longitudinal)
       dropped, drop_perc = drops.update(meta_main.frame_id)
-      t0 = time.perf_counter()
+      self.fill_inputs(sm, lat_delay, lat_t, long_t, prepare_only=dropped > 0)
+      t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
       self.adapter.copy_frames({"img": buf_main, "big_img": buf_extra})
       self.adapter.run()
       outputs = self.adapter.output_array()
-      execution_time = time.perf_counter() - t0
-      if dropped > 0:  # prepare-only: the frame went through the model's queues, nothing is published
+      if dropped > 0:  # prepare-only: the frame went through the queues the generation pushes then, nothing is published
         log(f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
         continue
+      parsed = parse_outputs(outputs, self.slices)
+      execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
       msgs = {s: new_message(s) for s in SERVICES}
-      self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], bool(sm.seen.get("carControl") and sm["carControl"].latActive))
+      self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], bool(sm.seen.get("carControl") and sm["carControl"].latActive), parsed)
       for service, msg in msgs.items(): pm.send(service, msg)
       published += 1
     log(f"exiting after {published} published frames")
@@ -297,12 +328,19 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
   parser.add_argument("--max-frames", type=int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
-  parser.add_argument("--lat-delay", type=float, default=0.2, help="steering actuator delay in seconds (liveDelay.lateralDelay when published)")
-  parser.add_argument("--long-delay", type=float, default=0.0, help="longitudinal actuator delay in seconds")
+  typical = from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, "a typical car")
+  parser.add_argument("--lat-delay", type=float, default=typical.lateral, help="on a PC: the lateral delay in seconds as liveDelay gives it "
+                      "(steerActuatorDelay + 0.2); liveDelay.lateralDelay replaces it when published, CarParams on a device. Default "
+                      f"{typical.lateral:g}: a Toyota TSS2 torque car's steerActuatorDelay {TYPICAL_STEER_ACTUATOR_DELAY:g} (opendbc) + 0.2")
+  parser.add_argument("--long-delay", type=float, default=typical.longitudinal, help="on a PC: the longitudinal actuator delay in seconds "
+                      "(CarParams.longitudinalActuatorDelay on a device). Default "
+                      f"{typical.longitudinal:g}: that car's, opendbc's CarParams default")
+  parser.add_argument("--camera-offset", type=float, default=0.0, help="on a PC: sunnypilot's CameraOffset in metres, the camera seen as "
+                      "moved sideways by this much (a shear of the warp); the CameraOffset parameter on a device")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
   args = parser.parse_args(argv)
   if problem := check_artifacts(args.artifacts): parser.exit(2, f"modeld: error: {problem}\n")
-  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw)
+  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset)
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: daemon.exit.set())
   return daemon.run(args.max_frames)
 

@@ -25,8 +25,9 @@ from sunnypilot.modeld_v2.fill_model_msg import (
   driving_model_data_fields,
   model_v2_fields,
 )
+from sunnypilot.modeld_v2.generations import GENERATIONS, Rules
 from sunnypilot.modeld_v2.messaging import set_fields
-from sunnypilot.modeld_v2.model_constants import DESIRE_LEN
+from sunnypilot.modeld_v2.model_constants import DESIRE_LEN, DT_MDL, T_IDXS
 from sunnypilot.modeld_v2.model_outputs import parse_outputs
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
@@ -45,15 +46,18 @@ class FrameInfo:
   lat_action_t: float  # drive_helpers.action_times: the same times as the model's action_t input
   long_action_t: float
 
+LAT_PLANNER_STATE_LEN = 4  # x, y, yaw, curvature: sunnypilot feeds the yaw and curvature back
+
 class PublishState:
   def __init__(self, lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS, send_raw: bool = False,
-               log: Callable[[str], None] | None = None):
-    self.lat_smooth_s, self.long_smooth_s, self.send_raw = lat_smooth_s, long_smooth_s, send_raw
+               log: Callable[[str], None] | None = None, rules: Rules = GENERATIONS["split_09"]):
+    self.lat_smooth_s, self.long_smooth_s, self.send_raw, self.rules = lat_smooth_s, long_smooth_s, send_raw, rules
     self.log = log or logging.getLogger("modeld").warning
     self.desire_helper = DesireHelper()
     self.hard_brake, self.confidence = HardBrake(), Confidence()
     self.action = Action()  # the last published action: the next one is smoothed against it
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
+    self.lat_planner_state = np.zeros(LAT_PLANNER_STATE_LEN, np.float32)  # the lat_planner_state input of models that have one
     self.reported: set[str] = set()
 
   def desire_input(self) -> np.ndarray:
@@ -66,14 +70,18 @@ class PublishState:
     return pulse
 
   def fill(self, msgs: dict[str, Any], outputs: np.ndarray, slices: dict[str, Sequence[int]], frame: FrameInfo, car_state: CarStateLike,
-           lateral_active: bool) -> dict[str, dict[str, Any]]:
-    """Fill the Event builders msgs[s] for s in SERVICES from the raw output vector and its `output_slices`, advancing the action,
-    FCW, confidence and lane-change state by one frame. `car_state`: carState (a reader or any CarStateLike); `lateral_active`:
-    carControl.latActive. Returns the values written, {service: {field path: value}}, including fields this schema lacks."""
-    parsed = parse_outputs(outputs, slices)
+           lateral_active: bool, parsed: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
+    """Fill the Event builders msgs[s] for s in SERVICES from the raw output vector and its `output_slices` (or `parsed`, the daemon's
+    parse_outputs of them), advancing the action, FCW, confidence, lane-change and lat_planner_state by one frame. `car_state`: carState
+    (a reader or any CarStateLike); `lateral_active`: carControl.latActive. Returns the values written, {service: {field path: value}},
+    including fields this schema lacks."""
+    if parsed is None: parsed = parse_outputs(outputs, slices)
     if "plan" in parsed:
-      self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0),
+      self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0), self.rules,
                                self.lat_smooth_s, self.long_smooth_s)
+    if "lat_planner_solution" in parsed:  # sunnypilot modeld.py @002f69b0: the solution's yaw and curvature one frame ahead
+      solution = parsed["lat_planner_solution"]
+      self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_IDXS, solution[:, 2]), np.interp(DT_MDL, T_IDXS, solution[:, 3])]
     action = self.action if "plan" in parsed else None
     fields = {"modelV2": model_v2_fields(parsed, action, self.hard_brake, self.confidence, frame.frame_id),
               "drivingModelData": driving_model_data_fields(parsed, action), "cameraOdometry": camera_odometry_fields(parsed)}

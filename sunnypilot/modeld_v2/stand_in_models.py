@@ -15,6 +15,9 @@ Generations (names and shapes from openpilot's modeld.py history, FACTS.md secti
   split_action       the same with action_t in the policy and features_buffer (1,25,512)
   supercombo_action  one ONNX: img, big_img, features_buffer (1,24,512), desire_pulse (1,25,8), traffic_convention, action_t
   multi_policy       vision + off-policy + on-policy (desire_pulse, traffic_convention, features_buffer (1,25,512) each)
+  split_current      openpilot's current layout (compile_modeld.py @55cac784): vision (img, big_img) -> lanes, edges, meta, desire_pred, a
+                     single-hypothesis lead (144) and hidden_state; policy (desire_pulse (1,25,8), traffic_convention, features_buffer
+                     (1,25,512)) -> a single-hypothesis plan (990), desire_state and 2 floats of padding
 Other models (compiled with compile_onnx, not compile_modeld):
   dmonitoring        openpilot's driver-monitoring model: input_img (1, 1440*960) uint8 + calib (1, 3) -> outputs (1, 84 + 512)
 A generation of several models writes one file per model next to `--output` (split_09.onnx -> split_09_vision.onnx, split_09_policy.onnx)
@@ -32,6 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sunnypilot.modeld_v2.model_constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES
 from sunnypilot.modeld_v2.model_outputs import FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
 
 OPSET = 17
@@ -77,6 +81,7 @@ GENERATIONS: dict[str, dict[str, Part]] = {
                                      host=TRAFFIC | ACTION_T)},
   "multi_policy": {"vision": VISION, "off_policy": Part(OFF_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC),
                    "on_policy": Part(ON_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC)},
+  "split_current": {"vision": Part(CURRENT_VISION_SLICES, IMAGES), "policy": Part(CURRENT_POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC)},
 }
 NAMES = ("native", *GENERATIONS)
 # openpilot's driver-monitoring model (selfdrive/modeld/dmonitoringmodeld.py and common/transformations/model.py @ba2aa31c): the warped
