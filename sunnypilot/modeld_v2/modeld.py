@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.bus_inputs import BusInputs, CarInputs
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.model_constants import DT_MDL
@@ -138,6 +139,7 @@ class ModelD:
     self.geometry: Geometry | None = None
     self.publish_state = PublishState(send_raw=send_raw, log=log)
     self.reported: set[str] = set()
+    self.bus = BusInputs(log)
 
   def log_once(self, msg: str) -> None:
     """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
@@ -232,21 +234,30 @@ class ModelD:
                                             get_warp_matrix(rpy, self.cameras[1].intrinsics, bigmodel_frame=True)])
     return self.m_inv
 
-  def fill_inputs(self, sm, lat_delay: float, lat_t: float, long_t: float) -> None:
-    """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once)."""
-    inputs, car_state = self.adapter.numpy_inputs, sm["carState"]
+  def fill_inputs(self, sm, car: CarInputs, lat_delay: float, lat_t: float, long_t: float) -> None:
+    """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once).
+    `car`, the calibration and the delays come checked from BusInputs."""
+    inputs = self.adapter.numpy_inputs
     rhd = self.rhd or (sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
-    cal = sm["liveCalibration"]
-    values = {"tfm": self.transforms(list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY),
+    values = {"tfm": self.transforms(self.bus.calibration(sm)),
               "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
-              "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay + STEER_DELAY_EXTRA.get(self.layout, 0.0)],
+              "lateral_control_params": [max(car.vEgo, 0.0), lat_delay + STEER_DELAY_EXTRA.get(self.layout, 0.0)],
               "driving_style": DRIVING_STYLE}
     for name, view in inputs.items():
       if name in values: view.reshape(-1)[:] = np.reshape(values[name], -1)
       elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
 
+  def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
+    """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""
+    if np.isfinite(outputs).all():
+      self.bus.episodes.ended("outputs", "model outputs finite again after non-finite runs")
+      return True
+    self.adapter.reset_states()
+    self.bus.episodes.happened("outputs", f"frame {frame_id}: non-finite model outputs: published with valid=False, recurrent states reset")
+    return False
+
   def run(self, max_frames: int | None = None) -> int:
-    from sunnypilot.modeld_v2.messaging import lateral_delay, new_message, pub_master, sub_master
+    from sunnypilot.modeld_v2.messaging import new_message, pub_master, sub_master
     pm = pub_master(list(SERVICES))
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
     if not self.wait_for_camerad(): return 0
@@ -264,15 +275,16 @@ class ModelD:
       last_frame = time.monotonic()
       buf_main, meta_main, buf_extra, meta_extra = frames
       sm.update(0)
-      lat_delay = lateral_delay(sm, self.lat_delay)
+      car, lat_delay = self.bus.car_state(sm), self.bus.lateral_delay(sm, self.lat_delay)
       lat_t, long_t = action_times(lat_delay, self.long_delay)
-      self.fill_inputs(sm, lat_delay, lat_t, long_t)
+      self.fill_inputs(sm, car, lat_delay, lat_t, long_t)
       dropped, drop_perc = drops.update(meta_main.frame_id)
       t0 = time.perf_counter()
       self.adapter.copy_frames({"img": buf_main, "big_img": buf_extra})
       self.adapter.run()
       outputs = self.adapter.output_array()
       execution_time = time.perf_counter() - t0
+      finite = self.outputs_finite(outputs, meta_main.frame_id)
       if dropped > 0:  # prepare-only: the frame went through the model's queues, nothing is published
         log(f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
         continue
@@ -280,7 +292,9 @@ class ModelD:
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
       msgs = {s: new_message(s) for s in SERVICES}
-      self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], bool(sm.seen.get("carControl") and sm["carControl"].latActive))
+      filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in the action history
+      self.publish_state.fill(msgs, filled, self.slices, frame, car, bool(sm.seen.get("carControl") and sm["carControl"].latActive))
+      for msg in msgs.values(): msg.valid = msg.valid and finite
       for service, msg in msgs.items(): pm.send(service, msg)
       published += 1
     log(f"exiting after {published} published frames")
