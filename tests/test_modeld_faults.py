@@ -53,16 +53,16 @@ def sm_with(**messages) -> SM:
 @pytest.mark.parametrize("rpy", [[float("nan"), 0, 0], [0, float("inf"), 0], [0, 1e30, 0], [0, 0.5, 0], [0.0, 0.01]])
 def test_calibration_out_of_range_is_refused(rpy):
   lines = []
-  bus = BusInputs(lines.append)
+  bus = BusInputs(Episodes(lines.append))
   assert bus.calibration(sm_with(liveCalibration={"rpyCalib": [0.01, 0.02, 0.03]})) == pytest.approx((0.01, 0.02, 0.03))
   for _ in range(3): assert bus.calibration(sm_with(liveCalibration={"rpyCalib": rpy})) == pytest.approx((0.01, 0.02, 0.03)), "the last good one"
   assert bus.calibration(sm_with(liveCalibration={"rpyCalib": [0.0, 0.1, -0.05]})) == pytest.approx((0.0, 0.1, -0.05))
   assert len(lines) == 2 and "refused" in lines[0] and "(3 times)" in lines[1], lines
-  assert BusInputs(lines.append).calibration(sm_with(liveCalibration={"rpyCalib": rpy})) == DEFAULT_RPY, "before a good one: the default"
+  assert BusInputs(Episodes(lines.append)).calibration(sm_with(liveCalibration={"rpyCalib": rpy})) == DEFAULT_RPY, "before a good one: the default"
 
 @pytest.mark.parametrize("v_ego", [float("nan"), float("inf"), -1e30, 1e30, 101.0])
 def test_speed_out_of_range_is_refused(v_ego):
-  bus = BusInputs(lambda line: None)
+  bus = BusInputs(Episodes(lambda line: None))
   assert bus.car_state(sm_with(carState={"vEgo": 12.5, "leftBlinker": True})).vEgo == 12.5
   car = bus.car_state(sm_with(carState={"vEgo": v_ego, "rightBlinker": True}))
   assert (car.vEgo, car.leftBlinker, car.rightBlinker) == (12.5, False, True), "only the bad field keeps its last good value"

@@ -34,10 +34,10 @@ class Episodes:
   def __init__(self, log: Callable[[str], None]):
     self.log, self.counts = log, {}
 
-  def happened(self, key: str, line: str) -> None:
+  def happened(self, key: str, line: str, times: int = 1) -> None:
     """`key` happened (again): `line` is logged only if this starts an episode."""
     if key not in self.counts: self.log(line)
-    self.counts[key] = self.counts.get(key, 0) + 1
+    self.counts[key] = self.counts.get(key, 0) + times
 
   def ended(self, key: str, line: str) -> None:
     """`key` is over for now: `line` and the count are logged if it happened more than once."""
@@ -58,11 +58,22 @@ class CarInputs:
 
 class BusInputs:
   """The last good value of each checked input, and the episodes of bad ones."""
-  def __init__(self, log: Callable[[str], None]):
-    self.episodes = Episodes(log)
+  def __init__(self, episodes: Episodes):
+    self.episodes = episodes
     self.car = CarInputs()
     self.rpy: tuple[float, ...] = DEFAULT_RPY
     self.lat_delay: float | None = None
+    self.dropped: dict[str, int] = {}
+
+  def messages(self, sm: Any) -> None:
+    """Messages the SubMaster dropped as malformed or of another type, per service: a line when it starts, the count when good ones return.
+    (openpilot's own SubMaster, used on a device, has no such count: it raises.)"""
+    for service, count in getattr(sm, "dropped", {}).items():
+      key = f"{service} messages"
+      if (new := count - self.dropped.get(service, 0)) > 0:
+        self.episodes.happened(key, f"{service}: dropped a malformed message ({sm.drop_reason[service]}); using the last good one", new)
+      elif sm.updated[service]: self.episodes.ended(key, f"{service}: good messages again after dropping malformed ones")
+      self.dropped[service] = count
 
   def _checked(self, key: str, good: bool, value: Any, last: Any) -> bool:
     if good: self.episodes.ended(key, f"{key} is good again after bad values")

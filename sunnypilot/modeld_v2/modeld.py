@@ -13,6 +13,7 @@ import enum
 import glob
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bus_inputs import BusInputs, CarInputs
+from sunnypilot.modeld_v2.bus_inputs import BusInputs, CarInputs, Episodes, check_delay
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.model_constants import DT_MDL
@@ -30,6 +31,7 @@ from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
+SYNC_MAX_SKIP = 20  # frames one sync may skip on a camera (1 s at 20 Hz) before giving up: the cameras' timestamps disagree
 # lateral_control_params = [vEgo, steering delay]: openpilot's 0.9.x supercombo (modeld.py @00731a68) fed steerActuatorDelay + 0.2, its
 # 0.9.7-0.9.9 vision+policy pairs (modeld.py @6c6be47b) liveDelay's lateral delay as it is
 STEER_DELAY_EXTRA = {"supercombo": 0.2}
@@ -118,7 +120,7 @@ def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, rep
     return None
   return min(matches)[1]
 
-def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
+def check_artifacts(artifacts: str, device: str | None = None, report=log) -> str | None:
   """Before waiting for camerad: the problem with the artifacts folder in one line (no model for this device, no warp at all), or None."""
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   model = os.path.join(artifacts, "model.bin")
@@ -128,7 +130,7 @@ def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
     check_provenance(head["provenance"], device, model)
     if head["extras"].get("metadata", {}).get("kind") != "model": return f"{model} is not a driving model bundle"
   except ArtifactError as e: return str(e)
-  if not warp_bundles(artifacts, device): return f"no warp bundle for this device in {artifacts} (build one with compile_warp --split-frames)"
+  if not warp_bundles(artifacts, device, report): return f"no warp bundle for this device in {artifacts} (build one with compile_warp --split-frames)"
   return None
 
 class ModelD:
@@ -139,7 +141,9 @@ class ModelD:
     self.geometry: Geometry | None = None
     self.publish_state = PublishState(send_raw=send_raw, log=log)
     self.reported: set[str] = set()
-    self.bus = BusInputs(log)
+    self.episodes = Episodes(log)  # conditions that repeat frame after frame: a line when they start, a count when they end
+    self.bus = BusInputs(self.episodes)
+    self.last_frame = time.monotonic()  # when a camera frame last arrived
 
   def log_once(self, msg: str) -> None:
     """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
@@ -169,32 +173,50 @@ class ModelD:
                     (e.width, e.height, e.stride, e.uv_offset, e.buffer_len) if e is not None else None)
 
   def wait_for_camerad(self) -> bool:
+    log("waiting for camerad")
     while not self.exit.is_set():
       if self.connect(): return True
       self.exit.wait(0.05)
     return False
 
+  def recv(self, client) -> tuple[Any, FrameMeta] | None:
+    """A frame of `client` within 100 ms, or None. Any frame, used or skipped, shows the camera is alive."""
+    if (buf := client.recv(100)) is None: return None
+    self.last_frame = time.monotonic()
+    return buf, FrameMeta.of(client)
+
   def recv_frames(self):
-    """openpilot's sync: main frames until at least one past the last extra, then extra frames until they match main."""
-    buf_main = self.client_main.recv(100)
-    if buf_main is None: return None
-    meta_main = FrameMeta.of(self.client_main)
+    """openpilot's sync: main frames until at least one past the last extra, then extra frames until they match main. Bounded: after
+    SYNC_MAX_SKIP frames skipped on a camera it gives up (a camera clock jumped), says why once per episode and starts the next sync afresh;
+    it returns as soon as the daemon is told to exit."""
+    if (got := self.recv(self.client_main)) is None: return None
+    (buf_main, meta_main), skipped = got, 0
     while meta_main.timestamp_sof < self.meta_extra.timestamp_sof + SYNC_NS:
-      buf_main = self.client_main.recv(100)
-      if buf_main is None: return None
-      meta_main = FrameMeta.of(self.client_main)
+      if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, self.meta_extra)
+      if (got := self.recv(self.client_main)) is None: return None
+      (buf_main, meta_main), skipped = got, skipped + 1
     buf_extra, meta_extra = buf_main, meta_main
     if self.use_extra:
+      skipped = 0
       while True:
-        buf_extra = self.client_extra.recv(100)
-        if buf_extra is None: return None
-        meta_extra = FrameMeta.of(self.client_extra)
+        if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, meta_extra)
+        if (got := self.recv(self.client_extra)) is None: return None
+        (buf_extra, meta_extra), skipped = got, skipped + 1
         if meta_main.timestamp_sof < meta_extra.timestamp_sof + SYNC_NS: break
       if abs(meta_main.timestamp_sof - meta_extra.timestamp_sof) > OUT_OF_SYNC_NS:
-        log(f"frames out of sync! main {meta_main.frame_id} ({meta_main.timestamp_sof / 1e9:.5f}), extra {meta_extra.frame_id} "
-            f"({meta_extra.timestamp_sof / 1e9:.5f})")
+        self.episodes.happened("out of sync", f"frames out of sync! main {meta_main.frame_id} ({meta_main.timestamp_sof / 1e9:.5f}), "
+                               f"extra {meta_extra.frame_id} ({meta_extra.timestamp_sof / 1e9:.5f})")
+      else: self.episodes.ended("out of sync", "frames in sync again after out-of-sync pairs")
+    self.episodes.ended("sync", "frame sync: the cameras' timestamps agree again")
     self.meta_extra = meta_extra
     return buf_main, meta_main, buf_extra, meta_extra
+
+  def sync_lost(self, meta_main: FrameMeta, meta_extra: FrameMeta) -> None:
+    if not self.exit.is_set():
+      self.episodes.happened("sync", f"frame sync: no extra frame within {SYNC_NS / 1e6:.0f} ms of a main frame after {SYNC_MAX_SKIP} frames (main "
+                             f"{meta_main.timestamp_sof / 1e9:.3f} s, extra {meta_extra.timestamp_sof / 1e9:.3f} s): waiting for the timestamps to agree")
+    self.meta_extra = FrameMeta()  # the next sync starts afresh, not from a timestamp that may never come back
+    return None
 
   # *** model ***
   def load(self) -> bool:
@@ -262,19 +284,21 @@ class ModelD:
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
     if not self.wait_for_camerad(): return 0
     loaded = self.load()
-    drops, published, last_frame = FrameDrops(), 0, time.monotonic()
+    drops, published, self.last_frame = FrameDrops(), 0, time.monotonic()
     log(f"running: main {'wide' if self.main_wide else 'road'} camera{', extra wide camera' if self.use_extra else ''}")
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
       frames = self.recv_frames() if loaded else None
       if frames is None:
-        if time.monotonic() - last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
-          previous, loaded, drops, last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
-          if loaded: log("reconnected to camerad" if self.geometry == previous else f"camera geometry changed to {self.geometry}: reloaded")
+        if time.monotonic() - self.last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
+          previous, loaded, drops, self.last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
+          if loaded and self.geometry != previous: log(f"camera geometry changed to {self.geometry}: reloaded")
+          elif loaded: self.episodes.happened("reconnect", f"no frames for {RECONNECT_AFTER_S} s: reconnected to camerad")
         if not loaded: self.exit.wait(0.1)
         continue
-      last_frame = time.monotonic()
+      self.episodes.ended("reconnect", "frames again after reconnecting to camerad")
       buf_main, meta_main, buf_extra, meta_extra = frames
       sm.update(0)
+      self.bus.messages(sm)
       car, lat_delay = self.bus.car_state(sm), self.bus.lateral_delay(sm, self.lat_delay)
       lat_t, long_t = action_times(lat_delay, self.long_delay)
       self.fill_inputs(sm, car, lat_delay, lat_t, long_t)
@@ -286,8 +310,9 @@ class ModelD:
       execution_time = time.perf_counter() - t0
       finite = self.outputs_finite(outputs, meta_main.frame_id)
       if dropped > 0:  # prepare-only: the frame went through the model's queues, nothing is published
-        log(f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
+        self.episodes.happened("drops", f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
         continue
+      self.episodes.ended("drops", "frame ids jumped on consecutive frames")
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
@@ -306,19 +331,48 @@ class ModelD:
     from msgq.visionipc import VisionIpcClient
     return bool(VisionIpcClient.available_streams("camerad", False)) and self.connect()
 
+def claim_bus() -> socket.socket | None:
+  """One modeld per bus: an abstract unix socket named for OPENPILOT_PREFIX, held while this process lives (the kernel drops it on any
+  exit, so nothing is left behind). None if another modeld holds it: msgq would let the newcomer take the topics and kill the first."""
+  sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try: sock.bind(f"\0sunnypilot_modeld_v2:{os.environ.get('OPENPILOT_PREFIX', '')}")
+  except OSError:
+    sock.close()
+    return None
+  return sock
+
+def delay_arg(text: str) -> float:
+  """--lat-delay / --long-delay: seconds, checked at parse time by the rule liveDelay's estimates are checked by."""
+  try: return check_delay(float(text), "a delay")
+  except ValueError as e: raise argparse.ArgumentTypeError(str(e) if "delay" in str(e) else f"not a number: {text!r}") from None
+
 def main(argv: list[str] | None = None) -> int:
+  import msgq
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
   parser.add_argument("--max-frames", type=int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
-  parser.add_argument("--lat-delay", type=float, default=0.2, help="steering actuator delay in seconds (liveDelay.lateralDelay when published)")
-  parser.add_argument("--long-delay", type=float, default=0.0, help="longitudinal actuator delay in seconds")
+  parser.add_argument("--lat-delay", type=delay_arg, default=0.2, help="steering actuator delay in seconds, 0 to 5 (liveDelay.lateralDelay when published)")
+  parser.add_argument("--long-delay", type=delay_arg, default=0.0, help="longitudinal actuator delay in seconds, 0 to 5")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
   args = parser.parse_args(argv)
-  if problem := check_artifacts(args.artifacts): parser.exit(2, f"modeld: error: {problem}\n")
+  prefix = os.environ.get("OPENPILOT_PREFIX")
+  bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
+  if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw)
-  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: daemon.exit.set())
-  return daemon.run(args.max_frames)
+  stopped_by: list[int] = []
+  def stop(signum: int, _frame) -> None:
+    stopped_by.append(signum)
+    daemon.exit.set()
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stop)
+  if problem := check_artifacts(args.artifacts, report=daemon.log_once): parser.exit(2, f"modeld: error: {problem}\n")
+  try: code = daemon.run(args.max_frames)
+  except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")
+  finally: claim.close()
+  return 128 + signal.SIGINT if signal.SIGINT in stopped_by else code  # Ctrl-C: the shell's convention, 130
 
 if __name__ == "__main__":
-  sys.exit(main())
+  try: sys.exit(main())
+  except KeyboardInterrupt:  # Ctrl-C before the signal handlers are in place
+    print("modeld: interrupted", file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)
