@@ -206,8 +206,9 @@ class ModelD:
       if abs(meta_main.timestamp_sof - meta_extra.timestamp_sof) > OUT_OF_SYNC_NS:
         self.episodes.happened("out of sync", f"frames out of sync! main {meta_main.frame_id} ({meta_main.timestamp_sof / 1e9:.5f}), "
                                f"extra {meta_extra.frame_id} ({meta_extra.timestamp_sof / 1e9:.5f})")
-      else: self.episodes.ended("out of sync", "frames in sync again after out-of-sync pairs")
-    self.episodes.ended("sync", "frame sync: the cameras' timestamps agree again")
+      else:
+        self.episodes.ended("out of sync", "frames in sync again after out-of-sync pairs")
+        self.episodes.ended("sync", "frame sync: the cameras' timestamps agree again")
     self.meta_extra = meta_extra
     return buf_main, meta_main, buf_extra, meta_extra
 
@@ -215,7 +216,10 @@ class ModelD:
     if not self.exit.is_set():
       self.episodes.happened("sync", f"frame sync: no extra frame within {SYNC_NS / 1e6:.0f} ms of a main frame after {SYNC_MAX_SKIP} frames (main "
                              f"{meta_main.timestamp_sof / 1e9:.3f} s, extra {meta_extra.timestamp_sof / 1e9:.3f} s): waiting for the timestamps to agree")
-    self.meta_extra = FrameMeta()  # the next sync starts afresh, not from a timestamp that may never come back
+    self.meta_extra = FrameMeta()  # the next sync starts afresh, not from a timestamp that may never come back,
+    if self.use_extra:  # and from fresh extra frames: those queued while main frames were skipped are as far off as the last one
+      for _ in range(SYNC_MAX_SKIP * 2):
+        if self.client_extra.recv(0) is None: break
     return None
 
   # *** model ***
