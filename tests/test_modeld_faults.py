@@ -1,5 +1,8 @@
 """modeld against bad input on the bus: broken numbers, broken messages, broken timestamps. Each test reproduces a failure seen before the fix."""
+import hashlib
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import test_modeld
-from test_modeld import SOF0, Daemon, frames_for, reference
+from test_modeld import BIG_FRAME, FRAME, SOF0, Daemon, frames_for, reference
 
 from sunnypilot.modeld_v2.bus_inputs import DEFAULT_RPY, BusInputs, Episodes
 
@@ -223,3 +226,61 @@ def test_ctrl_c_exits_130_without_a_traceback(artifacts, openpilot_prefix):
   daemon.exchange(range(3))
   code, lines = wait_for_exit(daemon, signal.SIGINT)
   assert code == 130 and "Traceback" not in "".join(lines) and lines[-1] == "modeld: exiting after 3 published frames\n", lines
+
+def rewrite_header(src: str, dst: str, edit) -> None:
+  """A copy of bundle `src` at `dst` with its JSON header text passed through `edit`, the hash recomputed: a crafted file that passes
+  the integrity check."""
+  from sunnypilot.modeld_v2.bundle import PREAMBLE
+  data = open(src, "rb").read()
+  magic, version, head_len, _ = PREAMBLE.unpack_from(data)
+  body = data[PREAMBLE.size:]
+  head = edit(body[:head_len].decode()).encode()
+  new_body = head + body[head_len:]
+  open(dst, "wb").write(PREAMBLE.pack(magic, version, len(head), hashlib.sha256(new_body).digest()) + new_body)
+
+def crafted_warps(artifacts: str, folder) -> dict[str, str]:
+  """{file name: what is wrong} for warps built from the good 1344x760 one; and the good one as warp_split.bin."""
+  good = os.path.join(artifacts, "warp_split.bin")
+  shutil.copy(good, folder / "warp_split.bin")
+  edits = {
+    "deep.bin": ("deeply nested JSON", lambda h: h.replace('"metadata":{', '"metadata":{"deep":' + "[" * 100_000 + "]" * 100_000 + ",", 1)),
+    "huge.bin": ("a 5000-digit integer", lambda h: h.replace('"metadata":{', '"metadata":{"n":' + "9" * 5000 + ",", 1)),
+    "frame_short.bin": ("a malformed frame", lambda h: h.replace('"frame":"1344,760,1408,768,384,2428928"', '"frame":"1344,760"')),
+    "frame_number.bin": ("a frame that is not a string", lambda h: h.replace('"frame":"1344,760,1408,768,384,2428928"', '"frame":7')),
+    "frame_inputs.bin": ("frame inputs of another size", lambda h: h.replace('[[2428928],"|u1"', '[[2428929],"|u1"')),
+    "small.bin": ("made for a 256x128 model", lambda h: h.replace('"warped":[[2,6,128,256]', '"warped":[[2,6,64,128]')),
+    "no_meta.bin": ("no metadata", lambda h: h.replace('"metadata":', '"other":', 1)),
+  }
+  for name, (_, edit) in edits.items():
+    rewrite_header(good, str(folder / name), edit)
+    assert open(folder / name, "rb").read() != open(good, "rb").read(), f"{name}: the edit changed nothing"
+  return {name: why for name, (why, _) in edits.items()}
+
+def test_warp_discovery_skips_every_crafted_warp_in_one_line(artifacts, tmp_path):
+  from sunnypilot.modeld_v2.modeld import warp_bundles
+  crafted = crafted_warps(artifacts, tmp_path)
+  lines = []
+  found = warp_bundles(str(tmp_path), report=lines.append, new_img=[2, 6, 128, 256])
+  assert [os.path.basename(p) for p, _ in found] == ["warp_split.bin"], lines
+  for name, why in crafted.items():
+    assert sum(f"/{name}: " in line for line in lines) == 1, f"{name} ({why}): {lines}"
+  assert len(lines) == len(crafted) and all(line.startswith("skipping ") for line in lines), lines
+
+def test_modeld_with_crafted_warps_runs_and_waits_on_a_geometry_without_a_fitting_warp(artifacts, tmp_path, openpilot_prefix):
+  """Deep JSON or a huge integer killed modeld at start; a malformed frame or a warp for another model size crashed it when the camera
+  connected. Now each is skipped with one line, at start and on geometry changes alike."""
+  crafted = crafted_warps(artifacts, tmp_path)
+  shutil.copy(os.path.join(artifacts, "model.bin"), tmp_path / "model.bin")
+  big = tmp_path / "warp_big_small.bin"  # the only 1928x1208 warp makes planes for another model size
+  rewrite_header(os.path.join(artifacts, "warp_big_split.bin"), str(big), lambda h: h.replace('"warped":[[2,6,128,256]', '"warped":[[2,6,64,128]'))
+  daemon = Daemon(str(tmp_path))
+  daemon.exchange(range(5))
+  seen = len(daemon.lines)
+  daemon.restart_camerad(BIG_FRAME)
+  daemon.wait_for_line("no warp bundle", after=seen)
+  seen = len(daemon.lines)
+  daemon.restart_camerad(FRAME)
+  daemon.wait_for_line("camera geometry changed to 1344x760", after=seen)
+  daemon.exchange(range(200, 205))
+  assert daemon.stop() == 0
+  for name in [*crafted, big.name]: assert sum(f"/{name}: " in line and "skipping" in line for line in daemon.lines) == 1, f"{name}: {daemon.lines}"

@@ -90,24 +90,55 @@ class Geometry:
   def __str__(self) -> str:
     return f"{self.width}x{self.height} frames (stride {self.stride}, uv_offset {self.uv_offset}, {self.buffer_len} bytes, streams {list(self.streams)})"
 
-def warp_bundles(artifacts: str, device: str | None = None, report=log) -> list[tuple[str, dict]]:
-  """(path, metadata) of every warp bundle in `artifacts` this process can load; each unreadable or foreign bundle is skipped with a line."""
+def spec_shape(spec: Any) -> list | None:
+  """The shape of a header's tensor spec ([shape, dtype, device]), or None if it is not one."""
+  return spec[0] if isinstance(spec, list) and spec and isinstance(spec[0], list) else None
+
+def warp_problem(extras: dict, new_img: list | None) -> str | None:
+  """Why a warp bundle's extras cannot serve a model taking `new_img` planes, or None. Every field discovery, the frame match and fusion read
+  is checked here, before use: a stale or crafted file must be skipped, not crash the daemon when the camera connects."""
+  from sunnypilot.modeld_v2.warp import parse_frame
+  meta, inputs, outputs = extras.get("metadata"), extras.get("input_specs"), extras.get("output_specs")
+  if not (isinstance(meta, dict) and isinstance(inputs, dict) and isinstance(outputs, dict)): return "no metadata, input_specs or output_specs"
+  if not isinstance(meta.get("frame"), str): return f"metadata frame {meta.get('frame')!r} is not a frame spec"
+  try: frame = parse_frame(meta["frame"])
+  except ValueError as e: return f"metadata frame: {e}"
+  if not isinstance(split := meta.get("split_frames"), bool): return f"metadata split_frames {split!r} is not true or false"
+  frames = {"frame": [frame.size], "big_frame": [frame.size]} if split else {"input_frame": [2, frame.size]}
+  if (got := {name: spec_shape(inputs.get(name)) for name in frames}) != frames: return f"its frame inputs {got} do not hold {frame.spec} frames"
+  if new_img is not None and (made := spec_shape(outputs.get("warped"))) != new_img: return f"it makes {made} planes, the model takes new_img {new_img}"
+  return None
+
+def warp_bundles(artifacts: str, device: str | None = None, report=log, new_img: list | None = None) -> list[tuple[str, dict]]:
+  """(path, metadata) of every warp bundle in `artifacts` this process can load for a model taking `new_img` planes (any, if None); each
+  unreadable, foreign or unfit bundle is skipped with a line."""
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   out = []
   for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != "model.bin"):  # the model is big: not a warp
     try:
       head, _ = read_bundle(path)
-      if (meta := head["extras"].get("metadata", {})).get("kind") != "warp": continue
+      meta = head["extras"]["metadata"]
+      if meta.get("kind") != "warp": continue
       check_provenance(head["provenance"], device, path)
-      out.append((path, meta))
+      if (problem := warp_problem(head["extras"], new_img)) is None: out.append((path, meta))
+      else: report(f"skipping {path}: {problem}")
     except ArtifactError as e: report(f"skipping {e}")
+    except Exception as e:  # any file in the folder may be damaged or crafted (deep JSON, huge numbers): skipped with its reason, never a crash
+      report(f"skipping {path}: unusable header ({type(e).__name__}: {str(e)[:160]})")
   return out
 
-def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, report=log) -> str | None:
-  """The warp bundle in `artifacts` built for this live buffer layout, split-frames first; None (with a line saying what to build) if none."""
+def model_planes(head: dict) -> list | None:
+  """The new_img shape in a model bundle's header: what a warp must make for it."""
+  return spec_shape(head["extras"].get("input_specs", {}).get("new_img"))
+
+def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, report=log, new_img: list | None = None,
+              refused: set[str] | frozenset[str] = frozenset()) -> str | None:
+  """The warp bundle in `artifacts` built for this live buffer layout and a model taking `new_img` planes, split-frames first, none of
+  `refused`; None (with a line saying what to build) if none."""
   from sunnypilot.modeld_v2.warp import parse_frame
   matches, seen = [], []
-  for path, meta in warp_bundles(artifacts, device, report):
+  for path, meta in warp_bundles(artifacts, device, report, new_img):
+    if path in refused: continue
     frame = parse_frame(meta["frame"])
     seen.append(meta["frame"])
     if (frame.width, frame.height, frame.stride, frame.uv_offset) == (geometry.width, geometry.height, geometry.stride, geometry.uv_offset) \
@@ -130,7 +161,8 @@ def check_artifacts(artifacts: str, device: str | None = None, report=log) -> st
     check_provenance(head["provenance"], device, model)
     if head["extras"].get("metadata", {}).get("kind") != "model": return f"{model} is not a driving model bundle"
   except ArtifactError as e: return str(e)
-  if not warp_bundles(artifacts, device, report): return f"no warp bundle for this device in {artifacts} (build one with compile_warp --split-frames)"
+  if not warp_bundles(artifacts, device, report, model_planes(head)):
+    return f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)"
   return None
 
 class ModelD:
@@ -144,6 +176,8 @@ class ModelD:
     self.episodes = Episodes(log)  # conditions that repeat frame after frame: a line when they start, a count when they end
     self.bus = BusInputs(self.episodes)
     self.last_frame = time.monotonic()  # when a camera frame last arrived
+    self.new_img: list | None = None  # the planes the model takes: what a warp must make
+    self.refused: set[str] = set()  # warps that failed to load with the model: not tried again until a restart
 
   def log_once(self, msg: str) -> None:
     """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
@@ -225,6 +259,7 @@ class ModelD:
   # *** model ***
   def load(self) -> bool:
     """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait)."""
+    from sunnypilot.modeld_v2.bundle import ArtifactError, read_bundle
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
     geometry = self.live_geometry()
     if geometry == self.geometry and self.adapter is not None:
@@ -236,10 +271,16 @@ class ModelD:
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")
       return False
-    if (warp := find_warp(self.artifacts, geometry, report=self.log_once)) is None: return False
-    model_path = os.path.join(self.artifacts, "model.bin")
+    model_path, warp = os.path.join(self.artifacts, "model.bin"), None
     t = time.perf_counter()
-    self.adapter = NativeTinygradAdapter(model_path, warp)
+    try:
+      if self.new_img is None: self.new_img = model_planes(read_bundle(model_path)[0])
+      if (warp := find_warp(self.artifacts, geometry, report=self.log_once, new_img=self.new_img, refused=self.refused)) is None: return False
+      self.adapter = NativeTinygradAdapter(model_path, warp)
+    except ArtifactError as e:
+      if warp is not None: self.refused.add(warp)
+      self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting for another camera geometry (or a restart)")
+      return False
     self.slices, self.layout = self.adapter.jits["metadata"]["output_slices"], self.adapter.jits["metadata"]["layout"]
     self.cameras = (wide, wide) if self.main_wide else (road, wide)
     self.rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
