@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import gc
 import glob
 import os
 import signal
@@ -267,6 +268,7 @@ class ModelD:
       return True
     if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
+    gc.collect()  # the old adapter's buffers sit in reference cycles; collected by allocation counts, they would wait for many changes
     try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.width, geometry.height)]
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")
