@@ -46,7 +46,7 @@ def test_non_finite_outputs_are_published_invalid_and_reset_the_states(split_09,
   assert all(not valid for _, valid in daemon.messages[25].values()), "the NaN run is published with valid=False on every service"
   assert all(finite_and_valid(daemon, i) for i in range(26, 40)), "the next frame is finite and valid again"
   assert [daemon.raw(i) for i in range(26, 40)] == reference(split_09, list(range(26, 40))), "from zeroed states, as a fresh start"
-  assert sum("non-finite model outputs" in line for line in daemon.lines) == 1, daemon.lines
+  assert sum("non-finite model outputs: recurrent states reset" in line for line in daemon.lines) == 1, daemon.lines
 
 class SM(SimpleNamespace):
   """A SubMaster stand-in holding real cereal readers."""
@@ -184,8 +184,8 @@ def test_zero_length_message(artifacts, openpilot_prefix):
   assert daemon.stop() == 0
 
 @pytest.mark.parametrize("flag,value", [("--lat-delay", "nan"), ("--lat-delay", "-inf"), ("--long-delay", "-0.375"), ("--long-delay", "6"),
-                                        ("--lat-delay", "abc")])
-def test_bad_delays_are_refused_at_parse_time(flag, value, tmp_path):
+                                        ("--lat-delay", "abc"), ("--max-frames", "0"), ("--max-frames", "-3")])
+def test_bad_arguments_are_refused_at_parse_time(flag, value, tmp_path):
   """--long-delay -0.375 made action_t zero: ZeroDivisionError on the first frame; NaN delays reached the model."""
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", str(tmp_path), flag, value], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)

@@ -319,10 +319,10 @@ class ModelD:
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
     """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""
     if np.isfinite(outputs).all():
-      self.bus.episodes.ended("outputs", "model outputs finite again after non-finite runs")
+      self.episodes.ended("outputs", "model outputs finite again after non-finite runs")
       return True
     self.adapter.reset_states()
-    self.bus.episodes.happened("outputs", f"frame {frame_id}: non-finite model outputs: published with valid=False, recurrent states reset")
+    self.episodes.happened("outputs", f"frame {frame_id}: non-finite model outputs: recurrent states reset, its messages marked valid=False")
     return False
 
   def run(self, max_frames: int | None = None) -> int:
@@ -390,14 +390,20 @@ def claim_bus() -> socket.socket | None:
 
 def delay_arg(text: str) -> float:
   """--lat-delay / --long-delay: seconds, checked at parse time by the rule liveDelay's estimates are checked by."""
-  try: return check_delay(float(text), "a delay")
-  except ValueError as e: raise argparse.ArgumentTypeError(str(e) if "delay" in str(e) else f"not a number: {text!r}") from None
+  try: value = float(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+  try: return check_delay(value, "a delay")
+  except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+
+def positive_int(text: str) -> int:
+  if not text.strip().isdecimal() or int(text) < 1: raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+  return int(text)
 
 def main(argv: list[str] | None = None) -> int:
   import msgq
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
-  parser.add_argument("--max-frames", type=int, help="exit after publishing this many frames")
+  parser.add_argument("--max-frames", type=positive_int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
   parser.add_argument("--lat-delay", type=delay_arg, default=0.2, help="steering actuator delay in seconds, 0 to 5 (liveDelay.lateralDelay when published)")
   parser.add_argument("--long-delay", type=delay_arg, default=0.0, help="longitudinal actuator delay in seconds, 0 to 5")
