@@ -79,6 +79,20 @@ def test_speed_out_of_range_is_refused(v_ego):
   car = bus.car_state(sm_with(carState={"vEgo": v_ego, "rightBlinker": True}))
   assert (car.vEgo, car.leftBlinker, car.rightBlinker) == (12.5, False, True), "only the bad field keeps its last good value"
 
+def test_steering_torque_and_lateral_delay_out_of_range_are_refused(monkeypatch):
+  from sunnypilot.modeld_v2 import messaging
+  bus = BusInputs(Episodes(lambda line: None))
+  assert bus.car_state(sm_with(carState={"vEgo": 3.0, "steeringTorque": 1.5})).steeringTorque == 1.5
+  assert bus.car_state(sm_with(carState={"vEgo": 4.0, "steeringTorque": float("nan")})).steeringTorque == 1.5
+  monkeypatch.setattr(messaging, "has_service", lambda name: True)  # the bundled schema has no liveDelay
+  delays = {"liveDelay": SimpleNamespace(lateralDelay=0.31)}
+  sm = SM(seen={"liveDelay": True}, data=delays)
+  assert bus.lateral_delay(sm, 0.2) == pytest.approx(0.31)
+  for bad in (float("nan"), -0.375, 1e30):
+    delays["liveDelay"].lateralDelay = bad
+    assert bus.lateral_delay(sm, 0.2) == pytest.approx(0.31), f"{bad}: the last good estimate"
+  assert BusInputs(Episodes(lambda line: None)).lateral_delay(sm, 0.2) == 0.2, "before a good estimate: the configured delay"
+
 def test_episodes_log_one_line_at_the_start_and_the_count_at_the_end():
   lines = []
   episodes = Episodes(lines.append)
