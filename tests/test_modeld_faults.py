@@ -268,7 +268,8 @@ def crafted_warps(artifacts: str, folder) -> dict[str, str]:
   for name, (_, edit) in edits.items():
     rewrite_header(good, str(folder / name), edit)
     assert open(folder / name, "rb").read() != open(good, "rb").read(), f"{name}: the edit changed nothing"
-  return {name: why for name, (why, _) in edits.items()}
+  os.mkfifo(folder / "fifo.bin")  # reading it would block for ever
+  return {name: why for name, (why, _) in edits.items()} | {"fifo.bin": "a FIFO"}
 
 def test_warp_discovery_skips_every_crafted_warp_in_one_line(artifacts, tmp_path):
   from sunnypilot.modeld_v2.modeld import warp_bundles

@@ -116,6 +116,9 @@ def warp_bundles(artifacts: str, device: str | None = None, report=log, new_img:
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   out = []
   for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != "model.bin"):  # the model is big: not a warp
+    if not os.path.isfile(path):  # a FIFO or device would block or never end the read
+      report(f"skipping {path}: not a regular file")
+      continue
     try:
       head, _ = read_bundle(path)
       meta = head["extras"]["metadata"]
