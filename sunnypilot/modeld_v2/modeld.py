@@ -271,7 +271,7 @@ class ModelD:
       return True
     if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
-    gc.collect()  # the old adapter's buffers sit in reference cycles; collected by allocation counts, they would wait for many changes
+    gc.collect()  # the old model's buffers hang off a cycle (Replay <-> its back-end): left to the collector, they outlive many changes
     try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.width, geometry.height)]
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")
