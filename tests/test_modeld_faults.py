@@ -15,7 +15,8 @@ import pytest
 import test_modeld
 from test_modeld import BIG_FRAME, FRAME, SOF0, Daemon, frames_for, reference
 
-from sunnypilot.modeld_v2.bus_inputs import DEFAULT_RPY, BusInputs, Episodes
+from sunnypilot.modeld_v2.bus_inputs import BusInputs, Episodes
+from sunnypilot.modeld_v2.calibration import DEFAULT_RPY
 
 from conftest import ROOT
 
@@ -29,7 +30,9 @@ def finite_and_valid(daemon: Daemon, frame_id: int) -> bool:
 def test_nan_speed_once_is_replaced_by_the_last_good(split_09, openpilot_prefix):
   """One carState with vEgo = NaN used to turn every output of a split_09 model NaN, valid, until a restart."""
   daemon = Daemon(split_09)
-  for frame_id in range(40): daemon.send(frame_id, float("nan") if frame_id == 25 else 20.0), daemon.receive(frame_id)
+  for frame_id in range(40):
+    daemon.send(frame_id, float("nan") if frame_id == 25 else 20.0)
+    daemon.receive(frame_id)
   assert daemon.stop() == 0
   assert all(finite_and_valid(daemon, i) for i in range(21, 40)), "finite and valid throughout (calibration from frame 20 on)"
   assert [daemon.raw(i) for i in range(40)] == reference(split_09, list(range(40))), "the NaN frame ran on the last good speed, 20 m/s"
@@ -41,7 +44,9 @@ UNCHECKED_SPEED = ("-c", "import sys; from sunnypilot.modeld_v2 import bus_input
 
 def test_non_finite_outputs_are_published_invalid_and_reset_the_states(split_09, openpilot_prefix):
   daemon = Daemon(split_09, command=UNCHECKED_SPEED)
-  for frame_id in range(40): daemon.send(frame_id, float("nan") if frame_id == 25 else 20.0), daemon.receive(frame_id)
+  for frame_id in range(40):
+    daemon.send(frame_id, float("nan") if frame_id == 25 else 20.0)
+    daemon.receive(frame_id)
   assert daemon.stop() == 0
   assert all(not valid for _, valid in daemon.messages[25].values()), "the NaN run is published with valid=False on every service"
   assert all(finite_and_valid(daemon, i) for i in range(26, 40)), "the next frame is finite and valid again"
@@ -165,7 +170,9 @@ def test_idle_camera_and_frame_id_jumps_log_once_per_episode(artifacts, openpilo
   time.sleep(2.6)  # the stimulus: camerad up, no frames for 2.6 s (5 reconnect periods)
   daemon.exchange(range(5, 10))
   pace = threading.Event()
-  for frame_id in range(12, 42, 2): send_pair(daemon, frame_id), pace.wait(0.05)  # every id a jump, at camerad's rate
+  for frame_id in range(12, 42, 2):  # every id a jump, at camerad's rate
+    send_pair(daemon, frame_id)
+    pace.wait(0.05)
   daemon.exchange(range(41, 46))
   assert daemon.stop() == 0
   lines = "".join(daemon.lines)

@@ -43,8 +43,6 @@ class Episodes:
     """`key` is over for now: `line` and the count are logged if it happened more than once."""
     if (count := self.counts.pop(key, 0)) > 1: self.log(f"{line} ({count} times)")
 
-  def active(self, key: str) -> bool: return key in self.counts
-
 @dataclass(frozen=True)
 class CarInputs:
   """The carState fields modeld and DesireHelper read, checked (a CarStateLike)."""
@@ -67,7 +65,7 @@ class BusInputs:
 
   def messages(self, sm: Any) -> None:
     """Messages the SubMaster dropped as malformed or of another type, per service: a line when it starts, the count when good ones return.
-    (openpilot's own SubMaster, used on a device, has no such count: it raises.)"""
+    (openpilot's own SubMaster, used where its cereal is installed, keeps no such count: then this does nothing.)"""
     for service, count in getattr(sm, "dropped", {}).items():
       key = f"{service} messages"
       if (new := count - self.dropped.get(service, 0)) > 0:
