@@ -67,14 +67,15 @@ def frames_for(frame_id: int, frame=FRAME) -> tuple[np.ndarray, np.ndarray]:
 
 class Daemon:
   """modeld in a subprocess (its own OPENPILOT_PREFIX via the fixture), a camera replay and a subscriber in this process. Every modelV2
-  published is recorded, and every line modeld logs."""
-  def __init__(self, artifacts: str, frame=FRAME, args: tuple[str, ...] = (), env: dict | None = None):
+  published is recorded, and every line modeld logs. `command`: what starts modeld, if not its module; `args`, `env`: added to its own."""
+  def __init__(self, artifacts: str, frame=FRAME, args: tuple[str, ...] = (), env: dict | None = None,
+               command: tuple[str, ...] = ("-m", "sunnypilot.modeld_v2.modeld")):
     from sunnypilot.modeld_v2.camera_replay import CameraReplay
     from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     self.frame, self.replay = frame, CameraReplay(frame)
     self.sm = sub_master(["modelV2", "cameraOdometry", "drivingModelData"])
     self.car = pub_master(["carState"])
-    self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--send-raw", *args], cwd=ROOT,
+    self.proc = subprocess.Popen([sys.executable, *command, "--artifacts", artifacts, "--send-raw", *args], cwd=ROOT,
                                  stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
     self.lines: list[str] = []
     threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
@@ -91,10 +92,10 @@ class Daemon:
       time.sleep(0.02)
     raise AssertionError(f"modeld never said {text!r}: {''.join(self.lines)}")
 
-  def send(self, frame_id: int) -> None:
+  def send(self, frame_id: int, v_ego: float = V_EGO) -> None:
     from sunnypilot.modeld_v2.messaging import new_message
     msg = new_message("carState")
-    msg.carState.vEgo = V_EGO
+    msg.carState.vEgo = v_ego
     self.car.send("carState", msg)
     self.replay.send(frame_id, *frames_for(frame_id, self.frame), sof=SOF0 + frame_id * int(DT_MDL * 1e9))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sunnypilot.modeld_v2.bus_inputs import check_camera_offset, delay_ok
+
 # A typical car when no CarParams can be read: a Toyota TSS2 torque-steering car (opendbc car/toyota/interface.py @0035b675:
 # steerActuatorDelay 0.12 s; its longitudinalActuatorDelay stays the CarParams default of opendbc car/interfaces.py, 0.15 s)
 TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY = 0.12, 0.15
@@ -39,9 +41,13 @@ def read_car_params(params) -> Delays:
   except ImportError:
     from openpilot_logging.cereal import car
   with car.CarParams.from_bytes(params.get("CarParams", block=True)) as cp:
-    return from_car_params(float(cp.steerActuatorDelay), float(cp.longitudinalActuatorDelay), "CarParams")
+    steer, long = float(cp.steerActuatorDelay), float(cp.longitudinalActuatorDelay)
+  if not (delay_ok(steer + LAGD_EXTRA) and delay_ok(long)):  # a broken CarParams must not reach action_t: a typical car's, said so
+    return from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, f"a typical car (CarParams delays {steer!r}, {long!r} refused)")
+  return from_car_params(steer, long, "CarParams")
 
 def camera_offset(params, fallback: float) -> float:
-  """sunnypilot's CameraOffset parameter in metres (modeld_v2 reads it every 60 frames), or `fallback` when it is unset or unreadable."""
-  try: return float(params.get("CameraOffset", return_default=True))
+  """sunnypilot's CameraOffset parameter in metres (modeld_v2 reads it every 60 frames), or `fallback` when it is unset,
+  unreadable or out of check_camera_offset's range."""
+  try: return check_camera_offset(float(params.get("CameraOffset", return_default=True)))
   except (TypeError, ValueError): return fallback

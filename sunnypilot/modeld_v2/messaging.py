@@ -58,7 +58,9 @@ class PubMaster:
     self.socks[service].send(msg.to_bytes() if hasattr(msg, "to_bytes") else msg)
 
 class SubMaster:
-  """Latest message per service; `updated` says which arrived in the last update(). Unknown services in this schema are skipped."""
+  """Latest message per service; `updated` says which arrived in the last update(). Unknown services in this schema are skipped.
+  A message that is not a whole Event of its service (bytes that are not capnp, another event type) is dropped: `dropped` counts them
+  per service and `drop_reason` says why the last one was. (A zero-length message still aborts in msgq's receive, before Python.)"""
   def __init__(self, services: list[str]):
     import msgq
     ensure_prefix_dir()
@@ -69,6 +71,8 @@ class SubMaster:
     self.seen = dict.fromkeys(self.services, False)
     self.valid = dict.fromkeys(self.services, False)  # the last message's Event.valid, as openpilot's SubMaster keeps it
     self.recv_frame = dict.fromkeys(self.services, 0)
+    self.dropped = dict.fromkeys(self.services, 0)
+    self.drop_reason: dict[str, str] = {}
     self.frame = 0
 
   def update(self, timeout_ms: int = 0) -> None:
@@ -77,12 +81,24 @@ class SubMaster:
     self.updated = dict.fromkeys(self.services, False)
     while True:
       for s, sock in self.socks.items():
-        if (raw := sock.receive(non_blocking=True)) is not None:
-          with log.Event.from_bytes(raw) as event: self.data[s], self.valid[s] = getattr(event, s).as_builder().as_reader(), event.valid
+        if (raw := sock.receive(non_blocking=True)) is not None and self._read(s, raw):
           self.updated[s] = self.seen[s] = True
           self.recv_frame[s] = self.frame
       if any(self.updated.values()) or time.monotonic() >= deadline: return
       time.sleep(0.001)
+
+  def _read(self, service: str, raw: bytes) -> bool:
+    """Keep `raw` as the latest `service` message if it is one; else count it as dropped."""
+    import capnp
+    try:
+      with log.Event.from_bytes(raw) as event:
+        if (kind := str(event.which())) != service: raise ValueError(f"an Event of type {kind}")
+        self.data[service], self.valid[service] = getattr(event, service).as_builder().as_reader(), event.valid  # a copy: it outlives raw
+      return True
+    except (capnp.KjException, ValueError) as e:
+      self.dropped[service] += 1
+      self.drop_reason[service] = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+      return False
 
   def __getitem__(self, service: str) -> Any: return self.data[service]
 

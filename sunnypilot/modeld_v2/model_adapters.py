@@ -60,6 +60,7 @@ class BaseModelAdapter:
 
   def copy_frames(self, bufs: dict[str, Any]) -> None: raise NotImplementedError
   def reset_warmup_buffers(self) -> None: raise NotImplementedError
+  def reset_states(self) -> None: raise NotImplementedError
   def run(self) -> Tensor: raise NotImplementedError
   def output_array(self) -> np.ndarray: raise NotImplementedError
 
@@ -163,6 +164,10 @@ class NativeTinygradAdapter(BaseModelAdapter):
     """Back to a clean start: zero host inputs and states; drop frame tensors, camera mappings and input bindings."""
     self.packed_input[:] = 0
     self.drop_camera_buffers()
+    self.reset_states()
+
+  def reset_states(self) -> None:
+    """Zero the recurrent states (hidden state, image, desire and feature queues): what a NaN run wrote would feed every later run."""
     for name in self.state_pairs: write_tensor(self.input_queues[name], np.zeros(self.input_queues[name].shape, self.input_queues[name].dtype.fmt))
 
   def run(self) -> Tensor:

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import enum
+import gc
 import glob
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -27,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.calibration import CALIBRATION_HEIGHT, DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
+from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes, check_camera_offset, check_delay
+from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.device_params import TYPICAL_LONG_ACTUATOR_DELAY, TYPICAL_STEER_ACTUATOR_DELAY, Delays, from_car_params
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
@@ -39,6 +42,7 @@ SYNC_NS = 25_000_000  # main and extra frames belong together when their starts 
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
+SYNC_MAX_SKIP = 20  # frames one sync may skip on a camera (1 s at 20 Hz) before giving up: the cameras' timestamps disagree
 ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone
 DRIVING_STYLE = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # sunnypilot's default driving_style input (modeld.py @002f69b0)
 
@@ -94,24 +98,58 @@ class Geometry:
   def __str__(self) -> str:
     return f"{self.width}x{self.height} frames (stride {self.stride}, uv_offset {self.uv_offset}, {self.buffer_len} bytes, streams {list(self.streams)})"
 
-def warp_bundles(artifacts: str, device: str | None = None, report=log) -> list[tuple[str, dict]]:
-  """(path, metadata) of every warp bundle in `artifacts` this process can load; each unreadable or foreign bundle is skipped with a line."""
+def spec_shape(spec: Any) -> list | None:
+  """The shape of a header's tensor spec ([shape, dtype, device]), or None if it is not one."""
+  return spec[0] if isinstance(spec, list) and spec and isinstance(spec[0], list) else None
+
+def warp_problem(extras: dict, new_img: list | None) -> str | None:
+  """Why a warp bundle's extras cannot serve a model taking `new_img` planes, or None. Every field discovery, the frame match and fusion read
+  is checked here, before use: a stale or crafted file must be skipped, not crash the daemon when the camera connects."""
+  from sunnypilot.modeld_v2.warp import parse_frame
+  meta, inputs, outputs = extras.get("metadata"), extras.get("input_specs"), extras.get("output_specs")
+  if not (isinstance(meta, dict) and isinstance(inputs, dict) and isinstance(outputs, dict)): return "no metadata, input_specs or output_specs"
+  if not isinstance(meta.get("frame"), str): return f"metadata frame {meta.get('frame')!r} is not a frame spec"
+  try: frame = parse_frame(meta["frame"])
+  except ValueError as e: return f"metadata frame: {e}"
+  if not isinstance(split := meta.get("split_frames"), bool): return f"metadata split_frames {split!r} is not true or false"
+  frames = {"frame": [frame.size], "big_frame": [frame.size]} if split else {"input_frame": [2, frame.size]}
+  if (got := {name: spec_shape(inputs.get(name)) for name in frames}) != frames: return f"its frame inputs {got} do not hold {frame.spec} frames"
+  if new_img is not None and (made := spec_shape(outputs.get("warped"))) != new_img: return f"it makes {made} planes, the model takes new_img {new_img}"
+  return None
+
+def warp_bundles(artifacts: str, device: str | None = None, report=log, new_img: list | None = None) -> list[tuple[str, dict]]:
+  """(path, metadata) of every warp bundle in `artifacts` this process can load for a model taking `new_img` planes (any, if None); each
+  unreadable, foreign or unfit bundle is skipped with a line."""
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   out = []
   for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != "model.bin"):  # the model is big: not a warp
+    if not os.path.isfile(path):  # a FIFO or device would block or never end the read
+      report(f"skipping {path}: not a regular file")
+      continue
     try:
       head, _ = read_bundle(path)
-      if (meta := head["extras"].get("metadata", {})).get("kind") != "warp": continue
+      meta = head["extras"]["metadata"]
+      if meta.get("kind") != "warp": continue
       check_provenance(head["provenance"], device, path)
-      out.append((path, meta))
+      if (problem := warp_problem(head["extras"], new_img)) is None: out.append((path, meta))
+      else: report(f"skipping {path}: {problem}")
     except ArtifactError as e: report(f"skipping {e}")
+    except Exception as e:  # any file in the folder may be damaged or crafted (deep JSON, huge numbers): skipped with its reason, never a crash
+      report(f"skipping {path}: unusable header ({type(e).__name__}: {str(e)[:160]})")
   return out
 
-def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, report=log) -> str | None:
-  """The warp bundle in `artifacts` built for this live buffer layout, split-frames first; None (with a line saying what to build) if none."""
+def model_planes(head: dict) -> list | None:
+  """The new_img shape in a model bundle's header: what a warp must make for it."""
+  return spec_shape(head["extras"].get("input_specs", {}).get("new_img"))
+
+def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, report=log, new_img: list | None = None,
+              refused: set[str] | frozenset[str] = frozenset()) -> str | None:
+  """The warp bundle in `artifacts` built for this live buffer layout and a model taking `new_img` planes, split-frames first, none of
+  `refused`; None (with a line saying what to build) if none."""
   from sunnypilot.modeld_v2.warp import parse_frame
   matches, seen = [], []
-  for path, meta in warp_bundles(artifacts, device, report):
+  for path, meta in warp_bundles(artifacts, device, report, new_img):
+    if path in refused: continue
     frame = parse_frame(meta["frame"])
     seen.append(meta["frame"])
     if (frame.width, frame.height, frame.stride, frame.uv_offset) == (geometry.width, geometry.height, geometry.stride, geometry.uv_offset) \
@@ -124,7 +162,7 @@ def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, rep
     return None
   return min(matches)[1]
 
-def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
+def check_artifacts(artifacts: str, device: str | None = None, report=log) -> str | None:
   """Before waiting for camerad: the problem with the artifacts folder in one line (no model for this device, no warp at all), or None."""
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   model = os.path.join(artifacts, "model.bin")
@@ -134,7 +172,8 @@ def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
     check_provenance(head["provenance"], device, model)
     if head["extras"].get("metadata", {}).get("kind") != "model": return f"{model} is not a driving model bundle"
   except ArtifactError as e: return str(e)
-  if not warp_bundles(artifacts, device): return f"no warp bundle for this device in {artifacts} (build one with compile_warp --split-frames)"
+  if not warp_bundles(artifacts, device, report, model_planes(head)):
+    return f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)"
   return None
 
 class ModelD:
@@ -148,6 +187,11 @@ class ModelD:
     self.geometry: Geometry | None = None
     self.publish_state = PublishState(send_raw=send_raw, log=log)
     self.reported: set[str] = set()
+    self.episodes = Episodes(log)  # conditions that repeat frame after frame: a line when they start, a count when they end
+    self.bus = BusInputs(self.episodes)
+    self.last_frame = time.monotonic()  # when a camera frame last arrived
+    self.new_img: list | None = None  # the planes the model takes: what a warp must make
+    self.refused: set[str] = set()  # warps that failed to load with the model: not tried again until a restart
 
   def log_once(self, msg: str) -> None:
     """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
@@ -177,36 +221,59 @@ class ModelD:
                     (e.width, e.height, e.stride, e.uv_offset, e.buffer_len) if e is not None else None)
 
   def wait_for_camerad(self) -> bool:
+    log("waiting for camerad")
     while not self.exit.is_set():
       if self.connect(): return True
       self.exit.wait(0.05)
     return False
 
+  def recv(self, client) -> tuple[Any, FrameMeta] | None:
+    """A frame of `client` within 100 ms, or None. Any frame, used or skipped, shows the camera is alive."""
+    if (buf := client.recv(100)) is None: return None
+    self.last_frame = time.monotonic()
+    return buf, FrameMeta.of(client)
+
   def recv_frames(self):
-    """openpilot's sync: main frames until at least one past the last extra, then extra frames until they match main."""
-    buf_main = self.client_main.recv(100)
-    if buf_main is None: return None
-    meta_main = FrameMeta.of(self.client_main)
+    """openpilot's sync: main frames until at least one past the last extra, then extra frames until they match main. Bounded: after
+    SYNC_MAX_SKIP frames skipped on a camera it gives up (a camera clock jumped), says why once per episode and starts the next sync afresh;
+    it returns as soon as the daemon is told to exit."""
+    if (got := self.recv(self.client_main)) is None: return None
+    (buf_main, meta_main), skipped = got, 0
     while meta_main.timestamp_sof < self.meta_extra.timestamp_sof + SYNC_NS:
-      buf_main = self.client_main.recv(100)
-      if buf_main is None: return None
-      meta_main = FrameMeta.of(self.client_main)
+      if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, self.meta_extra)
+      if (got := self.recv(self.client_main)) is None: return None
+      (buf_main, meta_main), skipped = got, skipped + 1
     buf_extra, meta_extra = buf_main, meta_main
     if self.use_extra:
+      skipped = 0
       while True:
-        buf_extra = self.client_extra.recv(100)
-        if buf_extra is None: return None
-        meta_extra = FrameMeta.of(self.client_extra)
+        if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, meta_extra)
+        if (got := self.recv(self.client_extra)) is None: return None
+        (buf_extra, meta_extra), skipped = got, skipped + 1
         if meta_main.timestamp_sof < meta_extra.timestamp_sof + SYNC_NS: break
       if abs(meta_main.timestamp_sof - meta_extra.timestamp_sof) > OUT_OF_SYNC_NS:
-        log(f"frames out of sync! main {meta_main.frame_id} ({meta_main.timestamp_sof / 1e9:.5f}), extra {meta_extra.frame_id} "
-            f"({meta_extra.timestamp_sof / 1e9:.5f})")
+        self.episodes.happened("out of sync", f"frames out of sync! main {meta_main.frame_id} ({meta_main.timestamp_sof / 1e9:.5f}), "
+                               f"extra {meta_extra.frame_id} ({meta_extra.timestamp_sof / 1e9:.5f})")
+      else:
+        self.episodes.ended("out of sync", "frames in sync again after out-of-sync pairs")
+        self.episodes.ended("sync", "frame sync: the cameras' timestamps agree again")
     self.meta_extra = meta_extra
     return buf_main, meta_main, buf_extra, meta_extra
+
+  def sync_lost(self, meta_main: FrameMeta, meta_extra: FrameMeta) -> None:
+    if not self.exit.is_set():
+      self.episodes.happened("sync", f"frame sync: no extra frame within {SYNC_NS / 1e6:.0f} ms of a main frame after {SYNC_MAX_SKIP} frames (main "
+                             f"{meta_main.timestamp_sof / 1e9:.3f} s, extra {meta_extra.timestamp_sof / 1e9:.3f} s): waiting for the timestamps to agree")
+    self.meta_extra = FrameMeta()  # the next sync starts afresh, not from a timestamp that may never come back,
+    if self.use_extra:  # and from fresh extra frames: those queued while main frames were skipped are as far off as the last one
+      for _ in range(SYNC_MAX_SKIP * 2):
+        if self.client_extra.recv(0) is None: break
+    return None
 
   # *** model ***
   def load(self) -> bool:
     """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait)."""
+    from sunnypilot.modeld_v2.bundle import ArtifactError, read_bundle
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
     geometry = self.live_geometry()
     if geometry == self.geometry and self.adapter is not None:
@@ -214,14 +281,21 @@ class ModelD:
       return True
     if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
+    gc.collect()  # the old model's buffers hang off a cycle (Replay <-> its back-end): left to the collector, they outlive many changes
     try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.width, geometry.height)]
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")
       return False
-    if (warp := find_warp(self.artifacts, geometry, report=self.log_once)) is None: return False
-    model_path = os.path.join(self.artifacts, "model.bin")
+    model_path, warp = os.path.join(self.artifacts, "model.bin"), None
     t = time.perf_counter()
-    self.adapter = NativeTinygradAdapter(model_path, warp)
+    try:
+      if self.new_img is None: self.new_img = model_planes(read_bundle(model_path)[0])
+      if (warp := find_warp(self.artifacts, geometry, report=self.log_once, new_img=self.new_img, refused=self.refused)) is None: return False
+      self.adapter = NativeTinygradAdapter(model_path, warp)
+    except ArtifactError as e:
+      if warp is not None: self.refused.add(warp)
+      self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting for another camera geometry (or a restart)")
+      return False
     self.slices = self.adapter.jits["metadata"]["output_slices"]
     generation, source = of_bundle(self.adapter.jits["metadata"])
     self.publish_state.rules = GENERATIONS[generation]
@@ -250,29 +324,38 @@ class ModelD:
   def offset_transforms(self, sm) -> np.ndarray:
     """M_inv for both cameras with sunnypilot's CameraOffset: the applied offset moves a tenth of the way to the target on each calibration
     update (modeld_v2/camera_offset_helper.py @5b23aa70), with the calibration's camera height."""
-    cal = sm["liveCalibration"]
-    m_inv = self.transforms(list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY)
+    m_inv = self.transforms(self.bus.calibration(sm))
     if sm.updated.get("liveCalibration"): self.camera_offset = 0.9 * self.camera_offset + 0.1 * self.camera_offset_target
     if self.camera_offset == 0: return m_inv
-    height = float(cal.height[0]) if sm.seen.get("liveCalibration") and len(cal.height) else CALIBRATION_HEIGHT
+    height = self.bus.camera_height(sm)
     return np.stack([apply_camera_offset(m, camera.intrinsics, height, self.camera_offset) for m, camera in zip(m_inv, self.cameras, strict=True)])
 
-  def fill_inputs(self, sm, lat_delay: float, lat_t: float, long_t: float, prepare_only: bool = False) -> None:
+  def fill_inputs(self, sm, car: CarInputs, lat_delay: float, lat_t: float, long_t: float, prepare_only: bool = False) -> None:
     """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once).
-    `lat_delay` is the whole lateral delay (liveDelay's, which holds lagd's 0.2 s): lateral_control_params takes it as it is."""
-    inputs, car_state = self.adapter.numpy_inputs, sm["carState"]
+    `car`, the calibration and the delays come checked from BusInputs. `lat_delay` is the whole lateral delay (liveDelay's, which holds
+    lagd's 0.2 s): lateral_control_params takes it as it is."""
+    inputs = self.adapter.numpy_inputs
     rhd = self.rhd or (sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
     values = {"tfm": self.offset_transforms(sm), "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0],
-              "action_t": [lat_t, long_t], "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay], "driving_style": DRIVING_STYLE,
+              "action_t": [lat_t, long_t], "lateral_control_params": [max(car.vEgo, 0.0), lat_delay], "driving_style": DRIVING_STYLE,
               "prepare_only": [float(prepare_only)], "lat_planner_state": self.publish_state.lat_planner_state}
     for name, view in inputs.items():
       if name in values and np.size(values[name]) == view.size: view.reshape(-1)[:] = np.reshape(values[name], -1)
       elif name in values: self.log_once(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
       elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
 
+  def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
+    """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""
+    if np.isfinite(outputs).all():
+      self.episodes.ended("outputs", "model outputs finite again after non-finite runs")
+      return True
+    self.adapter.reset_states()
+    self.episodes.happened("outputs", f"frame {frame_id}: non-finite model outputs: recurrent states reset, its messages marked valid=False")
+    return False
+
   def run(self, max_frames: int | None = None) -> int:
     from sunnypilot.modeld_v2.device_params import camera_offset, device_params, read_car_params
-    from sunnypilot.modeld_v2.messaging import lateral_delay, new_message, pub_master, sub_master
+    from sunnypilot.modeld_v2.messaging import new_message, pub_master, sub_master
     params = device_params()
     delays = self.flag_delays if params is None else read_car_params(params)
     log(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
@@ -280,38 +363,44 @@ class ModelD:
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
     if not self.wait_for_camerad(): return 0
     loaded = self.load()
-    drops, published, last_frame = FrameDrops(), 0, time.monotonic()
+    drops, published, self.last_frame = FrameDrops(), 0, time.monotonic()
     log(f"running: main {'wide' if self.main_wide else 'road'} camera{', extra wide camera' if self.use_extra else ''}")
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
       frames = self.recv_frames() if loaded else None
       if frames is None:
-        if time.monotonic() - last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
-          previous, loaded, drops, last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
-          if loaded: log("reconnected to camerad" if self.geometry == previous else f"camera geometry changed to {self.geometry}: reloaded")
+        if time.monotonic() - self.last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
+          previous, loaded, drops, self.last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
+          if loaded and self.geometry != previous: log(f"camera geometry changed to {self.geometry}: reloaded")
+          elif loaded: self.episodes.happened("reconnect", f"no frames for {RECONNECT_AFTER_S} s: reconnected to camerad")
         if not loaded: self.exit.wait(0.1)
         continue
-      last_frame = time.monotonic()
+      self.episodes.ended("reconnect", "frames again after reconnecting to camerad")
       buf_main, meta_main, buf_extra, meta_extra = frames
       sm.update(0)
       if params is not None and sm.frame % PARAMS_EVERY == 0: self.camera_offset_target = camera_offset(params, self.camera_offset_target)
-      lat_delay = lateral_delay(sm, delays.lateral)
+      self.bus.messages(sm)
+      car, lat_delay = self.bus.car_state(sm), self.bus.lateral_delay(sm, delays.lateral)
       lat_t, long_t = action_times(lat_delay, delays.longitudinal)
       dropped, drop_perc = drops.update(meta_main.frame_id)
-      self.fill_inputs(sm, lat_delay, lat_t, long_t, prepare_only=dropped > 0)
+      self.fill_inputs(sm, car, lat_delay, lat_t, long_t, prepare_only=dropped > 0)
       t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
       self.adapter.copy_frames({"img": buf_main, "big_img": buf_extra})
       self.adapter.run()
       outputs = self.adapter.output_array()
+      finite = self.outputs_finite(outputs, meta_main.frame_id)
       if dropped > 0:  # prepare-only: the frame went through the queues the generation pushes then, nothing is published
-        log(f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
+        self.episodes.happened("drops", f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
         continue
-      parsed = parse_outputs(outputs, self.slices)
+      self.episodes.ended("drops", "frame ids jumped on consecutive frames")
+      filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in the action history
+      parsed = parse_outputs(filled, self.slices)
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
       msgs = {s: new_message(s) for s in SERVICES}
-      self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], bool(sm.seen.get("carControl") and sm["carControl"].latActive), parsed)
+      self.publish_state.fill(msgs, filled, self.slices, frame, car, bool(sm.seen.get("carControl") and sm["carControl"].latActive), parsed)
+      for msg in msgs.values(): msg.valid = msg.valid and finite
       for service, msg in msgs.items(): pm.send(service, msg)
       published += 1
     log(f"exiting after {published} published frames")
@@ -323,26 +412,66 @@ class ModelD:
     from msgq.visionipc import VisionIpcClient
     return bool(VisionIpcClient.available_streams("camerad", False)) and self.connect()
 
+def claim_bus() -> socket.socket | None:
+  """One modeld per bus: an abstract unix socket named for OPENPILOT_PREFIX, held while this process lives (the kernel drops it on any
+  exit, so nothing is left behind). None if another modeld holds it: msgq would let the newcomer take the topics and kill the first."""
+  sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try: sock.bind(f"\0sunnypilot_modeld_v2:{os.environ.get('OPENPILOT_PREFIX', '')}")
+  except OSError:
+    sock.close()
+    return None
+  return sock
+
+def delay_arg(text: str) -> float:
+  """--lat-delay / --long-delay: seconds, checked at parse time by the rule liveDelay's estimates are checked by."""
+  try: value = float(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+  try: return check_delay(value, "a delay")
+  except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+
+def offset_arg(text: str) -> float:
+  """--camera-offset: metres, checked at parse time by the rule the CameraOffset parameter is checked by."""
+  try: return check_camera_offset(float(text))
+  except ValueError as e: raise argparse.ArgumentTypeError(str(e) if "metres" in str(e) else f"not a number: {text!r}") from None
+
+def positive_int(text: str) -> int:
+  if not text.strip().isdecimal() or int(text) < 1: raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+  return int(text)
+
 def main(argv: list[str] | None = None) -> int:
+  import msgq
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
-  parser.add_argument("--max-frames", type=int, help="exit after publishing this many frames")
+  parser.add_argument("--max-frames", type=positive_int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
   typical = from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, "a typical car")
-  parser.add_argument("--lat-delay", type=float, default=typical.lateral, help="on a PC: the lateral delay in seconds as liveDelay gives it "
-                      "(steerActuatorDelay + 0.2); liveDelay.lateralDelay replaces it when published, CarParams on a device. Default "
+  parser.add_argument("--lat-delay", type=delay_arg, default=typical.lateral, help="on a PC: the lateral delay in seconds, 0 to 5, as liveDelay "
+                      "gives it (steerActuatorDelay + 0.2); liveDelay.lateralDelay replaces it when published, CarParams on a device. Default "
                       f"{typical.lateral:g}: a Toyota TSS2 torque car's steerActuatorDelay {TYPICAL_STEER_ACTUATOR_DELAY:g} (opendbc) + 0.2")
-  parser.add_argument("--long-delay", type=float, default=typical.longitudinal, help="on a PC: the longitudinal actuator delay in seconds "
-                      "(CarParams.longitudinalActuatorDelay on a device). Default "
-                      f"{typical.longitudinal:g}: that car's, opendbc's CarParams default")
-  parser.add_argument("--camera-offset", type=float, default=0.0, help="on a PC: sunnypilot's CameraOffset in metres, the camera seen as "
-                      "moved sideways by this much (a shear of the warp); the CameraOffset parameter on a device")
+  parser.add_argument("--long-delay", type=delay_arg, default=typical.longitudinal, help="on a PC: the longitudinal actuator delay in seconds, "
+                      f"0 to 5 (CarParams.longitudinalActuatorDelay on a device). Default {typical.longitudinal:g}: that car's, opendbc's CarParams default")
+  parser.add_argument("--camera-offset", type=offset_arg, default=0.0, help="on a PC: sunnypilot's CameraOffset in metres, at most "
+                      f"{CAMERA_OFFSET_MAX:g} either way: the camera seen as moved sideways by this much (a shear of the warp); the CameraOffset "
+                      "parameter on a device")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
   args = parser.parse_args(argv)
-  if problem := check_artifacts(args.artifacts): parser.exit(2, f"modeld: error: {problem}\n")
+  prefix = os.environ.get("OPENPILOT_PREFIX")
+  bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
+  if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset)
-  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: daemon.exit.set())
-  return daemon.run(args.max_frames)
+  stopped_by: list[int] = []
+  def stop(signum: int, _frame) -> None:
+    stopped_by.append(signum)
+    daemon.exit.set()
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stop)
+  if problem := check_artifacts(args.artifacts, report=daemon.log_once): parser.exit(2, f"modeld: error: {problem}\n")
+  try: code = daemon.run(args.max_frames)
+  except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")
+  finally: claim.close()
+  return 128 + signal.SIGINT if signal.SIGINT in stopped_by else code  # Ctrl-C: the shell's convention, 130
 
 if __name__ == "__main__":
-  sys.exit(main())
+  try: sys.exit(main())
+  except KeyboardInterrupt:  # Ctrl-C before the signal handlers are in place
+    print("modeld: interrupted", file=sys.stderr)
+    sys.exit(128 + signal.SIGINT)

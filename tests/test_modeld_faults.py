@@ -1,0 +1,365 @@
+"""modeld against bad input on the bus: broken numbers, broken messages, broken timestamps. Each test reproduces a failure seen before the fix."""
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import test_modeld
+from test_modeld import BIG_FRAME, FRAME, SOF0, Daemon, frames_for, reference
+
+from sunnypilot.modeld_v2.bus_inputs import BusInputs, Episodes, check_camera_offset
+from sunnypilot.modeld_v2.calibration import DEFAULT_RPY
+
+from conftest import ROOT
+
+artifacts, split_09 = test_modeld.artifacts, test_modeld.split_09  # the daemon tests' fixtures, by name
+HOUR_NS = 3600 * 10**9
+
+def finite_and_valid(daemon: Daemon, frame_id: int) -> bool:
+  msgs = daemon.messages[frame_id]
+  return all(valid for _, valid in msgs.values()) and bool(np.isfinite(np.frombuffer(daemon.raw(frame_id), np.float32)).all())
+
+def test_nan_speed_once_is_replaced_by_the_last_good(split_09, openpilot_prefix):
+  """One carState with vEgo = NaN used to turn every output of a split_09 model NaN, valid, until a restart."""
+  daemon = Daemon(split_09)
+  for frame_id in range(40):
+    daemon.send(frame_id, float("nan") if frame_id == 25 else 20.0)
+    daemon.receive(frame_id)
+  assert daemon.stop() == 0
+  assert all(finite_and_valid(daemon, i) for i in range(21, 40)), "finite and valid throughout (calibration from frame 20 on)"
+  assert [daemon.raw(i) for i in range(40)] == reference(split_09, list(range(40))), "the NaN frame ran on the last good speed, 20 m/s"
+  assert sum("carState.vEgo = nan refused" in line for line in daemon.lines) == 1, daemon.lines
+
+# the carState check switched off: a NaN speed reaches the model, and only the output check stands between it and the bus
+UNCHECKED_SPEED = ("-c", "import sys; from sunnypilot.modeld_v2 import bus_inputs, modeld; "
+                   "bus_inputs.BusInputs.car_state = lambda self, sm: bus_inputs.CarInputs(float(sm['carState'].vEgo)); sys.exit(modeld.main())")
+
+def test_non_finite_outputs_are_published_invalid_and_reset_the_states(split_09, openpilot_prefix):
+  daemon = Daemon(split_09, command=UNCHECKED_SPEED)
+  for frame_id in range(40):
+    daemon.send(frame_id, float("nan") if frame_id == 25 else 20.0)
+    daemon.receive(frame_id)
+  assert daemon.stop() == 0
+  assert all(not valid for _, valid in daemon.messages[25].values()), "the NaN run is published with valid=False on every service"
+  assert all(finite_and_valid(daemon, i) for i in range(26, 40)), "the next frame is finite and valid again"
+  assert [daemon.raw(i) for i in range(26, 40)] == reference(split_09, list(range(26, 40))), "from zeroed states, as a fresh start"
+  assert sum("non-finite model outputs: recurrent states reset" in line for line in daemon.lines) == 1, daemon.lines
+
+class SM(SimpleNamespace):
+  """A SubMaster stand-in holding real cereal readers."""
+  def __getitem__(self, service): return self.data[service]
+
+def sm_with(**messages) -> SM:
+  """{service: {field: value}} -> an SM that has seen each message."""
+  from sunnypilot.modeld_v2.messaging import new_message
+  data = {}
+  for service, fields in messages.items():
+    msg = new_message(service)
+    for name, value in fields.items(): setattr(getattr(msg, service), name, value)
+    data[service] = getattr(msg.as_reader(), service)
+  return SM(seen=dict.fromkeys(data, True), data=data)
+
+@pytest.mark.parametrize("rpy", [[float("nan"), 0, 0], [0, float("inf"), 0], [0, 1e30, 0], [0, 0.5, 0], [0.0, 0.01]])
+def test_calibration_out_of_range_is_refused(rpy):
+  lines = []
+  bus = BusInputs(Episodes(lines.append))
+  assert bus.calibration(sm_with(liveCalibration={"rpyCalib": [0.01, 0.02, 0.03]})) == pytest.approx((0.01, 0.02, 0.03))
+  for _ in range(3): assert bus.calibration(sm_with(liveCalibration={"rpyCalib": rpy})) == pytest.approx((0.01, 0.02, 0.03)), "the last good one"
+  assert bus.calibration(sm_with(liveCalibration={"rpyCalib": [0.0, 0.1, -0.05]})) == pytest.approx((0.0, 0.1, -0.05))
+  assert len(lines) == 2 and "refused" in lines[0] and "(3 times)" in lines[1], lines
+  assert BusInputs(Episodes(lines.append)).calibration(sm_with(liveCalibration={"rpyCalib": rpy})) == DEFAULT_RPY, "before a good one: the default"
+
+@pytest.mark.parametrize("height", [float("nan"), float("-inf"), 1e30, 0.0, -1.22, 3.5])
+def test_camera_height_out_of_range_is_refused(height):
+  """The CameraOffset shear divides by liveCalibration.height: a NaN or zero height would reach the warp."""
+  lines = []
+  bus = BusInputs(Episodes(lines.append))
+  assert bus.camera_height(sm_with(liveCalibration={"height": []})) == 1.22, "before a height: sunnypilot's assumed 1.22 m"
+  assert bus.camera_height(sm_with(liveCalibration={"height": [1.4]})) == pytest.approx(1.4)
+  assert bus.camera_height(sm_with(liveCalibration={"height": [height]})) == pytest.approx(1.4), "the last good one"
+  assert len(lines) == 1 and "liveCalibration.height" in lines[0] and "refused" in lines[0], lines
+
+@pytest.mark.parametrize("offset", [float("nan"), float("inf"), 1.5, -2.0])
+def test_camera_offset_out_of_range_is_refused(offset, tmp_path):
+  """The flag at parse time, the parameter (read every 60 frames on a device) by the same rule: the last good value stays."""
+  from sunnypilot.modeld_v2.device_params import camera_offset
+  with pytest.raises(ValueError, match="camera offset"): check_camera_offset(offset)
+  assert camera_offset(SimpleNamespace(get=lambda key, return_default=True: str(offset).encode()), 0.25) == 0.25
+  assert camera_offset(SimpleNamespace(get=lambda key, return_default=True: b"-0.3"), 0.25) == pytest.approx(-0.3)
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", str(tmp_path), "--camera-offset", str(offset)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and "Traceback" not in out.stderr and "argument --camera-offset: " in out.stderr.strip().splitlines()[-1], out.stderr
+
+def test_broken_car_params_delays_fall_back_to_a_typical_car(tmp_path):
+  """A NaN or negative actuator delay in CarParams would reach action_t (a divisor): modeld takes a typical car's and says so."""
+  from openpilot_logging.cereal import car
+
+  from sunnypilot.modeld_v2.device_params import read_car_params
+  for steer, long, good in [(0.17, 0.33, True), (float("nan"), 0.33, False), (0.17, -0.5, False), (9.0, 0.1, False)]:
+    blob = car.CarParams.new_message(steerActuatorDelay=steer, longitudinalActuatorDelay=long).to_bytes()
+    delays = read_car_params(SimpleNamespace(get=lambda key, block=False, blob=blob: blob))
+    if good: assert (delays.lateral, delays.longitudinal, delays.source) == (pytest.approx(0.37), pytest.approx(0.33), "CarParams")
+    else: assert (delays.lateral, delays.longitudinal) == (pytest.approx(0.32), 0.15) and "refused" in delays.source, delays
+
+@pytest.mark.parametrize("v_ego", [float("nan"), float("inf"), -1e30, 1e30, 101.0])
+def test_speed_out_of_range_is_refused(v_ego):
+  bus = BusInputs(Episodes(lambda line: None))
+  assert bus.car_state(sm_with(carState={"vEgo": 12.5, "leftBlinker": True})).vEgo == 12.5
+  car = bus.car_state(sm_with(carState={"vEgo": v_ego, "rightBlinker": True}))
+  assert (car.vEgo, car.leftBlinker, car.rightBlinker) == (12.5, False, True), "only the bad field keeps its last good value"
+
+def test_steering_torque_and_lateral_delay_out_of_range_are_refused(monkeypatch):
+  from sunnypilot.modeld_v2 import messaging
+  bus = BusInputs(Episodes(lambda line: None))
+  assert bus.car_state(sm_with(carState={"vEgo": 3.0, "steeringTorque": 1.5})).steeringTorque == 1.5
+  assert bus.car_state(sm_with(carState={"vEgo": 4.0, "steeringTorque": float("nan")})).steeringTorque == 1.5
+  monkeypatch.setattr(messaging, "has_service", lambda name: True)  # the bundled schema has no liveDelay
+  delays = {"liveDelay": SimpleNamespace(lateralDelay=0.31)}
+  sm = SM(seen={"liveDelay": True}, data=delays)
+  assert bus.lateral_delay(sm, 0.2) == pytest.approx(0.31)
+  for bad in (float("nan"), -0.375, 1e30):
+    delays["liveDelay"].lateralDelay = bad
+    assert bus.lateral_delay(sm, 0.2) == pytest.approx(0.31), f"{bad}: the last good estimate"
+  assert BusInputs(Episodes(lambda line: None)).lateral_delay(sm, 0.2) == 0.2, "before a good estimate: the configured delay"
+
+def test_episodes_log_one_line_at_the_start_and_the_count_at_the_end():
+  lines = []
+  episodes = Episodes(lines.append)
+  for _ in range(15): episodes.happened("x", "x started")
+  episodes.ended("x", "x ended")
+  episodes.happened("x", "x started")
+  episodes.ended("x", "x ended")
+  assert lines == ["x started", "x ended (15 times)", "x started"], "a single occurrence needs no closing line"
+
+def send_pair(daemon: Daemon, frame_id: int, wide_ahead_ns: int = 0) -> None:
+  """One road + wide frame straight through the VisionIPC server, the wide one's timestamps shifted by `wide_ahead_ns`."""
+  from sunnypilot.modeld_v2.modeld import VisionStreamType
+  road, wide = frames_for(frame_id)
+  sof = SOF0 + frame_id * 50_000_000
+  daemon.replay.server.send(VisionStreamType.ROAD, road.tobytes(), frame_id, sof, sof + 20_000_000)
+  daemon.replay.server.send(VisionStreamType.WIDE_ROAD, wide.tobytes(), frame_id, sof + wide_ahead_ns, sof + wide_ahead_ns + 20_000_000)
+
+class Camera:
+  """camerad at 20 Hz in a thread: frame ids counting up from `first`, the wide timestamps `wide_ahead_ns` ahead (changeable)."""
+  def __init__(self, daemon: Daemon, first: int, wide_ahead_ns: int):
+    self.frame_id, self.wide_ahead_ns, self.stop = first, wide_ahead_ns, threading.Event()
+    def serve():
+      while not self.stop.wait(0.05):  # camerad's rate, not a wait for a condition
+        send_pair(daemon, self.frame_id, self.wide_ahead_ns)
+        self.frame_id += 1
+    self.thread = threading.Thread(target=serve, daemon=True)
+    self.thread.start()
+
+  def close(self) -> None:
+    self.stop.set()
+    self.thread.join()
+
+def published_after(daemon: Daemon, frame_id: int, timeout: float = 10) -> int:
+  """Collect until modelV2 for a frame id after `frame_id` arrived; that id."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    daemon.collect()
+    if later := [i for i in daemon.published if i > frame_id]: return later[0]
+    assert daemon.proc.poll() is None, "".join(daemon.lines)
+  raise AssertionError(f"nothing published after frame {frame_id}: {''.join(daemon.lines[-20:])}")
+
+def test_wide_camera_an_hour_ahead_then_sigterm(artifacts, openpilot_prefix):
+  """The frame sync used to skip road frames forever while the wide camera's timestamps were an hour ahead: nothing published, nothing
+  said, SIGTERM ignored. Now it gives up after a second, says so once per episode, recovers, and SIGTERM ends it within a second."""
+  daemon = Daemon(artifacts)
+  daemon.exchange(range(10))
+  camera = Camera(daemon, 10, HOUR_NS)
+  try:
+    daemon.wait_for_line("frame sync:", timeout=10)
+    camera.wide_ahead_ns = 0
+    back = camera.frame_id
+    recovered = published_after(daemon, back)
+    assert daemon.messages[recovered]["modelV2"][0].frameIdExtra == recovered, "published again once the clocks agree, pairs in sync"
+    camera.wide_ahead_ns = HOUR_NS
+    daemon.wait_for_line("frame sync:", after=len(daemon.lines))
+    t = time.monotonic()
+    daemon.proc.send_signal(signal.SIGTERM)
+    code = daemon.proc.wait(timeout=10)
+    elapsed = time.monotonic() - t
+  finally:
+    camera.close()
+    daemon.replay.close()
+  assert code == 0 and elapsed < 1.0, f"exit {code} after {elapsed:.2f} s"
+  assert sum("frame sync: no extra frame" in line for line in daemon.lines) == 2, "one line per episode: " + "".join(daemon.lines)
+
+def test_idle_camera_and_frame_id_jumps_log_once_per_episode(artifacts, openpilot_prefix):
+  """A camera up but idle logged 'reconnected' every 0.5 s; frames arriving with jumping ids logged a line each."""
+  daemon = Daemon(artifacts)
+  daemon.exchange(range(5))
+  time.sleep(2.6)  # the stimulus: camerad up, no frames for 2.6 s (5 reconnect periods)
+  daemon.exchange(range(5, 10))
+  pace = threading.Event()
+  for frame_id in range(12, 42, 2):  # every id a jump, at camerad's rate
+    send_pair(daemon, frame_id)
+    pace.wait(0.05)
+  daemon.exchange(range(41, 46))
+  assert daemon.stop() == 0
+  lines = "".join(daemon.lines)
+  assert lines.count("reconnected to camerad") == 1 and re.search(r"frames again after reconnecting to camerad \((\d+) times\)", lines), lines
+  jumps = re.search(r"frame ids jumped on consecutive frames \((\d+) times\)", lines)
+  assert lines.count("dropped before it") == 1 and jumps and 2 <= int(jumps[1]) <= 15, lines
+
+def test_malformed_messages_are_dropped_counted_and_logged_once(split_09, openpilot_prefix):
+  """Another event type on carState (capnp KjException), bytes that are not capnp (ValueError): modeld used to die on both."""
+  from sunnypilot.modeld_v2.messaging import new_message
+  daemon = Daemon(split_09)
+  daemon.exchange(range(10))
+  for frame_id, raw in ((10, new_message("roadCameraState").to_bytes()), (11, b"\x01\x02 not capnp"), (12, b"12345678" * 5)):
+    daemon.car.send("carState", raw)
+    daemon.replay.send(frame_id, *frames_for(frame_id), sof=SOF0 + frame_id * 50_000_000)
+    daemon.receive(frame_id)
+  daemon.exchange(range(13, 20))
+  assert daemon.stop() == 0 and daemon.published == list(range(20))
+  assert [daemon.raw(i) for i in range(20)] == reference(split_09, list(range(20))), "the dropped messages left the last good speed in place"
+  lines = "".join(daemon.lines)
+  assert lines.count("carState: dropped a malformed message (an Event of type roadCameraState)") == 1, lines
+  assert "carState: good messages again after dropping malformed ones (3 times)" in lines, lines
+
+@pytest.mark.xfail(strict=True, reason="msgq's receive asserts size > 0 (msgq_msg_recv) and aborts the subscriber before Python sees the message")
+def test_zero_length_message(artifacts, openpilot_prefix):
+  daemon = Daemon(artifacts)
+  try:
+    daemon.exchange(range(5))
+    daemon.car.send("carState", b"")
+    daemon.exchange(range(5, 10))
+  finally: code = daemon.stop()  # the camera server goes either way
+  assert code == 0
+
+@pytest.mark.parametrize("flag,value", [("--lat-delay", "nan"), ("--lat-delay", "-inf"), ("--long-delay", "-0.375"), ("--long-delay", "6"),
+                                        ("--lat-delay", "abc"), ("--max-frames", "0"), ("--max-frames", "-3")])
+def test_bad_arguments_are_refused_at_parse_time(flag, value, tmp_path):
+  """--long-delay -0.375 made action_t zero: ZeroDivisionError on the first frame; NaN delays reached the model."""
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", str(tmp_path), flag, value], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and "Traceback" not in out.stderr and f"error: argument {flag}: " in out.stderr.strip().splitlines()[-1], out.stderr
+
+def wait_for_exit(daemon: Daemon, signum: int | None = None) -> tuple[int, list[str]]:
+  """modeld's exit status (after `signum`, if given) and every line it wrote."""
+  if signum is not None: daemon.proc.send_signal(signum)
+  code = daemon.proc.wait(timeout=20)
+  daemon.replay.close()
+  deadline = time.monotonic() + 5  # the reader thread may still be taking the last line from the pipe
+  while time.monotonic() < deadline and not any("exiting" in line for line in daemon.lines): time.sleep(0.01)
+  return code, daemon.lines
+
+def test_a_second_modeld_on_the_same_bus_is_refused(artifacts, openpilot_prefix):
+  """msgq lets the newest publisher take a topic and kills the older one's next send: the running modeld died with a traceback."""
+  daemon = Daemon(artifacts)
+  daemon.exchange(range(5))
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 2 and out.stderr == f"modeld: error: another modeld is already running on the bus OPENPILOT_PREFIX={openpilot_prefix}\n"
+  daemon.exchange(range(5, 10))
+  assert daemon.stop() == 0, "the first one kept running"
+
+def test_another_publisher_taking_over_ends_modeld_in_one_line(artifacts, openpilot_prefix):
+  import msgq
+  daemon = Daemon(artifacts)
+  daemon.exchange(range(5))
+  intruder = msgq.pub_sock("modelV2")
+  intruder.send(b"12345678")
+  daemon.send(5)
+  code, lines = wait_for_exit(daemon)
+  del intruder
+  assert code == 2 and "Traceback" not in "".join(lines) and "took over publishing modelV2" in lines[-1], lines
+
+def test_ctrl_c_exits_130_without_a_traceback(artifacts, openpilot_prefix):
+  daemon = Daemon(artifacts)
+  daemon.exchange(range(3))
+  code, lines = wait_for_exit(daemon, signal.SIGINT)
+  assert code == 130 and "Traceback" not in "".join(lines) and lines[-1] == "modeld: exiting after 3 published frames\n", lines
+
+def rewrite_header(src: str, dst: str, edit) -> None:
+  """A copy of bundle `src` at `dst` with its JSON header text passed through `edit`, the hash recomputed: a crafted file that passes
+  the integrity check."""
+  from sunnypilot.modeld_v2.bundle import PREAMBLE
+  data = open(src, "rb").read()
+  magic, version, head_len, _ = PREAMBLE.unpack_from(data)
+  body = data[PREAMBLE.size:]
+  head = edit(body[:head_len].decode()).encode()
+  new_body = head + body[head_len:]
+  open(dst, "wb").write(PREAMBLE.pack(magic, version, len(head), hashlib.sha256(new_body).digest()) + new_body)
+
+def crafted_warps(artifacts: str, folder) -> dict[str, str]:
+  """{file name: what is wrong} for warps built from the good 1344x760 one; and the good one as warp_split.bin."""
+  good = os.path.join(artifacts, "warp_split.bin")
+  shutil.copy(good, folder / "warp_split.bin")
+  edits = {
+    "deep.bin": ("deeply nested JSON", lambda h: h.replace('"metadata":{', '"metadata":{"deep":' + "[" * 100_000 + "]" * 100_000 + ",", 1)),
+    "huge.bin": ("a 5000-digit integer", lambda h: h.replace('"metadata":{', '"metadata":{"n":' + "9" * 5000 + ",", 1)),
+    "frame_short.bin": ("a malformed frame", lambda h: h.replace('"frame":"1344,760,1408,768,384,2428928"', '"frame":"1344,760"')),
+    "frame_number.bin": ("a frame that is not a string", lambda h: h.replace('"frame":"1344,760,1408,768,384,2428928"', '"frame":7')),
+    "frame_inputs.bin": ("frame inputs of another size", lambda h: h.replace('[[2428928],"|u1"', '[[2428929],"|u1"')),
+    "small.bin": ("made for a 256x128 model", lambda h: h.replace('"warped":[[2,6,128,256]', '"warped":[[2,6,64,128]')),
+    "no_meta.bin": ("no metadata", lambda h: h.replace('"metadata":', '"other":', 1)),
+  }
+  for name, (_, edit) in edits.items():
+    rewrite_header(good, str(folder / name), edit)
+    assert open(folder / name, "rb").read() != open(good, "rb").read(), f"{name}: the edit changed nothing"
+  os.mkfifo(folder / "fifo.bin")  # reading it would block for ever
+  return {name: why for name, (why, _) in edits.items()} | {"fifo.bin": "a FIFO"}
+
+def test_warp_discovery_skips_every_crafted_warp_in_one_line(artifacts, tmp_path):
+  from sunnypilot.modeld_v2.modeld import warp_bundles
+  crafted = crafted_warps(artifacts, tmp_path)
+  lines = []
+  found = warp_bundles(str(tmp_path), report=lines.append, new_img=[2, 6, 128, 256])
+  assert [os.path.basename(p) for p, _ in found] == ["warp_split.bin"], lines
+  for name, why in crafted.items():
+    assert sum(f"/{name}: " in line for line in lines) == 1, f"{name} ({why}): {lines}"
+  assert len(lines) == len(crafted) and all(line.startswith("skipping ") for line in lines), lines
+
+def test_modeld_with_crafted_warps_runs_and_waits_on_a_geometry_without_a_fitting_warp(artifacts, tmp_path, openpilot_prefix):
+  """Deep JSON or a huge integer killed modeld at start; a malformed frame or a warp for another model size crashed it when the camera
+  connected. Now each is skipped with one line, at start and on geometry changes alike."""
+  crafted = crafted_warps(artifacts, tmp_path)
+  shutil.copy(os.path.join(artifacts, "model.bin"), tmp_path / "model.bin")
+  big = tmp_path / "warp_big_small.bin"  # the only 1928x1208 warp makes planes for another model size
+  rewrite_header(os.path.join(artifacts, "warp_big_split.bin"), str(big), lambda h: h.replace('"warped":[[2,6,128,256]', '"warped":[[2,6,64,128]'))
+  daemon = Daemon(str(tmp_path))
+  daemon.exchange(range(5))
+  seen = len(daemon.lines)
+  daemon.restart_camerad(BIG_FRAME)
+  daemon.wait_for_line("no warp bundle", after=seen)
+  seen = len(daemon.lines)
+  daemon.restart_camerad(FRAME)
+  daemon.wait_for_line("camera geometry changed to 1344x760", after=seen)
+  daemon.exchange(range(200, 205))
+  assert daemon.stop() == 0
+  for name in [*crafted, big.name]: assert sum(f"/{name}: " in line and "skipping" in line for line in daemon.lines) == 1, f"{name}: {daemon.lines}"
+
+def memory(pid: int) -> tuple[int, int]:
+  """(resident kB, shared mappings) of process `pid`, from /proc: camera buffers and tinygrad's CPU buffers are shared mappings."""
+  rss = next(int(line.split()[1]) for line in open(f"/proc/{pid}/status") if line.startswith("VmRSS:"))
+  return rss, sum(1 for line in open(f"/proc/{pid}/maps") if line.split()[1].endswith("s"))
+
+def test_camera_geometry_changes_release_the_old_buffers(artifacts, openpilot_prefix):
+  """Each geometry change used to leave the old adapter's buffers mapped until the cycle collector happened to run: ~9 MB RSS and
+  ~9 shared mappings more per change here (a tiny model; a real one's buffers are larger)."""
+  daemon = Daemon(artifacts)
+  daemon.exchange(range(5))
+  samples = []
+  for change in range(12):
+    frame = BIG_FRAME if change % 2 == 0 else FRAME
+    seen = len(daemon.lines)
+    daemon.restart_camerad(frame)
+    daemon.wait_for_line(f"camera geometry changed to {frame.width}x{frame.height}", after=seen)
+    daemon.exchange(range(100 * (change + 1), 100 * (change + 1) + 3))
+    samples.append(memory(daemon.proc.pid))
+  assert daemon.stop() == 0
+  (rss0, maps0), (rss1, maps1) = samples[1], samples[-1]  # both geometries loaded once, then 10 changes later, on the same geometry
+  assert maps1 <= maps0, f"shared mappings grew from {maps0} to {maps1}: {samples}"
+  assert rss1 - rss0 < 10_000, f"RSS grew by {(rss1 - rss0) / 1000:.0f} MB over 10 geometry changes: {samples}"
