@@ -130,6 +130,21 @@ def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
   if not warp_bundles(artifacts, device): return f"no warp bundle for this device in {artifacts} (build one with compile_warp --split-frames)"
   return None
 
+def calibration_rpy(sm) -> tuple | list:
+  """liveCalibration's roll/pitch/yaw once one arrived, else a perfectly mounted device."""
+  cal = sm["liveCalibration"]
+  return list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY
+
+def lateral_active(sm) -> bool: return bool(sm.seen.get("carControl") and sm["carControl"].latActive)
+
+def host_inputs(sm, m_inv: np.ndarray, desire: np.ndarray, layout: str, rhd: bool, lat_delay: float, lat_t: float, long_t: float) -> dict[str, Any]:
+  """The value of every host input modeld has a source for, by name, from the SubMaster `sm` (anything with [] and .seen): the daemon
+  writes them into the model, and route_replay's reference check feeds the same ones to onnxruntime or a second bundle."""
+  car_state = sm["carState"]
+  rhd = rhd or bool(sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
+  return {"tfm": m_inv, "desire": desire, "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
+          "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay + STEER_DELAY_EXTRA.get(layout, 0.0)], "driving_style": DRIVING_STYLE}
+
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = 0.2, long_delay: float = 0.0, send_raw: bool = False):
     self.artifacts, self.rhd, self.lat_delay, self.long_delay = artifacts, rhd, lat_delay, long_delay
@@ -234,13 +249,8 @@ class ModelD:
 
   def fill_inputs(self, sm, lat_delay: float, lat_t: float, long_t: float) -> None:
     """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once)."""
-    inputs, car_state = self.adapter.numpy_inputs, sm["carState"]
-    rhd = self.rhd or (sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
-    cal = sm["liveCalibration"]
-    values = {"tfm": self.transforms(list(cal.rpyCalib) if sm.seen.get("liveCalibration") and len(cal.rpyCalib) == 3 else DEFAULT_RPY),
-              "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
-              "lateral_control_params": [max(float(car_state.vEgo), 0.0), lat_delay + STEER_DELAY_EXTRA.get(self.layout, 0.0)],
-              "driving_style": DRIVING_STYLE}
+    inputs = self.adapter.numpy_inputs
+    values = host_inputs(sm, self.transforms(calibration_rpy(sm)), self.publish_state.desire_input(), self.layout, self.rhd, lat_delay, lat_t, long_t)
     for name, view in inputs.items():
       if name in values: view.reshape(-1)[:] = np.reshape(values[name], -1)
       elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
@@ -280,7 +290,7 @@ class ModelD:
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
       msgs = {s: new_message(s) for s in SERVICES}
-      self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], bool(sm.seen.get("carControl") and sm["carControl"].latActive))
+      self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], lateral_active(sm))
       for service, msg in msgs.items(): pm.send(service, msg)
       published += 1
     log(f"exiting after {published} published frames")
