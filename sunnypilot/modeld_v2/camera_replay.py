@@ -28,21 +28,26 @@ def synthetic_frames(frame: NV12Frame, count: int = 40) -> list[tuple[np.ndarray
   road, wide = SENSOR_CAMERAS[sensor_for_size(frame.width, frame.height)]
   return [(road_scene(frame, road.focal_length, t=i * 0.05, seed=i), road_scene(frame, wide.focal_length, t=i * 0.05, seed=1000 + i)) for i in range(count)]
 
+def camerad_buffer(picture, frame: NV12Frame) -> np.ndarray:
+  """A decoded PyAV picture, scaled to the camera size if it differs, in camerad's padded NV12 layout (padding bytes zero)."""
+  yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
+  buf = np.zeros(frame.size, np.uint8)
+  buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width] = yuv[:frame.height]
+  buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width] = yuv[frame.height:]
+  return buf
+
 def video_frames(path: str, frame: NV12Frame) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """A video's frames, scaled to the camera size and laid out like camerad's NV12 (the same picture on both cameras)."""
   import av  # optional: pip install av
   with av.open(path) as container:
     for picture in container.decode(video=0):
-      yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
-      buf = np.zeros(frame.size, np.uint8)
-      buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width] = yuv[:frame.height]
-      buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width] = \
-        yuv[frame.height:]
+      buf = camerad_buffer(picture, frame)
       yield buf, buf
 
 class CameraReplay:
   """The VisionIPC server and the camera state publishers; `send(frame_id, road, wide)` publishes one frame pair."""
-  def __init__(self, frame: NV12Frame, wide: bool = True, rpy=DEFAULT_RPY):
+  def __init__(self, frame: NV12Frame, wide: bool = True, rpy: tuple | None = DEFAULT_RPY):
+    """`rpy`: the calibration published once a second (calibrationd's role); None when the caller publishes liveCalibration itself."""
     from msgq.visionipc import VisionIpcServer
 
     from sunnypilot.modeld_v2.messaging import ensure_prefix_dir, pub_master
@@ -56,17 +61,17 @@ class CameraReplay:
     self.server.start_listener()
     self.pm = pub_master(["roadCameraState", "wideRoadCameraState", "liveCalibration"])
 
-  def send(self, frame_id: int, road: np.ndarray, wide: np.ndarray, sof: int | None = None) -> None:
+  def send(self, frame_id: int, road: np.ndarray, wide: np.ndarray, sof: int | None = None, eof: int | None = None) -> None:
     from sunnypilot.modeld_v2.messaging import new_message
     sof = time.monotonic_ns() if sof is None else sof
-    eof = sof + 20_000_000
+    eof = sof + 20_000_000 if eof is None else eof
     for stream, data, service in zip(self.streams, (road, wide), ("roadCameraState", "wideRoadCameraState")):
       self.server.send(stream, np.ascontiguousarray(data[:self.frame.size]).tobytes(), frame_id, sof, eof)
       msg = new_message(service)
       state = getattr(msg, service)
       state.frameId, state.timestampSof, state.timestampEof, state.sensor = frame_id, sof, eof, self.sensor
       self.pm.send(service, msg)
-    if frame_id % 20 == 0: self.send_calibration()
+    if frame_id % 20 == 0 and self.rpy is not None: self.send_calibration()
 
   def send_calibration(self) -> None:
     from sunnypilot.modeld_v2.messaging import new_message
