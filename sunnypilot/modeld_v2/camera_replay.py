@@ -1,9 +1,13 @@
 """A camerad stand-in: serves road and wide NV12 frames over VisionIPC at 20 Hz, with camerad's buffer layout and count.
 
   python -m sunnypilot.modeld_v2.camera_replay [--camera 1928x1208] [--video drive.mp4] [--frames 200] [--skip 30,31]
+  python -m sunnypilot.modeld_v2.camera_replay --route SEGMENT_FOLDER
 
 Frames come from the synthetic road-scene generator (lane lines in perspective, moving dashes) or from a video file (PyAV, optional),
 and it publishes roadCameraState / wideRoadCameraState per frame and liveCalibration once a second, like camerad and calibrationd.
+With --route it serves a recorded segment once at --hz instead: its fcamera/ecamera frames with the log's frame ids and timestamps,
+and the log's liveCalibration, carState, carControl, deviceState, driverMonitoringState (and liveDelay) in log-time order
+(route_replay does the same in lockstep with modeld, and records and checks what modeld publishes).
 """
 from __future__ import annotations
 
@@ -82,6 +86,34 @@ class CameraReplay:
   def close(self) -> None:
     del self.server
 
+def serve_route(parser: argparse.ArgumentParser, args) -> int:
+  """--route: a segment's frames and input events, once, at args.hz."""
+  from sunnypilot.modeld_v2.messaging import has_service, pub_master
+  from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, EventFeed, FrameDecoder, RouteError, open_segment
+  try: segment = open_segment(args.route)
+  except RouteError as e: parser.exit(2, f"camera_replay: error: {e}\n")
+  for line in segment.warnings: print(f"camera_replay: warning: {line}", file=sys.stderr, flush=True)
+  stop = threading.Event()
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
+  replay, decoder = CameraReplay(segment.frame, rpy=None), FrameDecoder(segment, args.frames)
+  inputs, feed = pub_master([s for s in INPUT_SERVICES if has_service(s)]), EventFeed(segment.events)
+  stop.wait(args.start_delay)
+  print(f"camera_replay: serving {segment.name}: {len(segment.frames)} frames at {args.hz:g} Hz", file=sys.stderr, flush=True)
+  try:
+    next_t = time.monotonic()
+    for cam, (road, wide) in zip(segment.frames, decoder):
+      if stop.is_set(): break
+      for event in feed.until(cam.log_time):
+        if has_service(event.service): inputs.send(event.service, event.raw)
+      replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
+      next_t += 1 / args.hz
+      stop.wait(max(0.0, next_t - time.monotonic()))
+  except RouteError as e: parser.exit(2, f"camera_replay: error: {e}\n")
+  finally:
+    decoder.close()
+    replay.close()
+  return 0
+
 def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.warp import parse_size
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--skip", default="", help="frame ids not to send (to exercise modeld's drop handling), e.g. 30,31")
   parser.add_argument("--no-wide", action="store_true", help="serve the road camera only")
   parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait after starting the server before the first frame")
+  parser.add_argument("--route", help="a recorded segment folder (fcamera.hevc, ecamera.hevc, rlog or qlog) to serve once with its log")
   args = parser.parse_args(argv)
+  if args.route: return serve_route(parser, args)
   try: frame = camerad_frame(*parse_size(args.camera))
   except ValueError as e: parser.error(str(e))
   skip = {int(x) for x in args.skip.split(",") if x.strip()}

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, FrameDecoder, RouteError, Segment, open_segment, segment_folders
+from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
 
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 LOG_NAME, VIDEO_NAME, PLOT_NAME, CHECK_NAME = "modeld_rlog.zst", "overlay.mp4", "plots.png", "check.json"
@@ -116,7 +116,8 @@ class ReferenceCheck:
   def report(self, tolerance: float) -> dict:
     heads = {n: {"max": h["max"], "mean": h["sum"] / max(self.frames, 1), "peak_frame": h["frame"]} for n, h in self.heads.items()}
     fields = {p: {"max": f["max"], "peak_frame": f["frame"]} for p, f in sorted(self.fields.items()) if f["max"] > tolerance}
-    return {"frames": self.frames, "tolerance": tolerance, "heads": heads, "fields_past_tolerance": fields,
+    return {"frames": self.frames, "tolerance": tolerance, "heads": heads, "fields_compared": len(self.fields),
+            "field_max": max((f["max"] for f in self.fields.values()), default=0.0), "fields_past_tolerance": fields,
             "passed": all(h["max"] <= tolerance for h in heads.values()) and not fields}
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -265,14 +266,13 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Re
   try:
     modeld.wait_running()
     published.poll()  # a msgq reader re-registers on its first receive after the publisher appeared, skipping what was sent before
-    events, e, t0 = segment.events, 0, time.monotonic()
+    feed, t0 = EventFeed(segment.events), time.monotonic()
     for k, (road, wide) in enumerate(decoder):
       cam = frames[k]
-      while e < len(events) and events[e].log_time <= cam.log_time:
-        if events[e].service in state.seen:
-          inputs.send(events[e].service, events[e].raw)
-          state.update(events[e].service, events[e].data)
-        e += 1
+      for event in feed.until(cam.log_time):
+        if event.service in state.seen:
+          inputs.send(event.service, event.raw)
+          state.update(event.service, event.data)
       calibrations[cam.frame_id] = state["liveCalibration"] if state.seen["liveCalibration"] else None
       replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
       result.sent += 1

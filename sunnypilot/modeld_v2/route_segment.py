@@ -124,18 +124,29 @@ def open_segment(folder: str) -> Segment:
   width, height, count = _video_info(road)
   try: sensor = sensor_for_size(width, height)
   except ValueError: raise RouteError(f"{road}: {width}x{height} frames are no known comma camera's (1928x1208: comma 3/3X, 1344x760: comma 4)") from None
+  events, log_notes = _read_log(log_path, {"roadEncodeIdx", "roadCameraState", *INPUT_SERVICES})
+  frames, frame_notes = _camera_frames(events, road, count)
   if (wide := _first(folder, ECAMERA_FILENAMES)) is None:
     notes.append(f"{folder}: no ecamera.hevc: the road camera's frames stand in for the wide camera")
   elif (info := _video_info(wide)) != (width, height, count):
-    raise RouteError(f"frames out of step: {wide} is {info[0]}x{info[1]} with {info[2]} frames, {road} {width}x{height} with {count}")
-  events, log_notes = _read_log(log_path, {"roadEncodeIdx", "roadCameraState", *INPUT_SERVICES})
-  frames, frame_notes = _camera_frames(events, road, count)
+    raise RouteError(f"frames out of step: {os.path.basename(wide)} is {info[0]}x{info[1]} with {info[2]} frames, {os.path.basename(road)} "
+                     f"{width}x{height} with {count} (a truncated video?)")
   seen = {e.which() for e in events}
   if "liveCalibration" not in seen: notes.append(f"{log_path}: no liveCalibration: modeld uses the default calibration (a perfectly mounted device)")
   if "carState" not in seen: notes.append(f"{log_path}: no carState: vEgo 0, no blinkers, no desire")
   inputs = [InputEvent(e.logMonoTime, e.which(), e.as_builder().to_bytes(), getattr(e, e.which())) for e in events if e.which() in INPUT_SERVICES]
   return Segment(os.path.basename(os.path.normpath(folder)), log_path, road, wide, camerad_frame(width, height), sensor, frames, inputs,
                  log_notes + frame_notes + notes)
+
+class EventFeed:
+  """A segment's input events in log order, handed out up to each frame's log time."""
+  def __init__(self, events: list[InputEvent]):
+    self.events, self.next = events, 0
+
+  def until(self, log_time: int) -> list[InputEvent]:
+    start = self.next
+    while self.next < len(self.events) and self.events[self.next].log_time <= log_time: self.next += 1
+    return self.events[start:self.next]
 
 def _decode(path: str, frame: NV12Frame) -> Iterator[np.ndarray]:
   import av

@@ -1,0 +1,176 @@
+"""route_replay on a small route written here: road_scene frames of a comma 4 (os04c10, 1344x760) encoded to HEVC with PyAV, and an
+rlog of liveCalibration / carState / roadCameraState events written with the schema. The replay's outputs are checked against an
+onnxruntime reference computed here (test_generations' Openpilot and conftest's numpy warp), not against the tool's own."""
+import os
+import shutil
+import subprocess
+import sys
+
+import av
+import numpy as np
+import pytest
+from openpilot_logging.cereal import log
+from openpilot_logging.logreader import LogReader, save_log
+from test_generations import Openpilot, step_inputs
+
+from sunnypilot.modeld_v2 import stand_in_models
+from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, get_warp_matrix
+from sunnypilot.modeld_v2.onnx_reference import OnnxReference
+from sunnypilot.modeld_v2.road_scene import road_scene
+from sunnypilot.modeld_v2.route_replay import main
+from sunnypilot.modeld_v2.warp import camerad_frame
+
+from conftest import ROOT, reference_warp
+
+FRAME = camerad_frame(1344, 760)
+FRAMES, FIRST_ID, T0 = 24, 100, 10**9
+RPY, HEIGHT = [0.0, 0.02, -0.01], 1.3
+V_EGO = lambda k: 15 + 0.1 * k
+
+def planes_of(buf: np.ndarray) -> np.ndarray:
+  """A camerad buffer's visible Y rows then UV rows, (h * 3/2, w): what an NV12 video frame holds."""
+  y = buf[:FRAME.stride * FRAME.height].reshape(FRAME.height, FRAME.stride)[:, :FRAME.width]
+  uv = buf[FRAME.uv_offset:FRAME.uv_offset + FRAME.stride * (FRAME.height // 2)].reshape(FRAME.height // 2, FRAME.stride)[:, :FRAME.width]
+  return np.concatenate([y, uv])
+
+def encode(path: str, pictures: list[np.ndarray], width: int = FRAME.width, height: int = FRAME.height) -> None:
+  with av.open(path, "w", format="hevc") as container:
+    stream = container.add_stream("libx265", rate=20)
+    stream.width, stream.height, stream.pix_fmt, stream.options = width, height, "yuv420p", {"x265-params": "log-level=error"}
+    for p in pictures:
+      for packet in stream.encode(av.VideoFrame.from_ndarray(p, format="nv12")): container.mux(packet)
+    for packet in stream.encode(): container.mux(packet)
+
+def event(t: int, service: str):
+  msg = log.Event.new_message(logMonoTime=t)
+  msg.init(service)
+  return msg
+
+def write_log(path: str, frames: int = FRAMES, calibration: bool = True, car_state: bool = True) -> None:
+  events = []
+  if calibration:
+    cal = event(T0 - 10**8, "liveCalibration")
+    cal.liveCalibration.rpyCalib, cal.liveCalibration.calStatus, cal.liveCalibration.height = RPY, "calibrated", [HEIGHT]
+    events.append(cal)
+  for k in range(frames):
+    t = T0 + k * 50_000_000
+    if car_state:
+      cs = event(t - 10_000_000, "carState")
+      cs.carState.vEgo = V_EGO(k)
+      events.append(cs)
+    rc = event(t, "roadCameraState")
+    rc.roadCameraState.frameId, rc.roadCameraState.timestampSof, rc.roadCameraState.timestampEof = FIRST_ID + k, t - 30_000_000, t - 10_000_000
+    rc.roadCameraState.sensor = "os04c10"
+    events.append(rc)
+  save_log(path, [e.as_reader() for e in events])
+
+@pytest.fixture(scope="module")
+def route(tmp_path_factory) -> str:
+  folder = tmp_path_factory.mktemp("route") / "2026-12-03--04-00-00--0"
+  folder.mkdir()
+  road, wide = SENSOR_CAMERAS["os04c10"]
+  encode(str(folder / "fcamera.hevc"), [planes_of(road_scene(FRAME, road.focal_length, t=k * 0.05, seed=k)) for k in range(FRAMES)])
+  encode(str(folder / "ecamera.hevc"), [planes_of(road_scene(FRAME, wide.focal_length, t=k * 0.05, seed=100 + k)) for k in range(FRAMES)])
+  write_log(str(folder / "rlog.zst"))
+  return str(folder)
+
+def decoded(path: str) -> list[np.ndarray]:
+  """The video's frames in camerad's layout, decoded here."""
+  bufs = []
+  with av.open(path) as container:
+    for picture in container.decode(video=0):
+      nv12, buf = picture.to_ndarray(format="nv12"), np.zeros(FRAME.size, np.uint8)
+      buf[:FRAME.stride * FRAME.height].reshape(FRAME.height, FRAME.stride)[:, :FRAME.width] = nv12[:FRAME.height]
+      buf[FRAME.uv_offset:FRAME.uv_offset + FRAME.stride * (FRAME.height // 2)].reshape(FRAME.height // 2, FRAME.stride)[:, :FRAME.width] = nv12[FRAME.height:]
+      bufs.append(buf)
+  return bufs
+
+def expected_outputs(route: str, onnx: str) -> list[np.ndarray]:
+  """openpilot's inputs for this log, written out: the calibration's warp, carState's vEgo with no blinkers (no desire), left-hand traffic,
+  action_t = (0.2 s steering delay, 0 s longitudinal + 0.3 s smoothing) + 1.5 frames; onnxruntime on the frames warped in numpy."""
+  road, wide = SENSOR_CAMERAS["os04c10"]
+  m_inv = [get_warp_matrix(RPY, road.intrinsics).astype(np.float32), get_warp_matrix(RPY, wide.intrinsics, bigmodel_frame=True).astype(np.float32)]
+  reference = Openpilot({"onnx": onnx})
+  host = {"traffic_convention": np.array([[1, 0]], np.float32), "action_t": np.array([[0.2 + 0.075, 0.3 + 0.075]], np.float32),
+          "desire": np.zeros((1, 8), np.float32)}
+  outs = []
+  for road_buf, wide_buf in zip(decoded(os.path.join(route, "fcamera.hevc")), decoded(os.path.join(route, "ecamera.hevc"))):
+    warped = [reference_warp(buf, FRAME, m)[0] for buf, m in ((road_buf, m_inv[0]), (wide_buf, m_inv[1]))]
+    outs.append(reference.step(np.stack(warped), host["desire"], {n: host[n] for n in reference.host}).reshape(-1))
+  return outs
+
+def test_replay_in_lockstep_matches_onnxruntime(route, native_artifacts, tmp_path):
+  import json
+  out = tmp_path / "out"
+  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", route, "--artifacts", native_artifacts, "--onnx",
+                        os.path.join(native_artifacts, "native.onnx"), "--tolerance", "1e-4", "--frames", "4:20", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout + run.stderr
+  segment = out / os.path.basename(route)
+  events = list(LogReader(str(segment / "modeld_rlog.zst")))
+  ids = {s: [getattr(e, s).frameId for e in events if e.which() == s] for s in ("modelV2", "drivingModelData", "cameraOdometry")}
+  assert all(v == list(range(FIRST_ID, FIRST_ID + FRAMES)) for v in ids.values()), f"every frame published once, in order: {ids}"
+  models = [e.modelV2 for e in events if e.which() == "modelV2"]
+  assert all(e.valid for e in events), "a calibration was published before the first frame"
+  expected = expected_outputs(route, os.path.join(native_artifacts, "native.onnx"))
+  for k, (m, want) in enumerate(zip(models, expected, strict=True)):
+    np.testing.assert_allclose(np.frombuffer(bytes(m.rawPredictions), np.float32), want, rtol=0, atol=1e-4, err_msg=f"frame {k} vs onnxruntime")
+  check = json.loads((segment / "check.json").read_text())
+  assert check["passed"] and check["frames"] == FRAMES and check["fields_compared"] > 100 and check["field_max"] <= 1e-4, check
+  assert max(h["max"] for h in check["heads"].values()) <= 1e-4
+  with av.open(str(segment / "overlay.mp4")) as video: assert sum(1 for _ in video.decode(video=0)) == 16, "--frames 4:20 draws 16 frames"
+  assert (segment / "plots.png").stat().st_size > 10_000
+  assert "PASSED" in run.stdout and f"{FRAMES} frames sent, {FRAMES} published, 0 dropped" in run.stdout
+
+def test_jobs_and_the_fallbacks_for_a_log_without_calibration_or_car_state(route, native_artifacts, tmp_path):
+  """Two segments in parallel processes, one of them with no liveCalibration and no carState: a warning each, the default calibration
+  (every message invalid until a calibration arrives), vEgo 0."""
+  drive = tmp_path / "realdata"
+  shutil.copytree(route, drive / "2026-12-03--04-00-00--0")
+  shutil.copytree(route, drive / "2026-12-03--04-00-00--1")
+  write_log(str(drive / "2026-12-03--04-00-00--1" / "rlog.zst"), calibration=False, car_state=False)
+  out = tmp_path / "out"
+  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", str(drive), "--artifacts", native_artifacts, "--jobs", "2",
+                        "--no-pictures", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert "no liveCalibration: modeld uses the default calibration" in run.stderr and "no carState: vEgo 0" in run.stderr
+  for seg, calibrated in (("2026-12-03--04-00-00--0", True), ("2026-12-03--04-00-00--1", False)):
+    models = [e for e in LogReader(str(out / seg / "modeld_rlog.zst")) if e.which() == "modelV2"]
+    assert [e.modelV2.frameId for e in models] == list(range(FIRST_ID, FIRST_ID + FRAMES)) and all(e.valid == calibrated for e in models)
+
+def broken(route: str, tmp_path, what: str) -> str:
+  folder = tmp_path / "segment"
+  shutil.copytree(route, folder)
+  if what == "no video": os.remove(folder / "fcamera.hevc")
+  elif what == "no log": os.remove(folder / "rlog.zst")
+  elif what == "truncated": (folder / "fcamera.hevc").write_bytes((folder / "fcamera.hevc").read_bytes()[:8000])
+  elif what == "unknown size": encode(str(folder / "fcamera.hevc"), [np.full((360, 320), 128, np.uint8)] * 3, 320, 240)
+  elif what == "out of step": write_log(str(folder / "rlog.zst"), frames=FRAMES + 6)
+  elif what == "garbage log": (folder / "rlog.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x01" * 100)
+  return str(folder)
+
+@pytest.mark.parametrize("what, message", [
+  ("no video", "no road camera video (looked for fcamera.hevc"), ("no log", "no log (looked for rlog"),
+  ("truncated", "frames and log out of step: fcamera.hevc has"), ("unknown size", "320x240 frames are no known comma camera's"),
+  ("out of step", f"fcamera.hevc has {FRAMES} frames, the log names {FRAMES + 6} (roadCameraState)"), ("garbage log", "not a readable openpilot log"),
+])
+def test_bad_route_is_one_line_and_writes_nothing(route, native_artifacts, tmp_path, capsys, what, message):
+  out = tmp_path / "out"
+  with pytest.raises(SystemExit) as e: main([broken(route, tmp_path, what), "--artifacts", native_artifacts, "--out", str(out)])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+  assert not out.exists(), "nothing written"
+
+@pytest.mark.parametrize("generation", stand_in_models.NAMES)
+def test_the_packaged_reference_matches_the_tests(tmp_path, generation):
+  """OnnxReference (route_replay --onnx/--vision...) against test_generations' Openpilot: the same ONNX, frames and host inputs."""
+  files = stand_in_models.write(generation, "tiny", str(tmp_path / f"{generation}.onnx"), seed=8)["files"]
+  ours, theirs, rng = OnnxReference(files), Openpilot(files), np.random.default_rng(9)
+  for step in range(10):
+    road, wide = rng.integers(0, 256, (2, FRAME.size), dtype=np.uint8)
+    m_inv = np.stack([np.array([[2, 0, 2 * rng.integers(0, 160)], [0, 2, 2 * rng.integers(0, 124)], [0, 0, 1]], np.float32) for _ in range(2)])
+    desire, host = step_inputs(rng, step, theirs.host, theirs)
+    warped = np.stack([reference_warp(buf, FRAME, m)[0] for buf, m in ((road, m_inv[0]), (wide, m_inv[1]))])
+    want = theirs.step(warped, desire, host)
+    got = ours.step(road, wide, FRAME, host | {"tfm": m_inv, "desire": desire})
+    np.testing.assert_array_equal(got, want, err_msg=f"{generation} step {step}")
