@@ -137,14 +137,19 @@ def difference(a: Any, b: Any) -> float:
 # *** modeld ***
 
 class Modeld:
-  """modeld in a subprocess in this process's msgq namespace; its log lines are kept (and the last ones quoted when it fails)."""
+  """modeld in a subprocess in this process's msgq namespace; its log lines are passed on and kept (the last ones quoted when it fails)."""
   def __init__(self, artifacts: str, args, send_raw: bool):
     flags = ["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay)] + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw
     self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, *flags], stderr=subprocess.PIPE,
                                  text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     self.lines: list[str] = []
-    self.thread = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True)
+    self.thread = threading.Thread(target=self._read, daemon=True)
     self.thread.start()
+
+  def _read(self) -> None:
+    for line in iter(self.proc.stderr.readline, ""):
+      self.lines.append(line)
+      sys.stderr.write(line)  # its own lines say what it could not use (a host input with no source, a field the schema lacks)
 
   def check(self) -> None:
     if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
@@ -284,6 +289,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Re
         raise RouteError(f"modeld published nothing for frame {cam.frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
       if (k + 1) % 200 == 0: report(f"{segment.name}: {k + 1}/{len(frames)} frames, {(k + 1) / (time.monotonic() - t0):.1f} frames/s")
     result.seconds = time.monotonic() - t0
+    if args.realtime: published.wait([frames[-1].frame_id], modeld, 2.0, services=("modelV2",))  # frames still in flight are not drops
     done = sorted(published.by_frame["modelV2"]) if args.realtime else [f.frame_id for f in frames]
     if not published.wait(done, modeld, 10.0): report("warning: some drivingModelData/cameraOdometry messages never arrived")
   finally:
