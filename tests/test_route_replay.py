@@ -1,6 +1,6 @@
-"""route_replay on a small route written here: road_scene frames of a comma 4 (os04c10, 1344x760) encoded to HEVC with PyAV, and an
-rlog of liveCalibration / carState / roadCameraState events written with the schema. The replay's outputs are checked against an
-onnxruntime reference computed here (test_generations' Openpilot and conftest's numpy warp), not against the tool's own."""
+"""route_replay on a small route written for the test (synthetic_route: road_scene frames of a comma 4, os04c10 1344x760, encoded to
+HEVC with PyAV, and an rlog of liveCalibration / carState / roadCameraState events written with the schema). The replay's outputs are
+checked against an onnxruntime reference computed here (test_generations' Openpilot and conftest's numpy warp), not the tool's own."""
 import os
 import shutil
 import subprocess
@@ -9,69 +9,26 @@ import sys
 import av
 import numpy as np
 import pytest
-from openpilot_logging.cereal import log
-from openpilot_logging.logreader import LogReader, save_log
+from openpilot_logging.logreader import LogReader
 from test_generations import Openpilot, step_inputs
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, get_warp_matrix
 from sunnypilot.modeld_v2.onnx_reference import OnnxReference
-from sunnypilot.modeld_v2.road_scene import road_scene
 from sunnypilot.modeld_v2.route_replay import main
+from sunnypilot.modeld_v2.synthetic_route import FIRST_ID, encode_hevc, write_log, write_segment
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 from conftest import ROOT, reference_warp
 
 FRAME = camerad_frame(1344, 760)
-FRAMES, FIRST_ID, T0 = 24, 100, 10**9
-RPY, HEIGHT = [0.0, 0.02, -0.01], 1.3
-V_EGO = lambda k: 15 + 0.1 * k
-
-def planes_of(buf: np.ndarray) -> np.ndarray:
-  """A camerad buffer's visible Y rows then UV rows, (h * 3/2, w): what an NV12 video frame holds."""
-  y = buf[:FRAME.stride * FRAME.height].reshape(FRAME.height, FRAME.stride)[:, :FRAME.width]
-  uv = buf[FRAME.uv_offset:FRAME.uv_offset + FRAME.stride * (FRAME.height // 2)].reshape(FRAME.height // 2, FRAME.stride)[:, :FRAME.width]
-  return np.concatenate([y, uv])
-
-def encode(path: str, pictures: list[np.ndarray], width: int = FRAME.width, height: int = FRAME.height) -> None:
-  with av.open(path, "w", format="hevc") as container:
-    stream = container.add_stream("libx265", rate=20)
-    stream.width, stream.height, stream.pix_fmt, stream.options = width, height, "yuv420p", {"x265-params": "log-level=error"}
-    for p in pictures:
-      for packet in stream.encode(av.VideoFrame.from_ndarray(p, format="nv12")): container.mux(packet)
-    for packet in stream.encode(): container.mux(packet)
-
-def event(t: int, service: str):
-  msg = log.Event.new_message(logMonoTime=t)
-  msg.init(service)
-  return msg
-
-def write_log(path: str, frames: int = FRAMES, calibration: bool = True, car_state: bool = True) -> None:
-  events = []
-  if calibration:
-    cal = event(T0 - 10**8, "liveCalibration")
-    cal.liveCalibration.rpyCalib, cal.liveCalibration.calStatus, cal.liveCalibration.height = RPY, "calibrated", [HEIGHT]
-    events.append(cal)
-  for k in range(frames):
-    t = T0 + k * 50_000_000
-    if car_state:
-      cs = event(t - 10_000_000, "carState")
-      cs.carState.vEgo = V_EGO(k)
-      events.append(cs)
-    rc = event(t, "roadCameraState")
-    rc.roadCameraState.frameId, rc.roadCameraState.timestampSof, rc.roadCameraState.timestampEof = FIRST_ID + k, t - 30_000_000, t - 10_000_000
-    rc.roadCameraState.sensor = "os04c10"
-    events.append(rc)
-  save_log(path, [e.as_reader() for e in events])
+FRAMES = 24
+RPY, HEIGHT = [0.0, 0.03, -0.01], 1.3
 
 @pytest.fixture(scope="module")
 def route(tmp_path_factory) -> str:
   folder = tmp_path_factory.mktemp("route") / "2026-12-03--04-00-00--0"
-  folder.mkdir()
-  road, wide = SENSOR_CAMERAS["os04c10"]
-  encode(str(folder / "fcamera.hevc"), [planes_of(road_scene(FRAME, road.focal_length, t=k * 0.05, seed=k)) for k in range(FRAMES)])
-  encode(str(folder / "ecamera.hevc"), [planes_of(road_scene(FRAME, wide.focal_length, t=k * 0.05, seed=100 + k)) for k in range(FRAMES)])
-  write_log(str(folder / "rlog.zst"))
+  write_segment(str(folder), (FRAME.width, FRAME.height), FRAMES, rpy=RPY, height=HEIGHT)
   return str(folder)
 
 def decoded(path: str) -> list[np.ndarray]:
@@ -128,7 +85,7 @@ def test_jobs_and_the_fallbacks_for_a_log_without_calibration_or_car_state(route
   drive = tmp_path / "realdata"
   shutil.copytree(route, drive / "2026-12-03--04-00-00--0")
   shutil.copytree(route, drive / "2026-12-03--04-00-00--1")
-  write_log(str(drive / "2026-12-03--04-00-00--1" / "rlog.zst"), calibration=False, car_state=False)
+  write_log(str(drive / "2026-12-03--04-00-00--1" / "rlog.zst"), FRAMES, "os04c10", calibration=False, car_state=False)
   out = tmp_path / "out"
   run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", str(drive), "--artifacts", native_artifacts, "--jobs", "2",
                         "--no-pictures", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -144,8 +101,8 @@ def broken(route: str, tmp_path, what: str) -> str:
   if what == "no video": os.remove(folder / "fcamera.hevc")
   elif what == "no log": os.remove(folder / "rlog.zst")
   elif what == "truncated": (folder / "fcamera.hevc").write_bytes((folder / "fcamera.hevc").read_bytes()[:8000])
-  elif what == "unknown size": encode(str(folder / "fcamera.hevc"), [np.full((360, 320), 128, np.uint8)] * 3, 320, 240)
-  elif what == "out of step": write_log(str(folder / "rlog.zst"), frames=FRAMES + 6)
+  elif what == "unknown size": encode_hevc(str(folder / "fcamera.hevc"), [np.full((360, 320), 128, np.uint8)] * 3, 320, 240)
+  elif what == "out of step": write_log(str(folder / "rlog.zst"), FRAMES + 6, "os04c10")
   elif what == "garbage log": (folder / "rlog.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x01" * 100)
   return str(folder)
 
