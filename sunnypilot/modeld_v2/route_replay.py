@@ -18,8 +18,10 @@ plots.png (desired curvature, acceleration, lead distance and confidence over ti
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -52,6 +54,12 @@ class LogState:
     self.seen = dict.fromkeys(services, False)
 
   def update(self, service: str, data: Any) -> None: self.data[service], self.seen[service] = data, True
+
+  def snapshot(self) -> LogState:
+    """This state as it is now (update replaces entries, never changes them: a shallow copy is enough)."""
+    copy = LogState.__new__(LogState)
+    copy.data, copy.seen = dict(self.data), dict(self.seen)
+    return copy
   def __getitem__(self, service: str) -> Any: return self.data[service]
 
 class BundleReference:
@@ -78,6 +86,26 @@ class ReferenceCheck:
     self.fields: dict[str, dict] = {}
     self.frames = 0
     self.pending: dict[int, tuple[np.ndarray, dict]] = {}  # frame id -> (reference outputs, {service: flat fields}) until modeld's arrive
+    self.queue: queue.Queue = queue.Queue(8)  # frames waiting for the reference, which runs in a thread beside modeld
+    self.error: BaseException | None = None
+    self.thread = threading.Thread(target=self._work, daemon=True)
+    self.thread.start()
+
+  def submit(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None:
+    if self.error is not None: raise RouteError(f"the reference failed: {self.error}")
+    self.queue.put((state.snapshot(), cam, road, wide))
+
+  def _work(self) -> None:
+    while (item := self.queue.get()) is not None:
+      if self.error is None:
+        try: self.step(*item)
+        except Exception as e: self.error = e
+
+  def finish(self) -> None:
+    """Wait for the frames still queued."""
+    self.queue.put(None)
+    self.thread.join()
+    if self.error is not None: raise RouteError(f"the reference failed: {type(self.error).__name__}: {self.error}")
 
   def step(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None:
     from sunnypilot.modeld_v2.calibration import warp_matrices
@@ -149,10 +177,13 @@ class Modeld:
   def _read(self) -> None:
     for line in iter(self.proc.stderr.readline, ""):
       self.lines.append(line)
-      sys.stderr.write(line)  # its own lines say what it could not use (a host input with no source, a field the schema lacks)
+      if "reconnected to camerad" not in line: sys.stderr.write(line)  # it says what it could not use (a host input with no source, ...)
 
   def check(self) -> None:
     if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
+
+  def mark(self) -> int: return len(self.lines)
+  def reconnects_since(self, mark: int) -> int: return sum("reconnected to camerad" in line for line in self.lines[mark:])
 
   def last_line(self) -> str: return "".join(self.lines[-3:]).strip().replace("\n", " | ") if self.lines else "no output"
 
@@ -200,6 +231,20 @@ class Published:
         time.sleep(0.0005)
     return True
 
+def lockstep_wait(published: Published, modeld: Modeld, frame_id: int, lines: int, send: Callable[[], None]) -> int:
+  """Until modelV2 for frame_id arrived; returns how often the frame had to be sent again. modeld re-attaches to camerad after 0.5 s
+  without frames (a slow reference check, a busy machine): a frame sent while it re-attaches never reaches it. Two re-attachments
+  after the send with no modelV2 prove it was lost (had it arrived, modeld would have run it instead of idling): then it goes again."""
+  deadline, resent = time.monotonic() + FRAME_TIMEOUT_S, 0
+  while not published.wait([frame_id], modeld, 0.05, services=("modelV2",)):
+    if modeld.reconnects_since(lines) >= 2 and not published.poll() and frame_id not in published.by_frame["modelV2"]:
+      lines = modeld.mark()
+      send()
+      resent += 1
+    if time.monotonic() > deadline:
+      raise RouteError(f"modeld published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
+  return resent
+
 def write_log(path: str, raws: list[bytes]) -> None:
   """The messages as a cereal log (openpilot_logging's save_log, zstd by the name): written whole to a temporary name, then renamed."""
   from openpilot_logging.logreader import save_log
@@ -220,6 +265,7 @@ class Result:
   sent: int = 0
   published: int = 0
   frame_drop_perc_max: float = 0.0
+  resent: int = 0  # lockstep frames sent again because modeld re-attached to camerad as they went out
   seconds: float = 0.0
   check: dict | None = None
   files: list[str] = field(default_factory=list)
@@ -279,14 +325,15 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Re
           inputs.send(event.service, event.raw)
           state.update(event.service, event.data)
       calibrations[cam.frame_id] = state["liveCalibration"] if state.seen["liveCalibration"] else None
-      replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
+      send = functools.partial(replay.send, cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
+      lines = modeld.mark()
+      send()
       result.sent += 1
-      if check is not None: check.step(state, cam, road, wide)  # while modeld runs the same frame
+      if check is not None: check.submit(state, cam, road, wide)  # computed while modeld runs
       if args.realtime:
         published.poll()
         time.sleep(max(0.0, t0 + (k + 1) * 0.05 - time.monotonic()))
-      elif not published.wait([cam.frame_id], modeld, FRAME_TIMEOUT_S, services=("modelV2",)):
-        raise RouteError(f"modeld published nothing for frame {cam.frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
+      else: result.resent += lockstep_wait(published, modeld, cam.frame_id, lines, send)
       if (k + 1) % 200 == 0: report(f"{segment.name}: {k + 1}/{len(frames)} frames, {(k + 1) / (time.monotonic() - t0):.1f} frames/s")
     result.seconds = time.monotonic() - t0
     if args.realtime: published.wait([frames[-1].frame_id], modeld, 2.0, services=("modelV2",))  # frames still in flight are not drops
@@ -303,6 +350,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Re
   write_log(log_path := os.path.join(out, LOG_NAME), published.raw)
   result.files.append(log_path)
   if check is not None:
+    check.finish()
     for frame_id in sorted(models): check.compare(frame_id, {s: published.by_frame[s].get(frame_id) for s in OUTPUT_SERVICES})
     result.check = check.report(tolerance)
     with open(check_path := os.path.join(out, CHECK_NAME), "w") as f: json.dump(result.check, f, indent=1)
@@ -319,7 +367,8 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Re
 
 def summarize(result: Result) -> str:
   lines = [f"{result.segment}: {result.sent} frames sent, {result.published} published, {result.sent - result.published} dropped "
-           f"(frameDropPerc max {result.frame_drop_perc_max:.2f}%), {result.fps:.1f} frames/s"]
+           f"(frameDropPerc max {result.frame_drop_perc_max:.2f}%), {result.fps:.1f} frames/s"
+           + (f", {result.resent} sent again after modeld re-attached to camerad" if result.resent else "")]
   if result.check is not None:
     c = result.check
     worst = sorted(c["heads"].items(), key=lambda kv: -kv[1]["max"])[:5]
