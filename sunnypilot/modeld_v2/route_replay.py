@@ -291,6 +291,7 @@ def make_reference(args, artifacts: str, segment: Segment):
     if files: return OnnxReference(files)
     if args.against: return BundleReference(args.against, artifacts_warp(artifacts, segment))
   except (ModelError, ArtifactError) as e: raise RouteError(str(e)) from None
+  except Exception as e: raise RouteError(f"the reference does not load: {type(e).__name__}: {e}") from None  # onnxruntime's own errors
   return None
 
 def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Result:
@@ -410,19 +411,21 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--long-delay", type=float, default=0.0, help="passed to modeld: longitudinal actuator delay")
   return p
 
+def fail(p: argparse.ArgumentParser, problem: str) -> None: p.exit(2, f"route_replay: error: {problem}\n")
+
 def check_args(p: argparse.ArgumentParser, args) -> None:
   """Bad flags and paths in one line, exit 2, before any work."""
   try: args.frames = parse_range(args.frames)
-  except ValueError as e: p.error(str(e))
+  except ValueError as e: fail(p, str(e))
   models = [k for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if getattr(args, k)]
-  if models and args.against: p.error("give one reference: ONNX file(s) or --against, not both")
-  if (models or args.against) and args.realtime: p.error("--realtime drops frames by design: the reference check runs in lockstep only")
-  if args.jobs < 1: p.error("--jobs must be at least 1")
-  if args.tolerance is not None and not args.tolerance >= 0: p.error("--tolerance must be a number >= 0")
+  if models and args.against: fail(p, "give one reference: ONNX file(s) or --against, not both")
+  if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
+  if args.jobs < 1: fail(p, "--jobs must be at least 1")
+  if args.tolerance is not None and not args.tolerance >= 0: fail(p, "--tolerance must be a number >= 0")
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
-    if not os.path.isfile(path): p.error(f"{path}: no such file")
+    if not os.path.isfile(path): fail(p, f"{path}: no such file")
   from sunnypilot.modeld_v2.modeld import check_artifacts
-  if problem := check_artifacts(args.artifacts): p.error(problem)
+  if problem := check_artifacts(args.artifacts): fail(p, problem)
 
 def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
   """Each segment in a process of its own (its own modeld and msgq prefix), `jobs` at a time, with the same `flags`; the worst exit code."""
@@ -437,18 +440,22 @@ def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
     time.sleep(0.1)
   return max(codes, default=0)
 
+def interrupted(*_) -> None: raise KeyboardInterrupt
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   p = parser()
   args = p.parse_args(argv)
   check_args(p, args)
   try: folders = [f for s in args.segments for f in segment_folders(s)]
-  except RouteError as e: p.exit(2, f"route_replay: error: {e}\n")
+  except RouteError as e: fail(p, str(e))
   if len(folders) > 1: return run_jobs(folders, [a for a in argv if a not in args.segments], args.jobs)
   prefix = f"route_replay_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
+  signal.signal(signal.SIGTERM, interrupted)  # stop modeld and remove the namespace on SIGTERM too
   try: result = replay_segment(folders[0], args)
-  except RouteError as e: p.exit(2, f"route_replay: error: {e}\n")
+  except RouteError as e: fail(p, str(e))
+  except KeyboardInterrupt: p.exit(130, "route_replay: interrupted: no log written for the segment in progress\n")
   finally: shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
   print(summarize(result), flush=True)
   return 1 if result.check is not None and not result.check["passed"] else 0
