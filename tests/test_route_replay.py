@@ -79,21 +79,25 @@ def test_replay_in_lockstep_matches_onnxruntime(route, native_artifacts, tmp_pat
   assert (segment / "plots.png").stat().st_size > 10_000
   assert "PASSED" in run.stdout and f"{FRAMES} frames sent, {FRAMES} published, 0 dropped" in run.stdout
 
-def test_jobs_and_the_fallbacks_for_a_log_without_calibration_or_car_state(route, native_artifacts, tmp_path):
+def test_jobs_against_a_bundle_and_the_fallbacks_for_a_log_without_calibration_or_car_state(route, native_artifacts, tmp_path):
   """Two segments in parallel processes, one of them with no liveCalibration and no carState: a warning each, the default calibration
-  (every message invalid until a calibration arrives), vEgo 0."""
+  (every message invalid until a calibration arrives), vEgo 0. Each is checked --against the bundle modeld runs: bit for bit."""
+  import json
   drive = tmp_path / "realdata"
   shutil.copytree(route, drive / "2026-12-03--04-00-00--0")
   shutil.copytree(route, drive / "2026-12-03--04-00-00--1")
   write_log(str(drive / "2026-12-03--04-00-00--1" / "rlog.zst"), FRAMES, "os04c10", calibration=False, car_state=False)
   out = tmp_path / "out"
   run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", str(drive), "--artifacts", native_artifacts, "--jobs", "2",
-                        "--no-pictures", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--against", os.path.join(native_artifacts, "model.bin"), "--no-pictures", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout + run.stderr
   assert "no liveCalibration: modeld uses the default calibration" in run.stderr and "no carState: vEgo 0" in run.stderr
   for seg, calibrated in (("2026-12-03--04-00-00--0", True), ("2026-12-03--04-00-00--1", False)):
     models = [e for e in LogReader(str(out / seg / "modeld_rlog.zst")) if e.which() == "modelV2"]
     assert [e.modelV2.frameId for e in models] == list(range(FIRST_ID, FIRST_ID + FRAMES)) and all(e.valid == calibrated for e in models)
+    check = json.loads((out / seg / "check.json").read_text())
+    assert check["passed"] and check["frames"] == FRAMES and check["field_max"] == 0 and all(h["max"] == 0 for h in check["heads"].values()), check
 
 def broken(route: str, tmp_path, what: str) -> str:
   folder = tmp_path / "segment"
