@@ -157,10 +157,11 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def difference(a: Any, b: Any) -> float:
   """Largest absolute difference of two leaves; inf when they differ in kind or length, 0/inf for equal/unequal non-numbers."""
-  if isinstance(b, (bytes, str)) or isinstance(a, (bytes, str)): return 0.0 if a == b else float("inf")
-  x, y = np.asarray(a if a is not None else np.nan, np.float64), np.asarray(b, np.float64)
+  if a is None or isinstance(b, (bytes, str)) or isinstance(a, (bytes, str)): return 0.0 if a == b else float("inf")
+  x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
   if x.shape != y.shape: return float("inf")
-  return float(np.max(np.abs(x - y), initial=0.0)) if x.size else 0.0
+  d = np.abs(x - y)
+  return float(np.max(np.where(np.isnan(x) & np.isnan(y), 0.0, np.where(np.isnan(d), np.inf, d)), initial=0.0))
 
 # *** modeld ***
 
@@ -308,6 +309,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Re
   check = ReferenceCheck(reference, metadata["output_slices"], metadata["layout"], segment, args) if reference is not None else None
   tolerance = args.tolerance if args.tolerance is not None else TOLERANCE.get(reference.output_dtype.name, 1e-3) if reference is not None else None
   frames = segment.frames
+  if not args.no_pictures and args.frames[0] >= len(frames): raise RouteError(f"--frames starts at {args.frames[0]}: {segment.name} has {len(frames)} frames")
   report(f"{segment.name}: {len(frames)} frames {segment.frame.width}x{segment.frame.height} ({segment.sensor}), {len(segment.events)} input events "
          f"from {os.path.basename(segment.log_path)}, {'realtime 20 Hz' if args.realtime else 'lockstep'}"
          + (f", checked against {type(reference).__name__} (tolerance {tolerance:g})" if reference is not None else ""))
