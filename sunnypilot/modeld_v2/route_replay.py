@@ -133,7 +133,7 @@ class ReferenceCheck:
       head["sum"] += float(d.mean())
       if d.max() > head["max"] or head["frame"] is None: head["max"], head["frame"] = float(d.max()), frame_id
     for service, ref in fields.items():
-      got = flatten(published[service].to_dict())
+      got = flatten(published[service].to_dict()) if published[service] is not None else {}  # a message that never came differs in every field
       for path, value in ref.items():
         if path.split(".")[0] in NOT_COMPARED: continue
         d = difference(got.get(path), value)
