@@ -162,3 +162,33 @@ def test_a_lockstep_frame_lost_while_modeld_reattaches_goes_again():
   send()
   assert route_replay.lockstep_wait(published, modeld, 7, mark, send) == 1
   assert sends == [1, 3], "sent again right after the second re-attachment"
+
+def test_camera_replay_serves_a_route(route, openpilot_prefix):
+  """camera_replay --route: the segment's decoded frames over VisionIPC, in camerad's layout, with the log's frame ids."""
+  import time
+
+  from msgq.visionipc import VisionIpcClient
+  proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.camera_replay", "--route", route, "--start-delay", "2"], cwd=ROOT,
+                          stderr=subprocess.PIPE, text=True)
+  try:
+    client, deadline = VisionIpcClient("camerad", 0, False), time.monotonic() + 60
+    while not client.connect(False):
+      assert time.monotonic() < deadline and proc.poll() is None, "camera_replay did not start its VisionIPC server"
+      time.sleep(0.01)
+    got = {}
+    while len(got) < FRAMES and (buf := client.recv(3000)) is not None: got[client.frame_id] = np.array(buf.data[:FRAME.size])
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()
+  finally:
+    if proc.poll() is None: proc.kill()
+  assert sorted(got) == list(range(FIRST_ID, FIRST_ID + FRAMES))
+  for k, buf in enumerate(decoded(os.path.join(route, "fcamera.hevc"))): np.testing.assert_array_equal(got[FIRST_ID + k], buf, err_msg=f"frame {k}")
+
+def test_demo_replays_a_route(route, native_artifacts, tmp_path):
+  folder = tmp_path / "artifacts"
+  folder.mkdir()
+  shutil.copy(os.path.join(native_artifacts, "model.bin"), folder / "model.bin")
+  shutil.copy(os.path.join(native_artifacts, "warp_split.bin"), folder / "warp_1344x760_split.bin")  # the name the demo builds
+  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.demo", "--route", route, "--artifacts", str(folder), "--onnx",
+                        os.path.join(native_artifacts, "native.onnx"), "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0 and "PASSED" in run.stdout and "compiling" not in run.stderr, run.stdout + run.stderr
+  assert (tmp_path / "out" / "replay" / os.path.basename(route) / "overlay.mp4").exists()
