@@ -122,6 +122,20 @@ def test_bad_route_is_one_line_and_writes_nothing(route, native_artifacts, tmp_p
   assert e.value.code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
   assert not out.exists(), "nothing written"
 
+def test_frames_are_named_by_road_encode_idx_and_served_in_sequence(route, tmp_path):
+  """As in a real rlog or qlog: roadEncodeIdx names each video frame (segmentId -> frameId, timestamps; here only every 3rd
+  roadCameraState is logged, as in a qlog). Ids that skip (camera drops on the device) are served consecutively, with a warning."""
+  from sunnypilot.modeld_v2.route_segment import open_segment
+  folder = tmp_path / "segment"
+  shutil.copytree(route, folder)
+  ids = [FIRST_ID + k + (k >= 10) for k in range(FRAMES)]  # one camera frame dropped before the 11th
+  write_log(str(folder / "rlog.zst"), FRAMES, "os04c10", frame_ids=ids, encode_idx=True, camera_state_every=3)
+  segment = open_segment(str(folder))
+  assert [f.frame_id for f in segment.frames] == list(range(FIRST_ID, FIRST_ID + FRAMES))
+  assert [f.sof for f in segment.frames] == [10**9 + k * 50_000_000 - 30_000_000 for k in range(FRAMES)]
+  assert [f.log_time for f in segment.frames] == [10**9 + k * 50_000_000 + 5_000_000 for k in range(FRAMES)], "the roadEncodeIdx events"
+  assert any("frame ids skip" in w for w in segment.warnings) and segment.sensor == "os04c10"
+
 @pytest.mark.parametrize("generation", stand_in_models.NAMES)
 def test_the_packaged_reference_matches_the_tests(tmp_path, generation):
   """OnnxReference (route_replay --onnx/--vision...) against test_generations' Openpilot: the same ONNX, frames and host inputs."""

@@ -36,9 +36,11 @@ def encode_hevc(path: str, pictures: list[np.ndarray], width: int, height: int) 
     for packet in stream.encode(): container.mux(packet)
 
 def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), height: float = 1.3, v_ego=lambda k: 15 + 0.1 * k,
-              calibration: bool = True, car_state: bool = True) -> None:
+              calibration: bool = True, car_state: bool = True, frame_ids: list[int] | None = None, encode_idx: bool = False,
+              camera_state_every: int = 1) -> None:
   """An rlog: liveCalibration before the first frame (unless not `calibration`), then per frame carState (unless not `car_state`) 10 ms
-  before its roadCameraState; frame ids from FIRST_ID, 50 ms apart."""
+  before its roadCameraState (and, with `encode_idx`, a roadEncodeIdx 5 ms after it, as encoderd logs each encoded frame); frame ids
+  from FIRST_ID (or `frame_ids`), 50 ms apart. `camera_state_every` N > 1 logs every Nth roadCameraState only, as a qlog does."""
   from openpilot_logging.logreader import save_log
 
   from sunnypilot.modeld_v2.messaging import log
@@ -57,10 +59,16 @@ def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), heigh
       cs = event(t - 10_000_000, "carState")
       cs.carState.vEgo = v_ego(k)
       events.append(cs)
+    frame_id = FIRST_ID + k if frame_ids is None else frame_ids[k]
     rc = event(t, "roadCameraState")
-    rc.roadCameraState.frameId, rc.roadCameraState.timestampSof, rc.roadCameraState.timestampEof = FIRST_ID + k, t - 30_000_000, t - 10_000_000
+    rc.roadCameraState.frameId, rc.roadCameraState.timestampSof, rc.roadCameraState.timestampEof = frame_id, t - 30_000_000, t - 10_000_000
     rc.roadCameraState.sensor = sensor
-    events.append(rc)
+    if k % camera_state_every == 0: events.append(rc)
+    if encode_idx:
+      idx = event(t + 5_000_000, "roadEncodeIdx")
+      idx.roadEncodeIdx.frameId, idx.roadEncodeIdx.segmentId, idx.roadEncodeIdx.encodeId = frame_id, k, frame_id
+      idx.roadEncodeIdx.timestampSof, idx.roadEncodeIdx.timestampEof = t - 30_000_000, t - 10_000_000
+      events.append(idx)
   save_log(path, [e.as_reader() for e in events])
 
 def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: int = 24, distinct: int | None = None, **log_options) -> None:
