@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.calibration import sensor_for_size
+from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
 # what modeld subscribes to besides the cameras (roadCameraState goes out with each frame): published in log-time order
@@ -131,6 +131,11 @@ def open_segment(folder: str) -> Segment:
   elif (info := _video_info(wide)) != (width, height, count):
     raise RouteError(f"frames out of step: {os.path.basename(wide)} is {info[0]}x{info[1]} with {info[2]} frames, {os.path.basename(road)} "
                      f"{width}x{height} with {count} (a truncated video?)")
+  logged = next((str(e.roadCameraState.sensor) for e in events if e.which() == "roadCameraState"), None)
+  if logged in SENSOR_CAMERAS and logged != sensor:
+    same_size = (SENSOR_CAMERAS[logged][0].width, SENSOR_CAMERAS[logged][0].height) == (width, height)
+    if same_size: sensor = logged  # ar0231 and ox03c10 share a size: the log tells them apart
+    else: notes.append(f"the log's camera is {logged} but {os.path.basename(road)} is {width}x{height}: replayed as {sensor}")
   seen = {e.which() for e in events}
   if "liveCalibration" not in seen: notes.append(f"{log_path}: no liveCalibration: modeld uses the default calibration (a perfectly mounted device)")
   if "carState" not in seen: notes.append(f"{log_path}: no carState: vEgo 0, no blinkers, no desire")
