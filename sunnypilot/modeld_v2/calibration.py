@@ -47,11 +47,17 @@ def rot_from_euler(rpy) -> np.ndarray:
   rz = np.array([[np.cos(y), -np.sin(y), 0], [np.sin(y), np.cos(y), 0], [0, 0, 1]])
   return rz @ ry @ rx
 
+def camera_from_calib(device_from_calib_euler, intrinsics: np.ndarray) -> np.ndarray:
+  """Calibrated frame (forward, right, down metres: the frame of the model's plan, lane lines and leads) -> camera pixel, homogeneous: the
+  warp's camera side and the projection openpilot's UI draws the plan with (commaai/openpilot selfdrive/ui/onroad/augmented_road_view.py
+  @550a5978: intrinsics @ view_from_calib)."""
+  return intrinsics @ VIEW_FROM_DEVICE @ rot_from_euler(device_from_calib_euler)
+
 def get_warp_matrix(device_from_calib_euler, intrinsics: np.ndarray, bigmodel_frame: bool = False) -> np.ndarray:
   """M_inv: model pixel -> camera pixel. Only rotation is compensated; the model frame is the calibrated frame seen by a virtual camera."""
   model_intrinsics = SBIGMODEL_INTRINSICS if bigmodel_frame else MEDMODEL_INTRINSICS
   calib_from_model = np.linalg.inv(model_intrinsics @ VIEW_FROM_DEVICE)
-  return intrinsics @ VIEW_FROM_DEVICE @ rot_from_euler(device_from_calib_euler) @ calib_from_model
+  return camera_from_calib(device_from_calib_euler, intrinsics) @ calib_from_model
 
 def warp_matrices(sensor: str, rpy=DEFAULT_RPY) -> np.ndarray:
   """M_inv for (road, wide) as modeld feeds them to the warp: float32 (2, 3, 3)."""

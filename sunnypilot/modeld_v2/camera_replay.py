@@ -1,9 +1,13 @@
 """A camerad stand-in: serves road and wide NV12 frames over VisionIPC at 20 Hz, with camerad's buffer layout and count.
 
   python -m sunnypilot.modeld_v2.camera_replay [--camera 1928x1208] [--video drive.mp4] [--frames 200] [--skip 30,31]
+  python -m sunnypilot.modeld_v2.camera_replay --route SEGMENT_FOLDER
 
 Frames come from the synthetic road-scene generator (lane lines in perspective, moving dashes) or from a video file (PyAV, optional),
 and it publishes roadCameraState / wideRoadCameraState per frame and liveCalibration once a second, like camerad and calibrationd.
+With --route it serves a recorded segment once at --hz instead: its fcamera/ecamera frames with the log's frame ids and timestamps,
+and the log's liveCalibration, carState, carControl, deviceState, driverMonitoringState (and liveDelay) in log-time order
+(route_replay does the same in lockstep with modeld, and records and checks what modeld publishes).
 """
 from __future__ import annotations
 
@@ -28,21 +32,26 @@ def synthetic_frames(frame: NV12Frame, count: int = 40) -> list[tuple[np.ndarray
   road, wide = SENSOR_CAMERAS[sensor_for_size(frame.width, frame.height)]
   return [(road_scene(frame, road.focal_length, t=i * 0.05, seed=i), road_scene(frame, wide.focal_length, t=i * 0.05, seed=1000 + i)) for i in range(count)]
 
+def camerad_buffer(picture, frame: NV12Frame) -> np.ndarray:
+  """A decoded PyAV picture, scaled to the camera size if it differs, in camerad's padded NV12 layout (padding bytes zero)."""
+  yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
+  buf = np.zeros(frame.size, np.uint8)
+  buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width] = yuv[:frame.height]
+  buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width] = yuv[frame.height:]
+  return buf
+
 def video_frames(path: str, frame: NV12Frame) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """A video's frames, scaled to the camera size and laid out like camerad's NV12 (the same picture on both cameras)."""
   import av  # optional: pip install av
   with av.open(path) as container:
     for picture in container.decode(video=0):
-      yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
-      buf = np.zeros(frame.size, np.uint8)
-      buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width] = yuv[:frame.height]
-      buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width] = \
-        yuv[frame.height:]
+      buf = camerad_buffer(picture, frame)
       yield buf, buf
 
 class CameraReplay:
   """The VisionIPC server and the camera state publishers; `send(frame_id, road, wide)` publishes one frame pair."""
-  def __init__(self, frame: NV12Frame, wide: bool = True, rpy=DEFAULT_RPY):
+  def __init__(self, frame: NV12Frame, wide: bool = True, rpy: tuple | None = DEFAULT_RPY):
+    """`rpy`: the calibration published once a second (calibrationd's role); None when the caller publishes liveCalibration itself."""
     from msgq.visionipc import VisionIpcServer
 
     from sunnypilot.modeld_v2.messaging import ensure_prefix_dir, pub_master
@@ -56,17 +65,17 @@ class CameraReplay:
     self.server.start_listener()
     self.pm = pub_master(["roadCameraState", "wideRoadCameraState", "liveCalibration"])
 
-  def send(self, frame_id: int, road: np.ndarray, wide: np.ndarray, sof: int | None = None) -> None:
+  def send(self, frame_id: int, road: np.ndarray, wide: np.ndarray, sof: int | None = None, eof: int | None = None) -> None:
     from sunnypilot.modeld_v2.messaging import new_message
     sof = time.monotonic_ns() if sof is None else sof
-    eof = sof + 20_000_000
+    eof = sof + 20_000_000 if eof is None else eof
     for stream, data, service in zip(self.streams, (road, wide), ("roadCameraState", "wideRoadCameraState")):
       self.server.send(stream, np.ascontiguousarray(data[:self.frame.size]).tobytes(), frame_id, sof, eof)
       msg = new_message(service)
       state = getattr(msg, service)
       state.frameId, state.timestampSof, state.timestampEof, state.sensor = frame_id, sof, eof, self.sensor
       self.pm.send(service, msg)
-    if frame_id % 20 == 0: self.send_calibration()
+    if frame_id % 20 == 0 and self.rpy is not None: self.send_calibration()
 
   def send_calibration(self) -> None:
     from sunnypilot.modeld_v2.messaging import new_message
@@ -76,6 +85,34 @@ class CameraReplay:
 
   def close(self) -> None:
     del self.server
+
+def serve_route(parser: argparse.ArgumentParser, args) -> int:
+  """--route: a segment's frames and input events, once, at args.hz."""
+  from sunnypilot.modeld_v2.messaging import has_service, pub_master
+  from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, EventFeed, FrameDecoder, RouteError, open_segment
+  try: segment = open_segment(args.route)
+  except RouteError as e: parser.exit(2, f"camera_replay: error: {e}\n")
+  for line in segment.warnings: print(f"camera_replay: warning: {line}", file=sys.stderr, flush=True)
+  stop = threading.Event()
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
+  replay, decoder = CameraReplay(segment.frame, rpy=None), FrameDecoder(segment, args.frames)
+  inputs, feed = pub_master([s for s in INPUT_SERVICES if has_service(s)]), EventFeed(segment.events)
+  stop.wait(args.start_delay)
+  print(f"camera_replay: serving {segment.name}: {len(segment.frames)} frames at {args.hz:g} Hz", file=sys.stderr, flush=True)
+  try:
+    next_t = time.monotonic()
+    for cam, (road, wide) in zip(segment.frames, decoder):
+      if stop.is_set(): break
+      for event in feed.until(cam.log_time):
+        if has_service(event.service): inputs.send(event.service, event.raw)
+      replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
+      next_t += 1 / args.hz
+      stop.wait(max(0.0, next_t - time.monotonic()))
+  except RouteError as e: parser.exit(2, f"camera_replay: error: {e}\n")
+  finally:
+    decoder.close()
+    replay.close()
+  return 0
 
 def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.warp import parse_size
@@ -87,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--skip", default="", help="frame ids not to send (to exercise modeld's drop handling), e.g. 30,31")
   parser.add_argument("--no-wide", action="store_true", help="serve the road camera only")
   parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait after starting the server before the first frame")
+  parser.add_argument("--route", help="a recorded segment folder (fcamera.hevc, ecamera.hevc, rlog or qlog) to serve once with its log")
   args = parser.parse_args(argv)
+  if args.route: return serve_route(parser, args)
   try: frame = camerad_frame(*parse_size(args.camera))
   except ValueError as e: parser.error(str(e))
   skip = {int(x) for x in args.skip.split(",") if x.strip()}

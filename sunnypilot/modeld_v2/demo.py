@@ -1,6 +1,10 @@
 """The demo: build the embedded default artifacts if missing, start a camera replay and modeld, run N frames, summarize.
 
   python -m sunnypilot.modeld_v2.demo [--frames 100] [--camera 1928x1208] [--generation split_09] [--size tiny|full] [--onnx model.onnx]
+  python -m sunnypilot.modeld_v2.demo --route SEGMENT_OR_ROUTE_FOLDER [--onnx model.onnx]
+
+With --route it replays a recorded drive instead of synthetic frames (route_replay, in lockstep, checked against onnxruntime on the same
+model): artifacts for the route's camera, then OUT/replay/<segment>/ with modeld's log, the overlay MP4, the plots and check.json.
 
 The default model is a RANDOM-WEIGHT STAND-IN of a driving-model generation (`--generation`, see stand_in_models) with openpilot's inputs
 and outputs: the pipeline is real, the predictions are noise. Point it at a real driving model with --onnx (native or supercombo),
@@ -73,6 +77,23 @@ def plot_latency(rows: list[dict], path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=100)
 
+def route_camera(path: str) -> tuple[int, int]:
+  """The camera size of a route's first segment (ValueError with the route's problem)."""
+  from sunnypilot.modeld_v2.route_segment import RouteError, open_segment, segment_folders
+  try: frame = open_segment(segment_folders(path)[0]).frame
+  except RouteError as e: raise ValueError(str(e)) from None
+  return frame.width, frame.height
+
+def replay_route(args, folder: str, models: dict[str, str]) -> int:
+  """route_replay on args.route with the demo's artifacts, checked against the ONNX they were built from (the stand-in's when there)."""
+  from sunnypilot.modeld_v2 import route_replay
+  from sunnypilot.modeld_v2.stand_in_models import part_path
+  if not models:
+    stand_in = os.path.join(folder, f"{args.generation}_{args.size}_stand_in.onnx")
+    models = {k: p for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if os.path.exists(p := part_path(stand_in, k))}
+  flags = [f"--{k.replace('_', '-')}={v}" for k, v in models.items()]
+  return route_replay.main([args.route, "--artifacts", folder, "--out", os.path.join(args.out, "replay"), *flags])
+
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
@@ -94,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--on-policy", help="a real triple's on-policy")
   parser.add_argument("--artifacts", help="where bundles are built and reused (default out/artifacts/<device>_<generation>_<size>)")
   parser.add_argument("--out", default="out", help="where the summary PNGs go")
+  parser.add_argument("--route", help="replay this recorded segment (or folder of segments) instead: see route_replay")
   args = parser.parse_args(argv)
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  try: camera = parse_size(args.camera)
+  try: camera = parse_size(args.camera) if not args.route else route_camera(args.route)
   except ValueError as e: parser.error(str(e))
   models = {k: v for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if (v := getattr(args, k))}
   real = args.onnx or args.vision
@@ -104,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
   if not real: log(STAND_IN_BANNER)
   try: warp = build_artifacts(folder, camera, args.generation, args.size, models, log)
   except (ModelError, ArtifactError) as e: parser.exit(2, f"demo: error: {e}\n")
+  if args.route: return replay_route(args, folder, models)
   os.makedirs(args.out, exist_ok=True)
   prefix = f"demo_{uuid.uuid4().hex[:8]}"
   env = os.environ | {"OPENPILOT_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}

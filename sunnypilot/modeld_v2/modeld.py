@@ -176,6 +176,21 @@ def check_artifacts(artifacts: str, device: str | None = None, report=log) -> st
     return f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)"
   return None
 
+def rhd_of(sm, rhd: bool) -> bool:
+  """Right-hand traffic: the --rhd flag, else driverMonitoringState.isRHD."""
+  return rhd or bool(sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
+
+def lateral_active(sm) -> bool: return bool(sm.seen.get("carControl") and sm["carControl"].latActive)
+
+def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, lat_delay: float, lat_t: float, long_t: float,
+                lat_planner_state: np.ndarray, prepare_only: bool = False) -> dict[str, Any]:
+  """The value of every host input modeld has a source for, by name, from checked bus values (BusInputs): the daemon writes them into the
+  model, and route_replay's reference check feeds the same ones to onnxruntime or a second bundle. `lat_delay` is the whole lateral delay
+  (liveDelay's, which holds lagd's 0.2 s): lateral_control_params takes it as it is."""
+  return {"tfm": m_inv, "desire": desire, "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
+          "lateral_control_params": [max(v_ego, 0.0), lat_delay], "driving_style": DRIVING_STYLE, "prepare_only": [float(prepare_only)],
+          "lat_planner_state": lat_planner_state}
+
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_STEER_ACTUATOR_DELAY + 0.2,
                long_delay: float = TYPICAL_LONG_ACTUATOR_DELAY, send_raw: bool = False, camera_offset: float = 0.0):
@@ -332,13 +347,10 @@ class ModelD:
 
   def fill_inputs(self, sm, car: CarInputs, lat_delay: float, lat_t: float, long_t: float, prepare_only: bool = False) -> None:
     """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once).
-    `car`, the calibration and the delays come checked from BusInputs. `lat_delay` is the whole lateral delay (liveDelay's, which holds
-    lagd's 0.2 s): lateral_control_params takes it as it is."""
+    `car`, the calibration and the delays come checked from BusInputs."""
     inputs = self.adapter.numpy_inputs
-    rhd = self.rhd or (sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
-    values = {"tfm": self.offset_transforms(sm), "desire": self.publish_state.desire_input(), "traffic_convention": [0, 1] if rhd else [1, 0],
-              "action_t": [lat_t, long_t], "lateral_control_params": [max(car.vEgo, 0.0), lat_delay], "driving_style": DRIVING_STYLE,
-              "prepare_only": [float(prepare_only)], "lat_planner_state": self.publish_state.lat_planner_state}
+    values = host_inputs(self.offset_transforms(sm), self.publish_state.desire_input(), rhd_of(sm, self.rhd), car.vEgo, lat_delay, lat_t, long_t,
+                         self.publish_state.lat_planner_state, prepare_only)
     for name, view in inputs.items():
       if name in values and np.size(values[name]) == view.size: view.reshape(-1)[:] = np.reshape(values[name], -1)
       elif name in values: self.log_once(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
@@ -399,7 +411,7 @@ class ModelD:
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
       msgs = {s: new_message(s) for s in SERVICES}
-      self.publish_state.fill(msgs, filled, self.slices, frame, car, bool(sm.seen.get("carControl") and sm["carControl"].latActive), parsed)
+      self.publish_state.fill(msgs, filled, self.slices, frame, car, lateral_active(sm), parsed)
       for msg in msgs.values(): msg.valid = msg.valid and finite
       for service, msg in msgs.items(): pm.send(service, msg)
       published += 1
