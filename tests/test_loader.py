@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2 import loader
-from sunnypilot.modeld_v2.bundle import read_parts, write_bundle
+from sunnypilot.modeld_v2.bundle import read_parts, read_verified, write_bundle
 from sunnypilot.modeld_v2.frame_fusion import frame_part, fuse
 from sunnypilot.modeld_v2.loader import cache_entry, fused_key, load_fused, load_model
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
@@ -39,6 +39,10 @@ def cache(tmp_path, monkeypatch) -> str:
   folder = str(tmp_path / "cache")
   monkeypatch.setenv("MODELD_V2_CACHE", folder)
   return folder
+
+def key_of(model: str, warp: str) -> dict:
+  """The cache key of a model and warp file, from their verified content hashes."""
+  return fused_key(read_verified(model)[2], read_verified(warp)[2], "CPU")
 
 def entries(folder: str) -> list[str]: return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
@@ -97,16 +101,16 @@ def test_planted_entry_for_other_bundles_is_not_loaded(native_artifacts, tmp_pat
   other = relabelled(model, str(tmp_path / "other.bin"), "another model")
   load_fused(other, warp)
   planted = entries(cache)[0]
-  target = cache_entry(cache, fused_key(model, warp, "CPU"))
+  target = cache_entry(cache, key_of(model, warp))
   os.rename(os.path.join(cache, planted), target)
   got = load_fused(model, warp)
   assert "not built from these bundles" in capfd.readouterr().err
-  assert got["metadata"]["fused"]["key"]["model"] == fused_key(model, warp, "CPU")["model"] and "note" not in got["metadata"]
-  assert read_parts(target)[1]["metadata"]["fused"]["key"] == fused_key(model, warp, "CPU"), "the entry was rebuilt for these bundles"
+  assert got["metadata"]["fused"]["key"]["model"] == key_of(model, warp)["model"] and "note" not in got["metadata"]
+  assert read_parts(target)[1]["metadata"]["fused"]["key"] == key_of(model, warp), "the entry was rebuilt for these bundles"
 
 def test_unreadable_entry_is_rebuilt_and_never_a_temp_file(native_artifacts, cache, capfd):
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
-  target = cache_entry(cache, fused_key(model, warp, "CPU"))
+  target = cache_entry(cache, key_of(model, warp))
   os.makedirs(target)  # a folder where the entry should be: it cannot be read, nor replaced
   expected = load_fused(model, warp, cache=False)["run"].header
   assert load_fused(model, warp)["run"].header == expected

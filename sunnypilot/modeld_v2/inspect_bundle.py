@@ -12,12 +12,10 @@ import sys
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
 
 def describe(path: str) -> str:
-  from sunnypilot.modeld_v2.bundle import ArtifactError, read_bundle, validate_part
+  from sunnypilot.modeld_v2.bundle import check_parts, read_bundle
   head, blob = read_bundle(path)
   prov, extras = head["provenance"], head.get("extras", {})
-  for name, part in head["parts"].items():  # any tinygrad's bundle may be inspected, but only a well-formed one
-    try: validate_part(part["header"], part["blob"][1] - part["blob"][0])
-    except ArtifactError as e: raise ArtifactError(f"{path}: malformed part {name!r}: {e}") from None
+  check_parts(head, blob, path)  # any tinygrad's bundle may be inspected, but only a well-formed one
   lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov.get('tinygrad')} for {prov.get('device')} ({prov.get('target')}), "
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
