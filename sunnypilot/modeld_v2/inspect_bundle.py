@@ -9,6 +9,8 @@ import argparse
 import collections
 import sys
 
+from sunnypilot.modeld_v2.cli import interruptible
+
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
 
 def describe(path: str) -> str:
@@ -42,6 +44,7 @@ def describe(path: str) -> str:
       lines.append(f"    {p['name'][:40]:40s} {str(tuple(p['global_size'])):>14s} {str(tuple(p['local_size'] or ())):>12s} {size:>9,d} {uses[i]:>6d}")
   return "\n".join(lines)
 
+@interruptible("inspect_bundle")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("command", choices=("inspect", "verify"))
