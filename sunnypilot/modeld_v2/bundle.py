@@ -310,7 +310,7 @@ def validate_part(header: Any, blob: Any) -> None:
   _check_returns(_expect(header.get("returns"), dict, "returns"), inputs, buffers)
   if header.get("check") is not None:
     check = _expect(header["check"], dict, "check")
-    _expect(check.get("seed"), int, "check seed")
+    if not 0 <= _expect(check.get("seed"), int, "check seed") < 1 << 63: raise ArtifactError(f"check seed {check['seed']} is not a 63-bit seed")
     for label, digest in _expect(check.get("outputs"), dict, "check outputs").items():
       if not isinstance(digest, str): raise ArtifactError(f"check output {label!r} has no sha256 digest")
 

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.bundle}: {'verified' if ok else 'MISMATCH: this device computes something else than the build recorded'}")
     return 0 if ok else 1
   except (ArtifactError, OSError) as e:
-    print(f"{args.bundle}: {e}", file=sys.stderr)
+    message = str(e) if str(e).startswith(args.bundle) else f"{args.bundle}: {e}"  # bundle errors name the file already
+    print(message, file=sys.stderr)
     return 2
 
 if __name__ == "__main__":
