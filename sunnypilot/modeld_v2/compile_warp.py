@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     check_output_path(args.output)
     search_level(args.beam)
-  except ArtifactError as e: parser.error(str(e))
+  except ArtifactError as e: parser.exit(2, f"compile_warp: error: {e}\n")
   try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames, beam=args.beam)
   except (ArtifactError, OSError) as e: parser.exit(1, f"compile_warp: error: {e}\n")
   print(f"Saved warp to {summary['output']} ({summary['kernels']} kernels, {summary['calls']} calls, {summary['bytes']} bytes)")
