@@ -160,3 +160,11 @@ def test_every_field_mutated_is_an_artifact_error_or_still_works(part, tmp_bundl
       except ArtifactError: outcomes["rejected"] += 1
       except Exception as e: pytest.fail(f"header{''.join(f'[{k!r}]' for k in path)} = {bad!r:.60}: {type(e).__name__}: {e}")
   assert outcomes["rejected"] > 100, outcomes
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"provenance": {}, "parts": {"run": {"blob": [' + "9" * 5000 + "]}}}"],
+                         ids=["deeply nested", "5000-digit integer"])
+def test_json_that_python_cannot_hold_is_an_artifact_error(tmp_bundle, capsys, text):
+  """json.loads raises RecursionError on deep nesting and ValueError on integers past 4300 digits: both one line, exit 2."""
+  data = text.encode()
+  with open(tmp_bundle, "wb") as f: f.write(bundle.PREAMBLE.pack(bundle.MAGIC, bundle.FORMAT_VERSION, len(data), hashlib.sha256(data).digest()) + data)
+  rejected_everywhere(tmp_bundle, capsys, "header is not valid JSON")

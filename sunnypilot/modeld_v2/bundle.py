@@ -23,6 +23,8 @@ from tinygrad import Device, dtypes, helpers
 from tinygrad.dtype import DType
 from tinygrad.helpers import getenv
 
+from sunnypilot.modeld_v2.kernel_binary import BinaryError, check_kernel_binary
+
 FORMAT_VERSION = 1
 MAGIC = b"SPMV2ART"
 PREAMBLE = struct.Struct("<8sIQ32s")  # magic, format version, header bytes, sha256(header + blob)
@@ -31,7 +33,7 @@ CALL_KINDS = ("program", "copy")
 # what a part may make the replay allocate or iterate: far above any openpilot model, far below what would exhaust a device
 MAX_BUFFER_BYTES = 16 << 30  # all buffers of a part together
 MAX_CALLS = 1 << 20  # calls and one-time calls, each
-MAX_TABLE = 1 << 16  # programs, buffers, inputs, arguments of a call, dimensions of a shape
+MAX_TABLE = 1 << 16  # programs, buffers, inputs, arguments of a call
 MAX_LAUNCH = (1 << 31) - 1  # each global size (CUDA's grid limit)
 MAX_LOCAL = 1024  # threads of a workgroup (CUDA, AMD, Adreno)
 MAX_CPU_CORES = 1024  # a CPU program with core_id is called once per core
@@ -103,10 +105,12 @@ def temporary_path(path: str) -> str:
 def remove_stale_temporaries(path: str) -> None:
   """Remove `path`'s temporary files left by writers that were killed (their process is gone); a live writer's is kept."""
   folder, base = os.path.split(os.path.abspath(path))
+  prefix = f"{base}.tmp"
   try: names = os.listdir(folder)
   except OSError: return
   for name in names:
-    if not ((pid := name.removeprefix(f"{base}.tmp")) != name and pid.isdigit()) or int(pid) == os.getpid(): continue
+    pid = name[len(prefix):] if name.startswith(prefix) else ""
+    if not pid.isdigit() or int(pid) == os.getpid(): continue
     try: os.kill(int(pid), 0)
     except ProcessLookupError:
       with contextlib.suppress(OSError): os.remove(os.path.join(folder, name))
@@ -327,7 +331,6 @@ def _check_buffers(buffers: list, blob_len: int) -> None:
   if total > MAX_BUFFER_BYTES: raise ArtifactError(f"the buffers hold {total:,} bytes together, more than {MAX_BUFFER_BYTES:,}")
 
 def _check_program(p: Any, blob: Any) -> None:
-  from sunnypilot.modeld_v2.kernel_binary import BinaryError, check_kernel_binary
   _expect(p, dict, "program")
   name, target = _expect(p.get("name"), str, "program name"), _expect(p.get("target"), str, "program target")
   _within(p.get("lib"), len(blob), f"program {name} binary")
@@ -340,7 +343,8 @@ def _check_program(p: Any, blob: Any) -> None:
   signature = _expect(p.get("signature"), list, f"program {name} signature")
   for sig in signature:
     if len(_expect(sig, list, "signature entry")) != 4: raise ArtifactError(f"program {name}: a signature entry is not [name, slot, dtype, shape]")
-    _expect(sig[0], (str, type(None)), "signature name"), _expect(sig[1], int, "signature slot")
+    _expect(sig[0], (str, type(None)), "signature name")
+    _expect(sig[1], int, "signature slot")
     parse_dtype(sig[2])
     _shape(sig[3], f"program {name} signature shape")
   globals_ = _ints(p.get("globals"), f"program {name} globals")
