@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
   real = args.onnx or args.vision
   folder = args.artifacts or os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_{'custom' if real else f'{args.generation}_{args.size}'}")
   try: check_outputs(args.out, folder, PNGS)
-  except ArtifactError as e: parser.error(str(e))
+  except ArtifactError as e: parser.exit(2, f"demo: error: {e}\n")
   if not real: log(STAND_IN_BANNER)
   try: warp = build_artifacts(folder, camera, args.generation, args.size, models, log)
   except (ModelError, ArtifactError) as e: parser.exit(2, f"demo: error: {e}\n")
