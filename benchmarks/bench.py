@@ -45,7 +45,7 @@ def write_json(path: str | None, data) -> None:
   """Write a benchmark's results as JSON (if asked), atomically."""
   from sunnypilot.modeld_v2.bundle import replaced_atomically
   if not path: return
-  with replaced_atomically(path) as (tmp,), open(tmp, "w") as f: json.dump(data, f, indent=2, default=str)
+  with replaced_atomically(path) as (tmp,), open(tmp, "x") as f: json.dump(data, f, indent=2, default=str)
 
 class CameraBuffer:
   """A VisionBuf stand-in: a page-aligned shared mapping with `.data`, like visionipc's."""

@@ -187,3 +187,19 @@ def test_sigint_during_a_compile(tmp_path):
   err = proc.stderr.read()
   assert proc.wait(timeout=60) == 130 and err.strip().splitlines() == ["compile_warp: interrupted"], err
   assert os.listdir(tmp_path) == []
+
+def test_a_planted_temporary_name_is_never_written_through(tmp_path, small_bundle_part):
+  """A symlink planted under the writer's temporary name would send the bytes to its target: it is removed, the file made afresh."""
+  victim, out = tmp_path / "victim.txt", str(tmp_path / "out.bin")
+  victim.write_text("keep me")
+  os.symlink(victim, bundle.temporary_path(out))
+  write_bundle(out, {"run": small_bundle_part}, {})
+  assert victim.read_text() == "keep me" and bundle.read_parts(out)[0]["run"][0] == small_bundle_part[0]
+  assert sorted(os.listdir(tmp_path)) == ["out.bin", "victim.txt"]
+
+@pytest.fixture(scope="module")
+def small_bundle_part():
+  from sunnypilot.modeld_v2.capture import capture
+
+  from conftest import conv_net
+  return capture(*conv_net(1)).part

@@ -102,19 +102,23 @@ def temporary_path(path: str) -> str:
   """Where a file is written before it is renamed into place: next to it, named for this process."""
   return f"{path}.tmp{os.getpid()}"
 
+def _process_alive(pid: int) -> bool:
+  try: os.kill(pid, 0)
+  except ProcessLookupError: return False
+  except (PermissionError, OverflowError): pass  # another user's process, or no process id at all: leave its file
+  return True
+
 def remove_stale_temporaries(path: str) -> None:
-  """Remove `path`'s temporary files left by writers that were killed (their process is gone); a live writer's is kept."""
+  """Remove `path`'s temporary files left by writers that were killed (their process is gone, or had this process's id before it: this
+  one is not writing `path` yet); a live writer's is kept. Writers then create theirs exclusively, never through something planted."""
   folder, base = os.path.split(os.path.abspath(path))
   prefix = f"{base}.tmp"
   try: names = os.listdir(folder)
   except OSError: return
   for name in names:
     pid = name[len(prefix):] if name.startswith(prefix) else ""
-    if not pid.isdigit() or int(pid) == os.getpid(): continue
-    try: os.kill(int(pid), 0)
-    except ProcessLookupError:
+    if pid.isdigit() and (int(pid) == os.getpid() or not _process_alive(int(pid))):
       with contextlib.suppress(OSError): os.remove(os.path.join(folder, name))
-    except (PermissionError, OverflowError): pass  # another user's live process, or not a pid
 
 def _refuse_replacing(path: str) -> None:
   try: st = os.stat(path)
@@ -179,7 +183,7 @@ def write_bundle(path: str, parts: dict[str, tuple[dict, Any]], extras: dict, fl
   head = {"provenance": provenance(next(iter(parts.values()))[0]["device"], flags), "parts": index, "extras": extras}
   data = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
   digest = hashlib.sha256(data + blob).digest()
-  with replaced_atomically(path) as (tmp,), open(tmp, "wb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+  with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
   return PREAMBLE.size + len(data) + len(blob)
 
 # *** reading ***

@@ -70,12 +70,12 @@ CATEGORICAL_HEADS = {"desire_state": (DESIRE_LEN,), "desire_pred": (DESIRE_PRED_
 
 def head_size(name: str) -> int | None:
   """How many raw values parse_outputs and the message filling need for a head; None where any length is read (meta: one of its
-  layouts, or skipped) or the head is not one modeld reads."""
+  layouts, or skipped; hidden_state: passed through, its width is the compiled features queue's) or the head is not one modeld reads."""
   if name in MDN_HEADS:
     shape, hypotheses, selections = MDN_HEADS[name]
     return hypotheses * (2 * int(np.prod(shape)) + selections)
   if name in CATEGORICAL_HEADS: return int(np.prod(CATEGORICAL_HEADS[name]))
-  return {"lead_prob": LEAD_MHP_SELECTION, "lane_lines_prob": 2 * NUM_LANE_LINES, "hidden_state": FEATURE_LEN}.get(name)
+  return {"lead_prob": LEAD_MHP_SELECTION, "lane_lines_prob": 2 * NUM_LANE_LINES}.get(name)
 
 def check_output_slices(slices: object, n: int) -> None:
   """Raise ValueError unless `slices` is {name: [start, stop]} of integers with 0 <= start < stop <= n, each known head as long as

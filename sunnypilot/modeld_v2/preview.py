@@ -21,7 +21,7 @@ def write_png(path: str, gray: np.ndarray) -> None:
   gray = np.ascontiguousarray(gray, dtype=np.uint8)
   chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
   raw = b"".join(b"\x00" + row.tobytes() for row in gray)
-  with replaced_atomically(path) as (tmp,), open(tmp, "wb") as f:
+  with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f:
     f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", gray.shape[1], gray.shape[0], 8, 0, 0, 0, 0)) +
             chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
 
