@@ -168,3 +168,34 @@ def test_json_that_python_cannot_hold_is_an_artifact_error(tmp_bundle, capsys, t
   data = text.encode()
   with open(tmp_bundle, "wb") as f: f.write(bundle.PREAMBLE.pack(bundle.MAGIC, bundle.FORMAT_VERSION, len(data), hashlib.sha256(data).digest()) + data)
   rejected_everywhere(tmp_bundle, capsys, "header is not valid JSON")
+
+def with_metadata(src: str, dst: str, path: tuple, value) -> str:
+  """`src` rewritten with one metadata field replaced (or removed, for value ...), content hash recomputed."""
+  head, blob = bundle.read_bundle(src)
+  target = head["extras"]["metadata"]
+  for key in path[:-1]: target = target[key]
+  if value is ...: del target[path[-1]]
+  else: target[path[-1]] = value
+  data = json.dumps(head).encode()
+  with open(dst, "wb") as f: f.write(bundle.PREAMBLE.pack(bundle.MAGIC, bundle.FORMAT_VERSION, len(data), hashlib.sha256(data + blob).digest()) + data + blob)
+  return dst
+
+def test_every_metadata_field_mutated_is_an_artifact_error_or_still_works(native_artifacts, tmp_path):
+  """The metadata inspect prints and the loader, fusion and modeld read: a warp's frame, model size and split flag, a model's layout,
+  roles and output_slices. Each field replaced or removed: inspect and the fused load work or raise an ArtifactError, nothing else."""
+  from sunnypilot.modeld_v2.inspect_bundle import describe
+  from sunnypilot.modeld_v2.loader import load_fused
+  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  rejected = 0
+  for which, src in (("model", model), ("warp", warp)):
+    meta = bundle.read_bundle(src)[0]["extras"]["metadata"]
+    fields = [(k,) for k in meta] + [(k, sub) for k, v in meta.items() if isinstance(v, dict) for sub in list(v)[:2]]  # and tables' first entries
+    for path in fields:
+      for bad in (..., None, -1, "1928", [[0, 1]]):
+        dst = with_metadata(src, str(tmp_path / f"{which}.bin"), path, bad)
+        try:
+          describe(dst)
+          load_fused(*((dst, warp) if which == "model" else (model, dst)), cache=False)
+        except ArtifactError: rejected += 1
+        except Exception as e: pytest.fail(f"{which} metadata{''.join(f'[{k!r}]' for k in path)} = {bad!r:.40}: {type(e).__name__}: {e}")
+  assert rejected > 50

@@ -24,6 +24,8 @@ from tinygrad.dtype import DType
 from tinygrad.helpers import getenv
 
 from sunnypilot.modeld_v2.kernel_binary import BinaryError, check_kernel_binary
+from sunnypilot.modeld_v2.model_outputs import check_output_slices
+from sunnypilot.modeld_v2.warp import parse_frame, parse_size
 
 FORMAT_VERSION = 1
 MAGIC = b"SPMV2ART"
@@ -251,7 +253,7 @@ def check_parts(head: dict, blob: Any, path: str = "bundle") -> None:
       _within(p["blob"], len(blob), "blob")
       validate_part(p["header"], blob[p["blob"][0]:p["blob"][1]])
     except ArtifactError as e: raise ArtifactError(f"{path}: malformed part {name!r}: {e}") from None
-  try: check_model_metadata(head["extras"])
+  try: check_metadata(head["extras"])
   except ArtifactError as e: raise ArtifactError(f"{path}: malformed metadata: {e}") from None
 
 # *** structure: every reference stays inside its own tables and blob, so a malformed header is an error, not a wild pointer ***
@@ -417,11 +419,28 @@ def _check_returns(returns: dict, inputs: list, buffers: list) -> None:
     if "input" not in r and int(np.prod(shape, dtype=object)) * parse_dtype(r["dtype"]).itemsize != r["nbytes"]:
       raise ArtifactError(f"a returned tensor of shape {shape} {r['dtype']} is not its {r['nbytes']}-byte buffer view")
 
-def check_model_metadata(extras: dict) -> None:
-  """A model bundle's `output_slices`: what the runtime cuts the outputs into (see model_outputs.check_output_slices)."""
+def _check_strings(value: Any, what: str, depth: int = 1) -> None:
+  """A {str: str} dict (depth 1) or {str: {str: str}} (depth 2)."""
+  for k, v in _expect(value, dict, what).items():
+    if depth > 1: _check_strings(v, f"{what}[{k!r:.40}]", depth - 1)
+    else: _expect(v, str, f"{what}[{k!r:.40}]")
+
+def check_metadata(extras: dict) -> None:
+  """The metadata the runtime and inspect read: a warp's frame geometry, model size and split flag; a model's layout, roles and
+  `output_slices` (model_outputs.check_output_slices)."""
   meta = extras.get("metadata", {})
-  if meta.get("kind") != "model" or "output_slices" not in meta: return
-  from sunnypilot.modeld_v2.model_outputs import check_output_slices
+  if meta.get("kind") == "warp":
+    frame, size = _expect(meta.get("frame"), str, "warp frame"), _ints(meta.get("model_size"), "warp model_size")
+    _expect(meta.get("split_frames"), bool, "warp split_frames")
+    try:
+      parse_frame(frame)
+      parse_size("x".join(map(str, size)))
+    except ValueError as e: raise ArtifactError(f"warp metadata: {e}") from None
+  if meta.get("kind") != "model": return
+  if "layout" in meta: _expect(meta["layout"], str, "layout")
+  if "input_roles" in meta: _check_strings(meta["input_roles"], "input_roles")
+  if "onnx_roles" in meta: _check_strings(meta["onnx_roles"], "onnx_roles", depth=2)
+  if "output_slices" not in meta: return
   outputs = extras.get("output_specs", {}).get("outputs")
   if outputs is None or not outputs[0]: raise ArtifactError("a model bundle with output_slices needs an `outputs` output spec")
   try: check_output_slices(meta["output_slices"], int(np.prod(outputs[0], dtype=object)))

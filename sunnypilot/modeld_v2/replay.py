@@ -342,7 +342,7 @@ def replay_part(header: dict, blob: Any, device: str | None = None, mapped: tupl
   rejects while building it (an ELF it cannot relocate, a device it does not know) is an ArtifactError, like every other bad bundle."""
   try: return Replay(header, blob, device, mapped)
   except (ArtifactError, InputError): raise
-  except (AssertionError, IndexError, KeyError, LookupError, NotImplementedError, OverflowError, RuntimeError, TypeError, ValueError) as e:
+  except (AssertionError, LookupError, MemoryError, NotImplementedError, OverflowError, RuntimeError, TypeError, ValueError) as e:
     raise ArtifactError(f"{name} cannot be replayed here: {type(e).__name__}: {str(e)[:200]}") from None
 
 _Jit = PlainJit = Replay  # the seed's names
