@@ -15,7 +15,7 @@ from sunnypilot.modeld_v2 import bundle, camera_replay, compile_modeld, compile_
 from sunnypilot.modeld_v2.bundle import ArtifactError, write_bundle
 from sunnypilot.modeld_v2.warp import camerad_frame
 
-from conftest import ROOT
+from conftest import ROOT, conv_net
 
 FRAME = camerad_frame(1344, 760).spec
 
@@ -86,6 +86,11 @@ def test_empty_and_unwritable_outputs_are_refused_before_work(tmp_path, native_a
       assert exit_code(main, argv(output)) == 2, f"{name} {output!r}"
       err = capsys.readouterr().err
       assert message in err and err.count("\n") == 1, f"{name}: {err}"
+
+@pytest.fixture(scope="module")
+def small_bundle_part():
+  from sunnypilot.modeld_v2.capture import capture
+  return capture(*conv_net(1)).part
 
 def test_write_bundle_refuses_a_fifo_that_appears_during_the_work(tmp_path):
   """The output is checked again at the rename: a FIFO made after the check is not replaced, and no temporary file stays."""
@@ -196,10 +201,3 @@ def test_a_planted_temporary_name_is_never_written_through(tmp_path, small_bundl
   write_bundle(out, {"run": small_bundle_part}, {})
   assert victim.read_text() == "keep me" and bundle.read_parts(out)[0]["run"][0] == small_bundle_part[0]
   assert sorted(os.listdir(tmp_path)) == ["out.bin", "victim.txt"]
-
-@pytest.fixture(scope="module")
-def small_bundle_part():
-  from sunnypilot.modeld_v2.capture import capture
-
-  from conftest import conv_net
-  return capture(*conv_net(1)).part
