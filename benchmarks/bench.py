@@ -32,11 +32,20 @@ import numpy as np
 
 CAMERA_BUFFERS = 18  # camerad's count per stream
 
+def check_outputs(parser: argparse.ArgumentParser, *paths: str | None) -> None:
+  """Before a benchmark runs: each output asked for (JSON, PNG) can be written (folders made); otherwise one line and exit 2."""
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
+  for path in filter(None, paths):
+    try:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      check_output_path(path)
+    except (ArtifactError, OSError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
+
 def write_json(path: str | None, data) -> None:
-  """Write a benchmark's results as JSON (if asked), creating the folder."""
+  """Write a benchmark's results as JSON (if asked), atomically."""
+  from sunnypilot.modeld_v2.bundle import replaced_atomically
   if not path: return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f: json.dump(data, f, indent=2, default=str)
+  with replaced_atomically(path) as (tmp,), open(tmp, "x") as f: json.dump(data, f, indent=2, default=str)
 
 class CameraBuffer:
   """A VisionBuf stand-in: a page-aligned shared mapping with `.data`, like visionipc's."""
@@ -359,7 +368,8 @@ def plot(results: list[dict], path: str) -> None:
     ax.set_ylabel("ms per frame")
     ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  from sunnypilot.modeld_v2.bundle import replaced_atomically
+  with replaced_atomically(path) as (tmp,): fig.savefig(tmp, dpi=100, format="png")
 
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
@@ -378,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--json")
   parser.add_argument("--plot", help="PNG of the latency distributions")
   args = parser.parse_args(argv)
+  check_outputs(parser, args.json, args.plot)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   cameras = [tuple(int(x) for x in c.split("x")) for c in args.camera.split(",")]
   built = build(args.model, args.generation, cameras, args.workdir, log, args.beam)

@@ -17,7 +17,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 
-from benchmarks.bench import write_json
+from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2.bundle import write_bundle
 from sunnypilot.modeld_v2.capture import capture
 from sunnypilot.modeld_v2.replay import PlainJit
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--loads", type=int, default=5, help="fresh processes per load measurement")
   parser.add_argument("--json", help="also write the results here")
   args = parser.parse_args(argv)
+  check_outputs(parser, args.json)
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for name, make_case in CASES.items():

@@ -19,7 +19,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor
 
-from benchmarks.bench import write_json
+from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.loader import load_model
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--json")
   args = parser.parse_args(argv)
+  check_outputs(parser, args.json)
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for size in args.sizes.split(","):

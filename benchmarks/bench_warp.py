@@ -14,7 +14,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor
 
-from benchmarks.bench import write_json
+from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.warp import camerad_frame
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--cameras", default="1928x1208,1344x760")
   parser.add_argument("--json", help="also write the results here")
   args = parser.parse_args(argv)
+  check_outputs(parser, args.json)
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     for size, split, beam in ((tuple(int(x) for x in c.split("x")), split, int(b)) for c in args.cameras.split(",") for split in (False, True)

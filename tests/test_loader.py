@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2 import loader
-from sunnypilot.modeld_v2.bundle import read_parts, write_bundle
+from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts, read_verified, write_bundle
 from sunnypilot.modeld_v2.frame_fusion import frame_part, fuse
 from sunnypilot.modeld_v2.loader import cache_entry, fused_key, load_fused, load_model
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
@@ -39,6 +39,10 @@ def cache(tmp_path, monkeypatch) -> str:
   folder = str(tmp_path / "cache")
   monkeypatch.setenv("MODELD_V2_CACHE", folder)
   return folder
+
+def key_of(model: str, warp: str) -> dict:
+  """The cache key of a model and warp file, from their verified content hashes."""
+  return fused_key(read_verified(model)[2], read_verified(warp)[2], "CPU")
 
 def entries(folder: str) -> list[str]: return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
@@ -97,16 +101,16 @@ def test_planted_entry_for_other_bundles_is_not_loaded(native_artifacts, tmp_pat
   other = relabelled(model, str(tmp_path / "other.bin"), "another model")
   load_fused(other, warp)
   planted = entries(cache)[0]
-  target = cache_entry(cache, fused_key(model, warp, "CPU"))
+  target = cache_entry(cache, key_of(model, warp))
   os.rename(os.path.join(cache, planted), target)
   got = load_fused(model, warp)
   assert "not built from these bundles" in capfd.readouterr().err
-  assert got["metadata"]["fused"]["key"]["model"] == fused_key(model, warp, "CPU")["model"] and "note" not in got["metadata"]
-  assert read_parts(target)[1]["metadata"]["fused"]["key"] == fused_key(model, warp, "CPU"), "the entry was rebuilt for these bundles"
+  assert got["metadata"]["fused"]["key"]["model"] == key_of(model, warp)["model"] and "note" not in got["metadata"]
+  assert read_parts(target)[1]["metadata"]["fused"]["key"] == key_of(model, warp), "the entry was rebuilt for these bundles"
 
 def test_unreadable_entry_is_rebuilt_and_never_a_temp_file(native_artifacts, cache, capfd):
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
-  target = cache_entry(cache, fused_key(model, warp, "CPU"))
+  target = cache_entry(cache, key_of(model, warp))
   os.makedirs(target)  # a folder where the entry should be: it cannot be read, nor replaced
   expected = load_fused(model, warp, cache=False)["run"].header
   assert load_fused(model, warp)["run"].header == expected
@@ -132,3 +136,38 @@ def test_fused_load_for_another_device(native_artifacts, cache):
     adapter.copy_frames({"img": frames[0], "big_img": frames[1]})
     adapter.run()
   assert adapter.model_device == "NULL" and adapter.run_model.bindings_made == len(adapter.run_model.inputs)
+
+def test_the_key_is_the_hash_of_the_bytes_read(native_artifacts, tmp_path, cache, monkeypatch):
+  """A model.bin replaced while a load reads it (a compile finishing at that moment) is fused and cached under its own hash: a later load
+  of the old bytes gets the old model, never the new one stored under the old key."""
+  from sunnypilot.modeld_v2 import bundle
+  model, old_copy, warp = str(tmp_path / "model.bin"), str(tmp_path / "old.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  shutil.copy(os.path.join(native_artifacts, "model.bin"), model), shutil.copy(model, old_copy)
+  new = relabelled(model, str(tmp_path / "new.bin"), "new")
+  real_open, swapped = bundle.open_regular, []
+  def swap_then_open(path):
+    if path == model and not swapped: swapped.append(os.replace(new, model))  # the swap lands while the load is reading the model
+    return real_open(path)
+  monkeypatch.setattr(bundle, "open_regular", swap_then_open)
+  got = load_fused(model, warp)
+  assert swapped and got["metadata"].get("note") == "new" and got["metadata"]["fused"]["key"] == key_of(model, warp)
+  monkeypatch.undo()
+  assert "note" not in load_fused(old_copy, warp)["metadata"], "the old bytes load the old model"
+  assert load_fused(model, warp)["metadata"].get("note") == "new"
+
+def test_truncated_or_changed_model_fails_on_a_cache_hit(native_artifacts, tmp_path, cache):
+  """A hit used to read only the model's preamble: a truncated model.bin still loaded, and a reload for another camera did not check it."""
+  model = str(tmp_path / "model.bin")
+  shutil.copy(os.path.join(native_artifacts, "model.bin"), model)
+  warps = [os.path.join(native_artifacts, w) for w in ("warp_split.bin", "warp_packed.bin")]
+  for warp in warps: load_fused(model, warp)
+  assert len(entries(cache)) == 2
+  data = open(model, "rb").read()
+  open(model, "wb").write(data[:-100])
+  for warp in warps:
+    with pytest.raises(ArtifactError, match="truncated"): load_fused(model, warp)
+  edited = bytearray(data)
+  edited[-5] ^= 1
+  open(model, "wb").write(edited)
+  for warp in warps:
+    with pytest.raises(ArtifactError, match="content hash mismatch"): load_fused(model, warp)

@@ -207,3 +207,18 @@ def test_demo_replays_a_route(route, native_artifacts, tmp_path):
                         os.path.join(native_artifacts, "native.onnx"), "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0 and "PASSED" in run.stdout and "compiling" not in run.stderr, run.stdout + run.stderr
   assert (tmp_path / "out" / "replay" / os.path.basename(route) / "overlay.mp4").exists()
+
+def test_synthetic_route_appears_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
+  """Interrupted while encoding: no segment folder and no temporary one; a non-empty folder or a file is refused before any work."""
+  from sunnypilot.modeld_v2 import synthetic_route
+  def half_written(folder, *args, **kwargs):
+    os.makedirs(folder)
+    open(os.path.join(folder, "fcamera.hevc"), "wb").write(b"\0" * 10)
+    raise KeyboardInterrupt
+  monkeypatch.setattr(synthetic_route, "write_segment", half_written)
+  assert synthetic_route.main([str(tmp_path / "seg"), "--frames", "2"]) == 130 and os.listdir(tmp_path) == []
+  (tmp_path / "full").mkdir(), (tmp_path / "full" / "x").write_text("")
+  (tmp_path / "file").write_text("")
+  for target in ("full", "file"):
+    with pytest.raises(SystemExit) as e: synthetic_route.main([str(tmp_path / target)])
+    assert e.value.code == 2 and "is not an empty folder" in capsys.readouterr().err

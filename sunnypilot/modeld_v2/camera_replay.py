@@ -12,6 +12,7 @@ and the log's liveCalibration, carState, carControl, deviceState, driverMonitori
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, sensor_for_size
+from sunnypilot.modeld_v2.cli import camera_size, finite_float, int_list, interruptible, positive_int
 from sunnypilot.modeld_v2.modeld import VisionStreamType
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
@@ -114,25 +116,24 @@ def serve_route(parser: argparse.ArgumentParser, args) -> int:
     replay.close()
   return 0
 
+@interruptible("camera_replay")
 def main(argv: list[str] | None = None) -> int:
-  from sunnypilot.modeld_v2.warp import parse_size
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--camera", default="1928x1208", help="sensor frame size: 1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--camera", default="1928x1208", type=camera_size, help="sensor frame size: 1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--video", help="a video file to serve instead of synthetic road scenes (needs PyAV: pip install av)")
-  parser.add_argument("--frames", type=int, help="stop after this many frame ids (default: run until SIGINT/SIGTERM)")
-  parser.add_argument("--hz", type=float, default=20.0)
-  parser.add_argument("--skip", default="", help="frame ids not to send (to exercise modeld's drop handling), e.g. 30,31")
+  parser.add_argument("--frames", type=positive_int, help="stop after this many frame ids (default: run until SIGINT/SIGTERM)")
+  parser.add_argument("--hz", type=finite_float(0, 1000, low_open=True), default=20.0, help="frames per second, above 0 up to 1000 (default 20)")
+  parser.add_argument("--skip", type=int_list, default=set(), help="frame ids not to send (to exercise modeld's drop handling), e.g. 30,31")
   parser.add_argument("--no-wide", action="store_true", help="serve the road camera only")
-  parser.add_argument("--start-delay", type=float, default=0.0, help="seconds to wait after starting the server before the first frame")
+  parser.add_argument("--start-delay", type=finite_float(0, 3600), default=0.0, help="seconds to wait after starting the server before the first frame")
   parser.add_argument("--route", help="a recorded segment folder (fcamera.hevc, ecamera.hevc, rlog or qlog) to serve once with its log")
   args = parser.parse_args(argv)
   if args.route: return serve_route(parser, args)
-  try: frame = camerad_frame(*parse_size(args.camera))
-  except ValueError as e: parser.error(str(e))
-  skip = {int(x) for x in args.skip.split(",") if x.strip()}
+  if args.video and not os.path.isfile(args.video): parser.error(f"--video {args.video} is not a regular file")
+  frame, skip = camerad_frame(*args.camera), args.skip
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
-  print(f"camera_replay: rendering frames for {args.camera} ...", file=sys.stderr, flush=True)
+  print(f"camera_replay: rendering frames for {frame.width}x{frame.height} ...", file=sys.stderr, flush=True)
   source = list(video_frames(args.video, frame)) if args.video else synthetic_frames(frame)
   replay = CameraReplay(frame, wide=not args.no_wide)
   stop.wait(args.start_delay)

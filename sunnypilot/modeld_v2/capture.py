@@ -20,7 +20,7 @@ from tinygrad.helpers import BEAM, Context, getenv
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, call_writes, device_kind, dtype_name, parse_dtype
-from sunnypilot.modeld_v2.replay import InputError, Replay, label, write_tensor
+from sunnypilot.modeld_v2.replay import InputError, Replay, label, replay_part, write_tensor
 
 class Recording(list):
   """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
@@ -280,11 +280,15 @@ def _self_check(run, header: dict, blob: bytes, check: dict, layout: list, seed:
 def verify_part(header: dict, blob: Any, device: str | None = None) -> dict[str, bool]:
   """Replay a part on its recorded check's seeded inputs: {output label: digest matches what the capture recorded}."""
   if header.get("check") is None: raise ArtifactError("this part has no recorded check (built on NULL, or fused at load time)")
+  replay = replay_part(header, blob, device)
   values = check_values(header["inputs"], header["check"]["seed"])
-  layout = [(s["name"], s["key"], Tensor(v, device=s["device"]).realize()) for s, v in zip(header["inputs"], values)]
+  layout = [(s["name"], s["key"], Tensor(v, device=replay.input_device(s)).realize()) for s, v in zip(header["inputs"], values)]
   kwargs: dict[str, Any] = {name: {} for name in header["kwargs"]}
   for name, key, t in layout:
     if key is None: kwargs[name] = t
-    else: kwargs[name][key] = t
-  got = _digests(_outputs(Replay(header, blob, device)(**kwargs), layout, [s["slot"] for s in header["inputs"] if s["written"]]))
+    elif isinstance(kwargs[name], dict): kwargs[name][key] = t
+    else: raise ArtifactError(f"input {name} is both a tensor and a dict of tensors")
+  try: outputs = replay(**kwargs)
+  except InputError as e: raise ArtifactError(f"the part's recorded inputs do not fit it: {e}") from None
+  got = _digests(_outputs(outputs, layout, [s["slot"] for s in header["inputs"] if s["written"]]))
   return {name: got.get(name) == digest for name, digest in header["check"]["outputs"].items()}

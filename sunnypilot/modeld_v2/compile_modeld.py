@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, state_names, write_bundle
+from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
 from sunnypilot.modeld_v2.generations import GENERATIONS, GenerationError, Rules, derive
 from sunnypilot.modeld_v2.input_queues import (
   CURVATURE,
@@ -382,7 +383,7 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
 
   from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
   t0, dev = time.perf_counter(), Device.DEFAULT
-  check_output_path(output)
+  check_output_path(output, inputs=(onnx, vision, policy, off_policy, on_policy))
   level = search_level(beam)
   plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip, generation)
   log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), generation {plan.generation} ({plan.generation_source}), "
@@ -414,6 +415,7 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
       f"{summary['compile_s']:.1f} s" + (f"  [{plan.metadata['stand_in']}]" if plan.metadata.get("stand_in") else ""))
   return summary
 
+@interruptible("compile_modeld")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--onnx", help="a native (new_img + states) or supercombo driving model")
@@ -427,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                       "required when they fit none or several")
   parser.add_argument("--frame-skip", help="frames between the queues' samples, at least 1 (default: the ONNX's frame_skip, else 1 for a "
                       "features_buffer of >= 99 entries, else 4)")
-  parser.add_argument("--beam", type=int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
+  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
                       "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
                       "Default: the BEAM environment setting, else 0")
   parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, dtype_name, np_dtype, write_bundle
+from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
 from sunnypilot.modeld_v2.compile_modeld import ModelError, graph_inputs, layer_boundaries, onnx_dims, onnx_np_dtype, read_onnx
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -73,7 +74,7 @@ def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | No
 
   from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
   t0, dev = time.perf_counter(), Device.DEFAULT
-  check_output_path(output)
+  check_output_path(output, inputs=(onnx,))
   level = search_level(beam)
   model, specs = plan_inputs(onnx, shapes)
   outputs = [v.name for v in model.graph.output]
@@ -104,13 +105,14 @@ def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | No
       f"{size / 1e6:.2f} MB bundle, {summary['compile_s']:.1f} s")
   return summary
 
+@interruptible("compile_onnx")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--onnx", required=True, help="the ONNX model")
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--shape", action="append", default=[], metavar="NAME=AxBxC",
                       help="fix the shape of an input with dynamic dimensions (repeat for several inputs)")
-  parser.add_argument("--beam", type=int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
+  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
                       "once: tinygrad caches the searches); the bundle ships the searched kernels. Refused on NULL. Default: the BEAM environment "
                       "setting, else 0")
   parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "

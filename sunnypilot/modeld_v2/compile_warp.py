@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
 from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
 
 def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42, beam: int | None = None,
@@ -45,6 +46,7 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
   kernels = sum(c["kind"] == "program" for c in part[0]["calls"])
   return {"output": output, "kernels": kernels, "calls": len(part[0]["calls"]), "bytes": size}
 
+@interruptible("compile_warp")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--frame", required=True, help="width,height,stride,y_height,uv_height,buffer_size (camerad's layout), "
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--warp-to", required=True, help="model input WxH, e.g. 512x256")
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--split-frames", action="store_true", help="one input per camera (frame, big_frame), bound to the camera buffers by pointer")
-  parser.add_argument("--beam", type=int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow once: "
+  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow once: "
                       "tinygrad caches the searches); the bundle then ships the searched kernels. Default: the BEAM environment setting, else 0")
   args = parser.parse_args(argv)
   try:
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     check_output_path(args.output)
     search_level(args.beam)
-  except ArtifactError as e: parser.error(str(e))
+  except ArtifactError as e: parser.exit(2, f"compile_warp: error: {e}\n")
   try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames, beam=args.beam)
   except (ArtifactError, OSError) as e: parser.exit(1, f"compile_warp: error: {e}\n")
   print(f"Saved warp to {summary['output']} ({summary['kernels']} kernels, {summary['calls']} calls, {summary['bytes']} bytes)")

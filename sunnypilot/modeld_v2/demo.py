@@ -23,6 +23,9 @@ import uuid
 
 import numpy as np
 
+from sunnypilot.modeld_v2.cli import camera_size, interruptible, positive_int
+
+PNGS = ("demo_latency.png", "demo_preview.png")  # written into --out
 STAND_IN_BANNER = ("NOTE: the model is a random-weight stand-in (openpilot's I/O, seeded random weights): outputs are noise.\n"
                    "      Use a real model with --onnx driving.onnx (or --vision vision.onnx --policy policy.onnx, or --vision, --off-policy and --on-policy).")
 
@@ -75,7 +78,8 @@ def plot_latency(rows: list[dict], path: str) -> None:
   b.set_xlabel("modelExecutionTime (ms)"), b.set_ylabel("frames")
   fig.suptitle("modeld_v2 demo (random-weight stand-in model)")
   fig.tight_layout()
-  fig.savefig(path, dpi=100)
+  from sunnypilot.modeld_v2.bundle import replaced_atomically
+  with replaced_atomically(path) as (tmp,): fig.savefig(tmp, dpi=100, format="png")
 
 def route_camera(path: str) -> tuple[int, int]:
   """The camera size of a route's first segment (ValueError with the route's problem)."""
@@ -94,6 +98,16 @@ def replay_route(args, folder: str, models: dict[str, str]) -> int:
   flags = [f"--{k.replace('_', '-')}={v}" for k, v in models.items()]
   return route_replay.main([args.route, "--artifacts", folder, "--out", os.path.join(args.out, "replay"), *flags])
 
+def check_outputs(out: str, artifacts: str, pngs: tuple[str, ...]) -> None:
+  """Before any compiling: `out` and `artifacts` are folders (or can be made), and each summary PNG in `out` can be written there."""
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
+  for flag, folder in (("--out", out), ("--artifacts", artifacts)):
+    if os.path.exists(folder) and not os.path.isdir(folder): raise ArtifactError(f"{flag} {folder} is not a folder")
+    try: os.makedirs(folder, exist_ok=True)
+    except OSError as e: raise ArtifactError(f"{flag} {folder}: cannot make the folder: {e.strerror or e}") from None
+  for png in pngs: check_output_path(os.path.join(out, png))
+
+@interruptible("demo")
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
@@ -102,10 +116,9 @@ def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.compile_modeld import ModelError
   from sunnypilot.modeld_v2.messaging import ensure_prefix_dir
   from sunnypilot.modeld_v2.preview import preview
-  from sunnypilot.modeld_v2.warp import parse_size
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--frames", type=int, default=100)
-  parser.add_argument("--camera", default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--frames", type=positive_int, default=100)
+  parser.add_argument("--camera", default="1928x1208", type=camera_size, help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="the embedded stand-in's generation")
   parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="the embedded stand-in's size")
   parser.add_argument("--onnx", help="a real driving model (native or supercombo) instead of the stand-in")
@@ -118,23 +131,25 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--route", help="replay this recorded segment (or folder of segments) instead: see route_replay")
   args = parser.parse_args(argv)
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  try: camera = parse_size(args.camera) if not args.route else route_camera(args.route)
+  try: camera = args.camera if not args.route else route_camera(args.route)
   except ValueError as e: parser.error(str(e))
+  camera_name = f"{camera[0]}x{camera[1]}"
   models = {k: v for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if (v := getattr(args, k))}
   real = args.onnx or args.vision
   folder = args.artifacts or os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_{'custom' if real else f'{args.generation}_{args.size}'}")
+  try: check_outputs(args.out, folder, PNGS)
+  except ArtifactError as e: parser.exit(2, f"demo: error: {e}\n")
   if not real: log(STAND_IN_BANNER)
   try: warp = build_artifacts(folder, camera, args.generation, args.size, models, log)
   except (ModelError, ArtifactError) as e: parser.exit(2, f"demo: error: {e}\n")
   if args.route: return replay_route(args, folder, models)
-  os.makedirs(args.out, exist_ok=True)
   prefix = f"demo_{uuid.uuid4().hex[:8]}"
   env = os.environ | {"OPENPILOT_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
   os.environ["OPENPILOT_PREFIX"] = prefix
   ensure_prefix_dir()
   py = [sys.executable, "-m"]
   procs = [subprocess.Popen(py + ["sunnypilot.modeld_v2.modeld", "--artifacts", folder, "--max-frames", str(args.frames)], env=env),
-           subprocess.Popen(py + ["sunnypilot.modeld_v2.camera_replay", "--camera", args.camera, "--start-delay", "0.5"], env=env)]
+           subprocess.Popen(py + ["sunnypilot.modeld_v2.camera_replay", "--camera", camera_name, "--start-delay", "0.5"], env=env)]
   try:
     rows = collect(args.frames, timeout=120 + args.frames * 0.5, procs=procs)
   finally:
@@ -150,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
   ms = np.array([r["ms"] for r in rows])
   ids = [r["frameId"] for r in rows]
   last = rows[-1]
-  plot_latency(rows, latency_png := os.path.join(args.out, "demo_latency.png"))
-  preview(warp, preview_png := os.path.join(args.out, "demo_preview.png"))
+  plot_latency(rows, latency_png := os.path.join(args.out, PNGS[0]))
+  preview(warp, preview_png := os.path.join(args.out, PNGS[1]))
   print(f"""
-modeld_v2 demo on {Device.DEFAULT}, {args.camera} cameras, {'model ' + real if real else f'{args.size} {args.generation} random-weight stand-in model'}
+modeld_v2 demo on {Device.DEFAULT}, {camera_name} cameras, {'model ' + real if real else f'{args.size} {args.generation} random-weight stand-in model'}
   frames in (camera frame ids {ids[0]}..{ids[-1]}): {ids[-1] - ids[0] + 1}
   frames out (modelV2 published):   {len(rows)}
   drops: {ids[-1] - ids[0] + 1 - len(rows)} frame ids unpublished, frameDropPerc max {max(r['frameDropPerc'] for r in rows):.2f}%

@@ -9,15 +9,15 @@ import argparse
 import collections
 import sys
 
+from sunnypilot.modeld_v2.cli import interruptible
+
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
 
 def describe(path: str) -> str:
-  from sunnypilot.modeld_v2.bundle import ArtifactError, read_bundle, validate_part
+  from sunnypilot.modeld_v2.bundle import check_parts, read_bundle
   head, blob = read_bundle(path)
   prov, extras = head["provenance"], head.get("extras", {})
-  for name, part in head["parts"].items():  # any tinygrad's bundle may be inspected, but only a well-formed one
-    try: validate_part(part["header"], part["blob"][1] - part["blob"][0])
-    except ArtifactError as e: raise ArtifactError(f"{path}: malformed part {name!r}: {e}") from None
+  check_parts(head, blob, path)  # any tinygrad's bundle may be inspected, but only a well-formed one
   lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov.get('tinygrad')} for {prov.get('device')} ({prov.get('target')}), "
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
@@ -49,6 +49,7 @@ def describe(path: str) -> str:
       lines.append(f"    {p['name'][:40]:40s} {str(tuple(p['global_size'])):>14s} {str(tuple(p['local_size'] or ())):>12s} {size:>9,d} {uses[i]:>6d}")
   return "\n".join(lines)
 
+@interruptible("inspect_bundle")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("command", choices=("inspect", "verify"))
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.bundle}: {'verified' if ok else 'MISMATCH: this device computes something else than the build recorded'}")
     return 0 if ok else 1
   except (ArtifactError, OSError) as e:
-    print(f"{args.bundle}: {e}", file=sys.stderr)
+    message = str(e) if str(e).startswith(args.bundle) else f"{args.bundle}: {e}"  # bundle errors name the file already
+    print(message, file=sys.stderr)
     return 2
 
 if __name__ == "__main__":

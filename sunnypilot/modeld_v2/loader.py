@@ -2,7 +2,8 @@
 cached on disk under an explicit key: both content hashes, the fusion version, the tinygrad version and the device.
 
 The cache folder must belong to this user and be writable by no one else (its entries hold native code); otherwise it is skipped. An entry
-is used only when it records the key it was built for; anything unreadable or mismatched is rebuilt.
+is used only when it records the key it was built for; anything unreadable or mismatched is rebuilt. Every load, a cache hit included,
+reads and checks the model and warp bundles whole, once each, and keys on the hash of exactly the bytes it read.
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import stat
 import sys
 from typing import Any
 
-from sunnypilot.modeld_v2.bundle import FORMAT_VERSION, MAGIC, PREAMBLE, ArtifactError, read_parts, tinygrad_version, write_bundle
+from sunnypilot.modeld_v2.bundle import FORMAT_VERSION, ArtifactError, read_parts, read_parts_hashed, tinygrad_version, write_bundle
 from sunnypilot.modeld_v2.frame_fusion import FUSION_VERSION, frame_part, fuse
-from sunnypilot.modeld_v2.replay import Replay
+from sunnypilot.modeld_v2.replay import replay_part
 
 MAX_CACHE_ENTRIES = 8  # fused parts of the last few model/warp combinations; older ones are removed
 CACHE_SUFFIX = ".fused.bin"
@@ -42,18 +43,9 @@ def cache_dir() -> str:
   """Where fused parts are cached: $MODELD_V2_CACHE, else ~/.cache/sunnypilot_modeld_v2."""
   return os.environ.get("MODELD_V2_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sunnypilot_modeld_v2")
 
-def content_hash(path: str) -> str:
-  """A bundle's content hash, from its preamble (the whole file is checked against it whenever the bundle is read)."""
-  try:
-    with open(path, "rb") as f: head = f.read(PREAMBLE.size)
-  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
-  if len(head) < PREAMBLE.size or head[:len(MAGIC)] != MAGIC: raise ArtifactError(f"{path}: not a modeld_v2 bundle")
-  return PREAMBLE.unpack(head)[3].hex()
-
-def fused_key(model_path: str, warp_path: str, device: str) -> dict[str, Any]:
-  """Everything a fused part depends on."""
-  return {"model": content_hash(model_path), "warp": content_hash(warp_path), "fusion": FUSION_VERSION, "format": FORMAT_VERSION,
-          "tinygrad": tinygrad_version(), "device": device}
+def fused_key(model_hash: str, warp_hash: str, device: str) -> dict[str, Any]:
+  """Everything a fused part depends on: the content hashes of the model and warp bundles as read, and what reads them."""
+  return {"model": model_hash, "warp": warp_hash, "fusion": FUSION_VERSION, "format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": device}
 
 def cache_entry(folder: str, key: dict[str, Any]) -> str:
   """The one file name a key's fused part may have in the cache folder (nothing else there is ever read)."""
@@ -74,7 +66,7 @@ def private_folder(folder: str) -> bool:
   return True
 
 def _cached(path: str, key: dict, device: str, allow_device: bool) -> tuple[dict, dict] | None:
-  if not os.path.exists(path): return None
+  if not os.path.lexists(path): return None
   try: parts, extras = read_parts(path, device, allow_device)
   except ArtifactError as e:
     log(f"ignoring a bad cache entry: {e}")
@@ -90,18 +82,23 @@ def _store(folder: str, path: str, parts: dict, extras: dict) -> None:
     entries = sorted((e for e in os.scandir(folder) if e.name.endswith(CACHE_SUFFIX) and e.is_file()), key=lambda e: e.stat().st_mtime, reverse=True)
     for e in entries[MAX_CACHE_ENTRIES:]: os.remove(e.path)
   except OSError as e: log(f"cannot write the load cache ({e.strerror or e}); continuing without it")
+  except ArtifactError as e: log(f"cannot write the load cache ({e}); continuing without it")
 
 def load_fused(model_path: str, warp_path: str, device: str | None = None, cache: bool = True, allow_device: bool = False,
                mapped: tuple[str, ...] = ()) -> dict[str, Any]:
   """A model bundle with a warp bundle fused in front (see frame_fusion), read for `device`; cached on disk by content unless cache=False.
   `allow_device` loads bundles built for another device anyway: mock execution of QCOM bundles on NULL. `mapped`: see Replay."""
   dev = load_device(device)
-  key = fused_key(model_path, warp_path, dev)
+  # each file is read and checked whole, once, on every load (a cache hit too): the key is the hash of the very bytes read, so a file
+  # replaced or truncated at any moment is either what gets fused or an error, never a stale entry under a new key
+  *model, model_hash = read_parts_hashed(model_path, dev, allow_device)
+  *warp, warp_hash = read_parts_hashed(warp_path, dev, allow_device)
+  key = fused_key(model_hash, warp_hash, dev)
   folder = cache_dir()
   entry = cache_entry(folder, key)
   use_cache = cache and private_folder(folder)
   if not use_cache or (hit := _cached(entry, key, dev, allow_device)) is None:
-    parts, extras = fuse(read_parts(model_path, dev, allow_device), read_parts(warp_path, dev, allow_device), os.path.basename(warp_path))
+    parts, extras = fuse(tuple(model), tuple(warp), os.path.basename(warp_path))
     extras["metadata"]["fused"]["key"] = key
     if use_cache: _store(folder, entry, parts, extras)
   else:
@@ -121,5 +118,5 @@ def load_model(path: str, cache: bool = True, extend: Any = None, device: str | 
 
 def loaded(parts: dict, extras: dict, device: str, mapped: tuple[str, ...] = ()) -> dict[str, Any]:
   if "run" not in parts: raise ArtifactError(f"the bundle has no 'run' part (parts: {sorted(parts)})")
-  return {"run": Replay(*parts["run"], device=device, mapped=mapped), "input_specs": extras.get("input_specs", {}),
+  return {"run": replay_part(*parts["run"], device=device, mapped=mapped, name="the bundle's 'run' part"), "input_specs": extras.get("input_specs", {}),
           "output_specs": extras.get("output_specs", {}), "metadata": extras.get("metadata", {})}

@@ -80,6 +80,26 @@ MHP_HEADS = ("plan", "lead")
 BINARY_HEADS = ("lead_prob", "lane_lines_prob", "meta")  # independent probabilities: sigmoid of every logit
 CATEGORICAL_HEADS = {"desire_state": (DESIRE_LEN,), "desire_pred": (DESIRE_PRED_LEN, DESIRE_LEN)}  # softmax over the last axis
 
+def head_size(name: str) -> int | None:
+  """How many raw values parse_outputs and the message filling need for a head; None where any length is read (meta: one of its
+  layouts, or skipped; hidden_state: passed through, its width is the compiled features queue's) or the head is not one modeld reads."""
+  if name in MDN_HEADS:
+    shape, hypotheses, selections = MDN_HEADS[name]
+    return hypotheses * (2 * int(np.prod(shape)) + selections)
+  if name in CATEGORICAL_HEADS: return int(np.prod(CATEGORICAL_HEADS[name]))
+  return {"lead_prob": LEAD_MHP_SELECTION, "lane_lines_prob": 2 * NUM_LANE_LINES}.get(name)
+
+def check_output_slices(slices: object, n: int) -> None:
+  """Raise ValueError unless `slices` is {name: [start, stop]} of integers with 0 <= start < stop <= n, each known head as long as
+  parse_outputs reads it: a bundle's output_slices, checked before the first frame instead of failing in the middle of a run."""
+  if not isinstance(slices, dict): raise ValueError(f"expected {{name: [start, stop]}}, got {type(slices).__name__}")
+  for name, span in slices.items():
+    if not (isinstance(span, list | tuple) and len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
+      raise ValueError(f"{name!r:.40} is {span!r:.40}, not [start, stop]")
+    if not 0 <= span[0] < span[1] <= n: raise ValueError(f"{name!r:.40} [{span[0]}, {span[1]}] falls outside the {n} outputs")
+    if (size := head_size(name)) is not None and span[1] - span[0] != size:
+      raise ValueError(f"{name} has {span[1] - span[0]} values, openpilot's layout has {size}")
+
 def parse_outputs(outputs: np.ndarray, slices: dict[str, Sequence[int]]) -> dict[str, np.ndarray]:
   """The model's (1, N) output vector and its `output_slices` ({name: (start, stop)}) -> named arrays after openpilot's activations."""
   vec = np.asarray(outputs, np.float32).reshape(-1)

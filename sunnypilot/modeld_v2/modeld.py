@@ -31,6 +31,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes, check_camera_offset, check_delay
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
+from sunnypilot.modeld_v2.cli import interruptible, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_LONG_ACTUATOR_DELAY, TYPICAL_STEER_ACTUATOR_DELAY, Delays, from_car_params
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
@@ -446,10 +447,7 @@ def offset_arg(text: str) -> float:
   try: return check_camera_offset(float(text))
   except ValueError as e: raise argparse.ArgumentTypeError(str(e) if "metres" in str(e) else f"not a number: {text!r}") from None
 
-def positive_int(text: str) -> int:
-  if not text.strip().isdecimal() or int(text) < 1: raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-  return int(text)
-
+@interruptible("modeld")
 def main(argv: list[str] | None = None) -> int:
   import msgq
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -483,7 +481,4 @@ def main(argv: list[str] | None = None) -> int:
   return 128 + signal.SIGINT if signal.SIGINT in stopped_by else code  # Ctrl-C: the shell's convention, 130
 
 if __name__ == "__main__":
-  try: sys.exit(main())
-  except KeyboardInterrupt:  # Ctrl-C before the signal handlers are in place
-    print("modeld: interrupted", file=sys.stderr)
-    sys.exit(128 + signal.SIGINT)
+  sys.exit(main())

@@ -13,12 +13,15 @@ import zlib
 
 import numpy as np
 
+from sunnypilot.modeld_v2.cli import interruptible
+
 def write_png(path: str, gray: np.ndarray) -> None:
-  """An 8-bit grayscale PNG, no dependencies."""
+  """An 8-bit grayscale PNG, no dependencies, written atomically (a full disk or Ctrl-C leaves the old file or none, never half a PNG)."""
+  from sunnypilot.modeld_v2.bundle import replaced_atomically
   gray = np.ascontiguousarray(gray, dtype=np.uint8)
   chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
   raw = b"".join(b"\x00" + row.tobytes() for row in gray)
-  with open(path, "wb") as f:
+  with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f:
     f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", gray.shape[1], gray.shape[0], 8, 0, 0, 0, 0)) +
             chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
 
@@ -53,6 +56,12 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   write_png(output, np.concatenate([planes_image(planes[0]), gap, planes_image(planes[1])], axis=1))
   return planes
 
+def read_frame(path: str) -> np.ndarray:
+  """A raw NV12 buffer file as uint8 (refused before reading unless it is a regular file: a FIFO would block)."""
+  from sunnypilot.modeld_v2.bundle import open_regular
+  with open_regular(path) as f: return np.frombuffer(f.read(), np.uint8)
+
+@interruptible("preview")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--warp", required=True, help="a warp bundle from compile_warp")
@@ -69,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
   if bool(args.road) != bool(args.wide): parser.error("give both --road and --wide, or neither")
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
   try:
-    check_output_path(args.output)
-    frames = (np.fromfile(args.road, np.uint8), np.fromfile(args.wide, np.uint8)) if args.road else None
+    check_output_path(args.output, inputs=(args.warp, args.road, args.wide))
+    frames = (read_frame(args.road), read_frame(args.wide)) if args.road else None
     preview(args.warp, args.output, rpy, frames)
   except (ArtifactError, ValueError, OSError) as e: parser.exit(2, f"preview: error: {e}\n")
   print(f"wrote {args.output}: road (left) and wide (right) camera as the model sees them; Y on top, U and V below")

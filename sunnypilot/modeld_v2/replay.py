@@ -18,7 +18,7 @@ from tinygrad.device import Buffer
 from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target, getenv
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
 
-from sunnypilot.modeld_v2.bundle import call_writes, device_kind, dtype_name, parse_dtype
+from sunnypilot.modeld_v2.bundle import ArtifactError, arg_nbytes, call_writes, device_kind, dtype_name, parse_dtype
 
 ALIGNMENT = 16  # vectorised CPU kernels fault on float pointers that are not 16-byte aligned
 MAX_BINDINGS_PER_SLOT = 64  # camerad's 18 buffers per camera fit many times over; a caller allocating per call evicts its oldest
@@ -75,7 +75,7 @@ class _Direct:
     for call in calls:
       if call["kind"] == "copy":
         steps.append((ctypes.memmove, tuple(self.void_ptrs[a["input"]] if "input" in a else address(self.replay.view(a)) for a in call["args"]) +
-                      (call["args"][0]["nbytes"],)))
+                      (arg_nbytes(call["args"][0], self.replay.inputs),)))
         continue
       program, runtime = self.replay.header["programs"][call["program"]], self.runtimes[call["program"]]
       args = [self.ptrs[a["input"]] if "input" in (a := call["args"][i]) else ctypes.c_uint64(address(self.replay.view(a))) for i in program["globals"]]
@@ -336,5 +336,13 @@ class Replay:
     if kind == "Tensor": return tensors[0]
     if kind == "dict": return dict(zip(self.header["returns"]["keys"], tensors))
     return tuple(tensors) if kind == "tuple" else tensors
+
+def replay_part(header: dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = (), name: str = "the part") -> Replay:
+  """A Replay of a part read from a file. validate_part bounds and cross-checks every field the replay reads; whatever tinygrad still
+  rejects while building it (an ELF it cannot relocate, a device it does not know) is an ArtifactError, like every other bad bundle."""
+  try: return Replay(header, blob, device, mapped)
+  except (ArtifactError, InputError): raise
+  except (AssertionError, LookupError, MemoryError, NotImplementedError, OverflowError, RuntimeError, TypeError, ValueError) as e:
+    raise ArtifactError(f"{name} cannot be replayed here: {type(e).__name__}: {str(e)[:200]}") from None
 
 _Jit = PlainJit = Replay  # the seed's names

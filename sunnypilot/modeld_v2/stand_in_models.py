@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
 from sunnypilot.modeld_v2.model_constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES
 from sunnypilot.modeld_v2.model_outputs import FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
 
@@ -247,23 +248,26 @@ def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple
   return {key: build_part(part, f"{generation}_{key}", size, seed + i) for i, (key, part) in enumerate(GENERATIONS[generation].items())}
 
 def write(generation: str, size: str, path: str, seed: int = 0) -> dict:
-  """Write a generation's stand-in (see part_path for where each model goes). Returns {"files": {compile_model keyword: path}, "flops", "params"}."""
+  """Write a generation's stand-in (see part_path for where each model goes), all files or none: each is written to a temporary name and
+  they are renamed into place together once all are complete. Returns {"files": {compile_model keyword: path}, "flops", "params"}."""
   import onnx
+
+  from sunnypilot.modeld_v2.bundle import replaced_atomically
   models = build(generation, size, seed)
   files = {key: part_path(path, key) for key in models}
-  for key, (model, _) in models.items():
-    onnx.checker.check_model(model)
-    tmp = f"{files[key]}.tmp{os.getpid()}"
-    onnx.save(model, tmp)
-    os.replace(tmp, files[key])
+  with replaced_atomically(*files.values()) as tmps:
+    for (model, _), tmp in zip(models.values(), tmps):
+      onnx.checker.check_model(model)
+      onnx.save(model, tmp)
   return {"files": files, "flops": sum(s["flops"] for _, s in models.values()), "params": sum(s["params"] for _, s in models.values())}
 
+@interruptible("stand_in_models")
 def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--generation", choices=NAMES + OTHER_MODELS, required=True)
   parser.add_argument("--size", choices=tuple(BACKBONES), default="tiny")
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seed", type=non_negative_int, default=0)
   parser.add_argument("--output", required=True, help="ONNX file to write (a generation of several models writes <stem>_<model>.onnx)")
   args = parser.parse_args(argv)
   try:
@@ -271,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     stats = write(args.generation, args.size, args.output, args.seed)
   except (StandInError, ArtifactError) as e:
     parser.exit(2, f"stand_in_models: error: {e}\n")
+  except OSError as e:  # a full disk or a folder that went away: nothing was renamed into place
+    parser.exit(2, f"stand_in_models: error: cannot write {args.output}: {e.strerror or e}\n")
   flags = " ".join(f"--{k.replace('_', '-')} {p}" for k, p in stats["files"].items())
   compiler = "compile_onnx" if args.generation in OTHER_MODELS else "compile_modeld"
   print(f"wrote {', '.join(stats['files'].values())}: {args.generation} {args.size} RANDOM-WEIGHT STAND-IN, {stats['params'] / 1e6:.2f} M parameters, "

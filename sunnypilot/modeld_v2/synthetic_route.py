@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 import numpy as np
 
 from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size
+from sunnypilot.modeld_v2.cli import camera_size, interruptible, positive_int
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
 T0, FIRST_ID = 10**9, 100
@@ -83,22 +85,24 @@ def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: in
     encode_hevc(os.path.join(folder, name), [rendered[k % n] for k in range(frames)], *camera)
   write_log(os.path.join(folder, "rlog.zst"), frames, sensor, **log_options)
 
+@interruptible("synthetic_route")
 def main(argv: list[str] | None = None) -> int:
-  from sunnypilot.modeld_v2.warp import parse_size
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("folder", help="the segment folder to write (route_replay takes it, or its parent)")
-  parser.add_argument("--camera", default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
-  parser.add_argument("--frames", type=int, default=200)
-  parser.add_argument("--distinct", type=int, default=40, help="frames rendered; the rest repeat them (rendering is slow)")
+  parser.add_argument("folder", help="the segment folder to write, new or empty (route_replay takes it, or its parent)")
+  parser.add_argument("--camera", type=camera_size, default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--frames", type=positive_int, default=200, help="frames in the segment (default 200: 10 s)")
+  parser.add_argument("--distinct", type=positive_int, default=40, help="frames rendered; the rest repeat them (rendering is slow)")
   args = parser.parse_args(argv)
-  try: camera = parse_size(args.camera)
-  except ValueError as e: parser.error(str(e))
-  try: sensor_for_size(*camera)
-  except ValueError as e: parser.error(str(e))
-  if args.frames < 1 or args.distinct < 1: parser.error("--frames and --distinct must be at least 1")
-  if os.path.exists(args.folder) and os.listdir(args.folder): parser.error(f"{args.folder} exists and is not empty")
-  print(f"synthetic_route: rendering and encoding {args.frames} frames of {args.camera} ...", file=sys.stderr, flush=True)
-  write_segment(args.folder, camera, args.frames, args.distinct)
+  folder = os.path.abspath(args.folder)
+  if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)): parser.error(f"{args.folder} exists and is not an empty folder")
+  if not os.path.isdir(os.path.dirname(folder)): parser.error(f"the folder {os.path.dirname(folder)} does not exist")
+  print(f"synthetic_route: rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...", file=sys.stderr, flush=True)
+  tmp = f"{folder}.tmp{os.getpid()}"  # the segment appears whole or not at all
+  try:
+    write_segment(tmp, args.camera, args.frames, args.distinct)
+    if os.path.isdir(folder): os.rmdir(folder)
+    os.rename(tmp, folder)
+  finally: shutil.rmtree(tmp, ignore_errors=True)
   print(f"synthetic_route: wrote {args.folder}", file=sys.stderr)
   return 0
 

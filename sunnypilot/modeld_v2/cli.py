@@ -1,0 +1,60 @@
+"""What every command line of this package shares: argument types checked when the arguments are parsed (argparse then prints one
+line and exits 2, before any work), and Ctrl-C reported as one line with exit code 130, the shell's code for SIGINT."""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+from collections.abc import Callable
+
+def positive_int(text: str) -> int:
+  try: value = int(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+  if value < 1: raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {value}")
+  return value
+
+def non_negative_int(text: str) -> int:
+  try: value = int(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}") from None
+  if value < 0: raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {value}")
+  return value
+
+def finite_float(low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+  """An argparse type: a finite number in [low, high] ((low, high] with low_open)."""
+  def parse(text: str) -> float:
+    try: value = float(text)
+    except ValueError: value = math.nan
+    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+      raise argparse.ArgumentTypeError(f"expected a number {'above' if low_open else 'from'} {low:g} {'up ' if low_open else ''}to {high:g}, got {text!r}")
+    return value
+  return parse
+
+def int_list(text: str) -> set[int]:
+  """`"30,31"` -> {30, 31}: comma-separated whole numbers of at least 0 (empty: none)."""
+  items = [x.strip() for x in text.split(",") if x.strip()]
+  if not all(x.isdigit() for x in items): raise argparse.ArgumentTypeError(f"expected comma-separated frame ids like 30,31, got {text!r}")
+  return {int(x) for x in items}
+
+def camera_size(text: str) -> tuple[int, int]:
+  """`"1928x1208"` -> (1928, 1208): the frame size of a camera whose geometry is known (comma 3/3X or comma 4)."""
+  from sunnypilot.modeld_v2.calibration import sensor_for_size
+  from sunnypilot.modeld_v2.warp import parse_size
+  try:
+    size = parse_size(text)
+    sensor_for_size(*size)
+  except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+  return size
+
+def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+  """Wrap a CLI's main: Ctrl-C (KeyboardInterrupt, wherever it lands) prints `<prog>: interrupted` and returns 130 instead of a traceback.
+  Temporary files are removed on the way out by the writers themselves (bundle.replaced_atomically)."""
+  def wrap(main: Callable[..., int]) -> Callable[..., int]:
+    @functools.wraps(main)
+    def run(*args, **kwargs) -> int:
+      try: return main(*args, **kwargs)
+      except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+    return run
+  return wrap
