@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import gc
 import glob
 import os
 import signal
@@ -297,7 +296,6 @@ class ModelD:
       return True
     if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
-    gc.collect()  # the old model's buffers hang off a cycle (Replay <-> its back-end): left to the collector, they outlive many changes
     try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.width, geometry.height)]
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")

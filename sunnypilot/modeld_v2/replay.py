@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,7 @@ class _Direct:
   """CPU: each call is a ctypes call prepared once. An input slot is one shared c_uint64 (c_void_p for copies) in every call that reads
   or writes it, so binding a slot is two integer stores."""
   def __init__(self, replay: Replay, programs: list[UOp]):
-    self.replay = replay
+    self.replay = weakref.proxy(replay)  # the Replay owns its back-end: no cycle, so a dropped model frees its buffers at once
     self.runtimes = [Device[replay.device].runtime(p.to_elf()) for p in programs]
     self.ptrs = [ctypes.c_uint64(0) for _ in replay.inputs]
     self.void_ptrs = [ctypes.c_void_p(0) for _ in replay.inputs]
@@ -140,7 +141,7 @@ class _Graph:
   def __init__(self, replay: Replay, programs: list[UOp]):
     from tinygrad.engine.jit import graph_split_rewrite
     from tinygrad.engine.realize import run_linear
-    self.replay, self.programs = replay, programs
+    self.replay, self.programs = weakref.proxy(replay), programs  # as _Direct: no cycle with the owning Replay
     self.linear = self.build(replay.header["calls"])
     if Device[replay.device].graph is not None and JIT < 2: self.linear = graph_split_rewrite(self.linear, max_batch_size=JIT_BATCH_SIZE.value)
     if onetime := replay.header.get("onetime_calls"): run_linear(self.build(onetime), {}, jit=True)  # weight preparation, once
