@@ -101,7 +101,7 @@ def test_buffer_bytes_are_bounded(part, tmp_bundle, capsys):
   header["buffers"] += [{"nbytes": MAX_BUFFER_BYTES // 2 + 1, "device": "CPU", "dtype": "dtypes.char"}] * 2
   rejected_everywhere(crafted(tmp_bundle, header, part[1]), capsys, "more than")
 
-@pytest.mark.parametrize("slices,message", [({"plan": [0, 10**6]}, "falls outside"), ({"lead_prob": [0, 2]}, "openpilot's layout has 3"),
+@pytest.mark.parametrize("slices,message", [({"plan": [0, 10**6]}, "falls outside"), ({"lead_prob": [0, 2]}, "openpilot's layouts have 3"),
                                             ({"meta": [2, 1]}, "falls outside"), ({"meta": "0:4"}, "not [start, stop]"), ([[0, 1]], "expected")])
 def test_output_slices_are_checked(part, tmp_bundle, capsys, slices, message):
   """modeld cuts the outputs by output_slices every frame: a bad one fails at inspect, verify and load, not in the middle of a run."""

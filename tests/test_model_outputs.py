@@ -454,3 +454,12 @@ def test_camera_offset_shears_the_camera_pixel():
     u, v, w = m_inv @ [x, y, 1]
     u2, v2, w2 = shifted @ [x, y, 1]
     close([u2 / w2, v2 / w2], [u / w + 0.3 / 1.4 * (v / w - road.height / 2), v / w], rtol=1e-9)
+
+def test_output_slices_take_both_layouts_of_plan_and_lead():
+  """A bundle's output_slices are checked at load: plan and lead as 5 and 2 hypotheses (0.9.x) or as one mean/std pair (today's 990 and 144
+  floats, openpilot's is_mhp), nothing between."""
+  from sunnypilot.modeld_v2.model_outputs import check_output_slices
+  for plan, lead in ((5 * (2 * 33 * 15 + 1), 2 * (2 * 6 * 4 + 3)), (2 * 33 * 15, 2 * 3 * 6 * 4)):
+    check_output_slices({"plan": [0, plan], "lead": [plan, plan + lead]}, plan + lead)
+  for name, size in (("plan", 991), ("plan", 989), ("lead", 143), ("lead", 145)):
+    with pytest.raises(ValueError, match=f"{name} has {size} values"): check_output_slices({name: [0, size]}, 5000)

@@ -77,7 +77,7 @@ def derive(layout: str, input_shapes: dict[str, Sequence[int]], slices: dict[str
 
 def of_bundle(metadata: dict) -> tuple[str, str]:
   """(generation, where it came from) of a model bundle's metadata; a bundle without one is derived from what it records."""
-  if metadata.get("generation") in GENERATIONS:
+  if isinstance(metadata.get("generation"), str) and metadata["generation"] in GENERATIONS:
     return metadata["generation"], "recorded, given with --generation" if metadata.get("generation_source") == "--generation" else "recorded, from the ONNX"
   try: return derive(metadata.get("layout", ""), metadata.get("input_shapes", {}), metadata.get("output_slices", {})), "derived: the bundle records none"
   except GenerationError: return "split_010", "a default (split_010): the bundle records none and its inputs fit no one generation"

@@ -80,14 +80,22 @@ MHP_HEADS = ("plan", "lead")
 BINARY_HEADS = ("lead_prob", "lane_lines_prob", "meta")  # independent probabilities: sigmoid of every logit
 CATEGORICAL_HEADS = {"desire_state": (DESIRE_LEN,), "desire_pred": (DESIRE_PRED_LEN, DESIRE_LEN)}  # softmax over the last axis
 
-def head_size(name: str) -> int | None:
-  """How many raw values parse_outputs and the message filling need for a head; None where any length is read (meta: one of its
+def mdn_layout(name: str, size: int) -> tuple[tuple[int, ...], int, int]:
+  """(shape, hypotheses, selections) a mixture-density head of `size` raw values is read with: a MHP_HEADS head of exactly one mean/std
+  pair of its selections has no hypotheses (openpilot's is_mhp: today's plan 990 and lead 144), any other size is the hypotheses layout."""
+  shape, hypotheses, selections = MDN_HEADS[name]
+  if name in MHP_HEADS and size == 2 * int(np.prod(shape)) * max(selections, 1): return ((selections, *shape) if selections > 1 else shape), 1, 0
+  return shape, hypotheses, selections
+
+def head_sizes(name: str) -> tuple[int, ...] | None:
+  """The raw lengths parse_outputs and the message filling can read for a head; None where any length is read (meta: one of its
   layouts, or skipped; hidden_state: passed through, its width is the compiled features queue's) or the head is not one modeld reads."""
   if name in MDN_HEADS:
     shape, hypotheses, selections = MDN_HEADS[name]
-    return hypotheses * (2 * int(np.prod(shape)) + selections)
-  if name in CATEGORICAL_HEADS: return int(np.prod(CATEGORICAL_HEADS[name]))
-  return {"lead_prob": LEAD_MHP_SELECTION, "lane_lines_prob": 2 * NUM_LANE_LINES}.get(name)
+    sizes = (hypotheses * (2 * int(np.prod(shape)) + selections),)
+    return sizes + (2 * int(np.prod(shape)) * max(selections, 1),) if name in MHP_HEADS else sizes
+  if name in CATEGORICAL_HEADS: return (int(np.prod(CATEGORICAL_HEADS[name])),)
+  return {"lead_prob": (LEAD_MHP_SELECTION,), "lane_lines_prob": (2 * NUM_LANE_LINES,)}.get(name)
 
 def check_output_slices(slices: object, n: int) -> None:
   """Raise ValueError unless `slices` is {name: [start, stop]} of integers with 0 <= start < stop <= n, each known head as long as
@@ -97,19 +105,16 @@ def check_output_slices(slices: object, n: int) -> None:
     if not (isinstance(span, list | tuple) and len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
       raise ValueError(f"{name!r:.40} is {span!r:.40}, not [start, stop]")
     if not 0 <= span[0] < span[1] <= n: raise ValueError(f"{name!r:.40} [{span[0]}, {span[1]}] falls outside the {n} outputs")
-    if (size := head_size(name)) is not None and span[1] - span[0] != size:
-      raise ValueError(f"{name} has {span[1] - span[0]} values, openpilot's layout has {size}")
+    if (sizes := head_sizes(name)) is not None and span[1] - span[0] not in sizes:
+      raise ValueError(f"{name} has {span[1] - span[0]} values, openpilot's layouts have {' or '.join(map(str, sizes))}")
 
 def parse_outputs(outputs: np.ndarray, slices: dict[str, Sequence[int]]) -> dict[str, np.ndarray]:
   """The model's (1, N) output vector and its `output_slices` ({name: (start, stop)}) -> named arrays after openpilot's activations."""
   vec = np.asarray(outputs, np.float32).reshape(-1)
   raw = {name: vec[start:stop] for name, (start, stop) in slices.items()}
   out: dict[str, np.ndarray] = {}
-  for name, (shape, hypotheses, selections) in MDN_HEADS.items():
-    if name not in raw: continue
-    if name in MHP_HEADS and raw[name].size == 2 * int(np.prod(shape)) * max(selections, 1):  # one mean/std pair: no hypotheses
-      shape, hypotheses, selections = ((selections, *shape) if selections > 1 else shape), 1, 0
-    out[name], out[f"{name}_std"] = parse_mdn(raw[name], shape, hypotheses, selections)
+  for name in MDN_HEADS:
+    if name in raw: out[name], out[f"{name}_std"] = parse_mdn(raw[name], *mdn_layout(name, raw[name].size))
   if "plan" in out and "planplus" in out: out["plan"] = out["plan"] + out["planplus"]
   for name in BINARY_HEADS:
     if name in raw: out[name] = sigmoid(raw[name])
