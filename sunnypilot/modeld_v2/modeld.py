@@ -26,6 +26,9 @@ from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 
+# what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
+# launched, outputs read back (the device done), outputs parsed and messages filled, messages serialized, messages sent
+STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send")
 SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
@@ -131,8 +134,10 @@ def check_artifacts(artifacts: str, device: str | None = None) -> str | None:
   return None
 
 class ModelD:
-  def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = 0.2, long_delay: float = 0.0, send_raw: bool = False):
+  def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = 0.2, long_delay: float = 0.0, send_raw: bool = False,
+               timings: list | None = None):
     self.artifacts, self.rhd, self.lat_delay, self.long_delay = artifacts, rhd, lat_delay, long_delay
+    self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
     self.adapter: Any = None
     self.geometry: Geometry | None = None
@@ -255,6 +260,7 @@ class ModelD:
     log(f"running: main {'wide' if self.main_wide else 'road'} camera{', extra wide camera' if self.use_extra else ''}")
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
       frames = self.recv_frames() if loaded else None
+      t_recv = time.monotonic_ns()
       if frames is None:
         if time.monotonic() - last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
           previous, loaded, drops, last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
@@ -269,10 +275,14 @@ class ModelD:
       self.fill_inputs(sm, lat_delay, lat_t, long_t)
       dropped, drop_perc = drops.update(meta_main.frame_id)
       t0 = time.perf_counter()
+      t_inputs = time.monotonic_ns()
       self.adapter.copy_frames({"img": buf_main, "big_img": buf_extra})
+      t_copy = time.monotonic_ns()
       self.adapter.run()
+      t_run = time.monotonic_ns()
       outputs = self.adapter.output_array()
       execution_time = time.perf_counter() - t0
+      t_readback = time.monotonic_ns()
       if dropped > 0:  # prepare-only: the frame went through the model's queues, nothing is published
         log(f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
         continue
@@ -281,7 +291,12 @@ class ModelD:
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t)
       msgs = {s: new_message(s) for s in SERVICES}
       self.publish_state.fill(msgs, outputs, self.slices, frame, sm["carState"], bool(sm.seen.get("carControl") and sm["carControl"].latActive))
-      for service, msg in msgs.items(): pm.send(service, msg)
+      t_fill = time.monotonic_ns()
+      data = {service: msg.to_bytes() for service, msg in msgs.items()}
+      t_serialize = time.monotonic_ns()
+      for service, raw in data.items(): pm.send(service, raw)
+      if self.timings is not None:
+        self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, time.monotonic_ns()])
       published += 1
     log(f"exiting after {published} published frames")
     return 0
@@ -300,11 +315,17 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--lat-delay", type=float, default=0.2, help="steering actuator delay in seconds (liveDelay.lateralDelay when published)")
   parser.add_argument("--long-delay", type=float, default=0.0, help="longitudinal actuator delay in seconds")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
+  parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
   args = parser.parse_args(argv)
   if problem := check_artifacts(args.artifacts): parser.exit(2, f"modeld: error: {problem}\n")
-  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw)
+  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, [] if args.timings else None)
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: daemon.exit.set())
-  return daemon.run(args.max_frames)
+  code = daemon.run(args.max_frames)
+  if args.timings:
+    import json
+    with open(args.timings + ".tmp", "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": daemon.timings}, f)
+    os.replace(args.timings + ".tmp", args.timings)
+  return code
 
 if __name__ == "__main__":
   sys.exit(main())
