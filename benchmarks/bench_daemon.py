@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rates", default="20,100,0", help="frame rates in Hz, comma separated; 0 = lockstep (as fast as modeld goes)")
   parser.add_argument("--frames", type=int, default=2000, help="timed frames per bundle and rate")
   parser.add_argument("--workdir", default="out/bench_daemon")
+  parser.add_argument("--publish-only", action="store_true", help="only the in-process parse/fill/serialize table (no daemon runs)")
   parser.add_argument("--json")
   args = parser.parse_args(argv)
   try:
@@ -193,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     artifacts = os.path.join(args.workdir, f"beam{beam}")
     built = build(args.model, args.generation, [size], artifacts, log, beam)
     split[beam] = publish_split(built["model"])
-    for rate in rates:
+    for rate in rates if not args.publish_only else ():
       log(f"BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
       runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log) | {"beam": beam})
   print(f"modeld end to end: {args.model} {args.generation} (random-weight stand-in), {args.camera}, device {Device.DEFAULT}, "
         f"latencies in ms, {args.frames} timed frames per row")
-  print(table(runs))
+  if runs: print(table(runs))
   for beam, s in split.items():
     print(f"\nBEAM={beam} bundle's layout, in this process (p50 / p99 ms): " + ", ".join(f"{k} {v['p50']:.3f} / {v['p99']:.3f}" for k, v in s.items()))
   write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "device": Device.DEFAULT, "runs": runs,
