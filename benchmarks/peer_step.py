@@ -30,7 +30,8 @@ class PeerStep:
   names), run the model(s), return (1, N) float32 outputs, models concatenated in the bundle's order. `run_model(key, feeds)` runs one ONNX
   (its inputs by name) and returns its outputs by name; `warp(frame_bytes, m_inv)` makes one camera's six planes."""
   def __init__(self, files: dict[str, str], frame, ops: Any, run_model: Any, warp: Any, cast_dtype: Any = lambda d: d):
-    self.ops, self.run_model, self.warp, self.cast_dtype = ops, run_model, warp, cast_dtype
+    self.ops, self.run_model, self.warp = ops, run_model, warp
+    self.f32 = cast_dtype(np.float32)  # made once: step() calls no numpy (torch.compile traces it)
     infos = {k: load_onnx(p) for k, p in files.items()}
     self.keys = list(infos)
     self.inputs = {k: info["inputs"] for k, info in infos.items()}
@@ -78,7 +79,7 @@ class PeerStep:
     if self.native:
       out = self._run("onnx", {"new_img": new_img} | self.host | self.states)
       for n, v in self.states.items(): self.ops.assign(v, out[f"next_{n}"])
-      return self.ops.cast(out[self.output["onnx"]], self.cast_dtype(np.float32))
+      return self.ops.cast(out[self.output["onnx"]], self.f32)
     for name, q in self.images.items(): self.ops.assign(q, self.ops.cat([q[1:], new_img[self.camera[name]][None]], 0))
     feeds = dict(self.host) | {n: q[::self.fs].reshape(self.input_shape(n)) for n, q in self.images.items()}
     if self.desire:
@@ -89,7 +90,7 @@ class PeerStep:
     if self.features and len(self.keys) == 1: feeds[self.features] = self._sampled(self.features)
     for key in self.keys:
       if self.features and len(self.keys) > 1 and key != "vision": feeds[self.features] = self._sampled(self.features)
-      outs[key] = self.ops.cast(self._run(key, feeds)[self.output[key]], self.cast_dtype(np.float32))
+      outs[key] = self.ops.cast(self._run(key, feeds)[self.output[key]], self.f32)
       if self.features and key == "vision": self._push(self.features, self._head(key, outs[key], "hidden_state"))
     if self.features and len(self.keys) == 1: self._push(self.features, self._head("onnx", outs["onnx"], "hidden_state"))
     if self.curvature:
