@@ -283,7 +283,7 @@ class Replay:
     """Each call of the part alone on the tensors bound by the last call, `rounds` times: per call its index, kind, program index (None for
     a copy), bytes copied, and the median seconds. Kernels are timed by the device (CUDA events; on CPU the call itself); a copy by the
     host clock around it and a synchronize. For profiling: the replay itself runs its calls batched."""
-    from tinygrad.engine.realize import ExecContext, estimate_uop, exec_copy, exec_kernel
+    from tinygrad.engine.realize import ExecContext, exec_copy, exec_kernel
     if any(u is None for u in self.current): raise InputError("time_calls() times the last call's bindings: call the part once first")
     ctx, dev = ExecContext(input_uops=tuple(u.base for u in self.current), update_stats=False, wait=True), Device[self.device]
     rows = []
@@ -298,8 +298,14 @@ class Replay:
           times.append(time.perf_counter() - start)
         else: times.append(float(sum(exec_kernel(ctx, call, call.src[0]))))
       rows.append({"call": j, "kind": spec["kind"], "program": spec.get("program"), "s": float(np.median(times)),
-                   "copy_bytes": int(estimate_uop(call).mem) if spec["kind"] == "copy" else None})
+                   "copy_bytes": self.nbytes(spec["args"][0]) if spec["kind"] == "copy" else None})
     return rows
+
+  def nbytes(self, a: dict) -> int:
+    """Bytes of a call argument: an input slot's whole tensor, or a buffer view."""
+    if "input" not in a: return a["nbytes"]
+    spec = self.inputs[a["input"]]
+    return int(np.prod(spec["shape"])) * parse_dtype(spec["dtype"]).itemsize
 
   def bind(self, slot: int, t: Any, kwargs: dict) -> None:
     spec = self.inputs[slot]
