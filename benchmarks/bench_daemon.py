@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     for rate in rates if not args.publish_only else ():
       log(f"BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
       runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log) | {"beam": beam})
+      write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "runs": runs, "partial": True})  # row by row
   print(f"modeld end to end: {args.model} {args.generation} (random-weight stand-in), {args.camera}, device {Device.DEFAULT}, "
         f"latencies in ms, {args.frames} timed frames per row")
   if runs: print(table(runs))
