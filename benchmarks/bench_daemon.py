@@ -53,10 +53,10 @@ class Receiver:
     self.sock = msgq.sub_sock("modelV2", poller=self.poller, conflate=False)
     self.arrived: dict[int, int] = {}
 
-  def wait(self, until_ns: int) -> None:
-    """Take every modelV2 that arrives until monotonic `until_ns`."""
+  def wait(self, until_ns: int, frame_id: int | None = None) -> None:
+    """Take every modelV2 that arrives until monotonic `until_ns`, or until the one of `frame_id` has arrived."""
     from sunnypilot.modeld_v2.messaging import log
-    while (left := until_ns - time.monotonic_ns()) > 0:
+    while (left := until_ns - time.monotonic_ns()) > 0 and (frame_id is None or frame_id not in self.arrived):
       if not self.poller.poll(max(1, left // 1_000_000)): continue
       while (raw := self.sock.receive(non_blocking=True)) is not None:
         t = time.monotonic_ns()
@@ -81,15 +81,15 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
     while not any("running:" in line for line in lines):
       if proc.poll() is not None or time.monotonic() > deadline: raise RuntimeError(f"modeld did not start: {''.join(lines)}")
       time.sleep(0.05)
-    sent, publish_ns = {}, {}
+    sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
     def send(frame_id: int) -> None:
       t = time.monotonic_ns()
-      sent[frame_id] = replay.send(frame_id, *source[frame_id % len(source)])
+      # start-of-frame on camerad's 20 Hz sensor clock whatever the send rate: modeld pairs road and wide frames by it (25 ms)
+      sent[frame_id] = replay.send(frame_id, *source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
       publish_ns[frame_id] = time.monotonic_ns() - t
     def lockstep(frame_id: int) -> None:
       send(frame_id)
-      deadline = time.monotonic_ns() + 2_000_000_000
-      while frame_id not in receiver.arrived and time.monotonic_ns() < deadline: receiver.wait(min(deadline, time.monotonic_ns() + 50_000_000))
+      receiver.wait(time.monotonic_ns() + 2_000_000_000, frame_id)
     for frame_id in range(WARMUP): lockstep(frame_id)
     cpu0, start = cpu_seconds(proc.pid), time.monotonic_ns()
     timed = range(WARMUP, WARMUP + frames)
