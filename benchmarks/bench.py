@@ -55,20 +55,18 @@ class CameraBuffer:
     np.frombuffer(self.data, np.uint8)[:] = data
 
 def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0) -> dict:
-  """Stand-in ONNX (or the given one), model bundle and warp bundles per camera size; compile times."""
+  """Stand-in ONNX files (or the given one), model bundle and warp bundles per camera size; compile times."""
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
   from sunnypilot.modeld_v2.warp import camerad_frame
   os.makedirs(workdir, exist_ok=True)
-  if model in ("tiny", "full"):
-    onnx = os.path.join(workdir, f"{generation}_{model}.onnx")
-    if not os.path.exists(onnx): stand_in_models.write(generation, model, onnx)
-  else: onnx = model
+  if model in ("tiny", "full"): files = stand_in_models.write(generation, model, os.path.join(workdir, f"{generation}_{model}.onnx"))["files"]
+  else: files = {"onnx": model}
   bundle = os.path.join(workdir, "model.bin")
-  log(f"compiling {onnx} ...")
-  summary = compile_model(bundle, onnx=onnx, log=lambda s: None, beam=beam)
-  out = {"onnx": onnx, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}}
+  log(f"compiling {', '.join(files.values())} ...")
+  summary = compile_model(bundle, **files, log=lambda s: None, beam=beam)
+  out = {"files": files, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}}
   for w, h in cameras:
     frame = camerad_frame(w, h)
     out["warps"][(w, h)] = {split: compile_warp(frame.spec, "512x256", os.path.join(workdir, f"warp_{w}x{h}_{split}.bin"), split, beam=beam)["output"]
@@ -135,56 +133,62 @@ def numpy_warp(buf: np.ndarray, frame, m_inv: np.ndarray, w: int = 512, h: int =
   return np.stack(ys + uv)
 
 class OrtPeer:
-  """onnxruntime (CPU execution provider) on the same ONNX, fed by the numpy warp; the state fed back in numpy."""
-  def __init__(self, onnx_path: str, frame):
+  """onnxruntime (CPU execution provider) on the same ONNX files, fed by the numpy warp, with openpilot's queues in numpy (peer_step)."""
+  def __init__(self, files: dict[str, str], frame):
     import onnxruntime as ort
-    self.session, self.frame = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"]), frame
-    self.states = {i.name: np.zeros(i.shape, np.float32) for i in self.session.get_inputs() if i.name.startswith("state_")}
 
-  def step(self, road, wide, host: dict) -> np.ndarray:
-    new_img = np.stack([numpy_warp(np.frombuffer(b.data, np.uint8), self.frame, host["tfm"][i]) for i, b in enumerate((road, wide))])
-    feeds = {"new_img": new_img, "desire": host["desire"].reshape(1, 8), "traffic_convention": host["traffic_convention"].reshape(1, 2),
-             "action_t": host["action_t"].reshape(1, 2)} | self.states
-    names = ["outputs"] + [f"next_{k}" for k in self.states]
-    out = dict(zip(names, self.session.run(names, feeds)))
-    self.states = {k: out[f"next_{k}"] for k in self.states}
-    return out["outputs"]
+    from benchmarks.peer_step import NumpyOps, PeerStep
+    sessions = {k: ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for k, p in files.items()}
+    run = lambda key, feeds: dict(zip((o.name for o in sessions[key].get_outputs()), sessions[key].run(None, feeds)))
+    self.peer = PeerStep(files, frame, NumpyOps(), run, lambda buf, m: numpy_warp(buf, frame, m))
+
+  def step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+    self.peer.frames[0], self.peer.frames[1] = road[:self.peer.frames.shape[1]], wide[:self.peer.frames.shape[1]]
+    self.peer.m_inv[:] = host["tfm"]
+    for k, v in self.peer.host.items(): v.reshape(-1)[:] = host[k].reshape(-1)
+    return self.peer.step()
 
 class PeerAdapter:
-  """A peer (onnxruntime or torch) behind the adapter interface the timing loop drives."""
-  def __init__(self, peer, kind: str):
-    self.peer, self.kind = peer, kind
-    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32), "desire": np.zeros(8, np.float32), "traffic_convention": np.zeros(2, np.float32),
-                         "action_t": np.zeros(2, np.float32)}
+  """A peer (onnxruntime or torch) behind the adapter interface the timing loop drives: host inputs by the ONNX's names."""
+  def __init__(self, peer):
+    self.peer = peer
+    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(tuple(v.shape), np.float32) for k, v in peer.peer.host.items()}
 
   def copy_frames(self, bufs: dict) -> None: self.bufs = bufs
 
   def run(self) -> None:
-    if self.kind == "ort": self.out = self.peer.step(self.bufs["img"], self.bufs["big_img"], self.numpy_inputs)
-    else: self.out = self.peer.step(np.frombuffer(self.bufs["img"].data, np.uint8), np.frombuffer(self.bufs["big_img"].data, np.uint8),
-                                    {k: v.reshape(1, -1) if k != "tfm" else v for k, v in self.numpy_inputs.items()})
+    self.out = self.peer.step(np.frombuffer(self.bufs["img"].data, np.uint8), np.frombuffer(self.bufs["big_img"].data, np.uint8), self.numpy_inputs)
 
   def output_array(self) -> np.ndarray: return self.out
 
-def make_peers(onnx_path: str, frame, generation: str) -> dict:
-  """onnxruntime on CPU always; PyTorch eager and CUDA-graph replay where torch sees a GPU (native generation only)."""
-  if generation != "native": return {}
-  peers = {"onnxruntime (CPU EP, numpy warp)": PeerAdapter(OrtPeer(onnx_path, frame), "ort")}
+TORCH_PEERS = {"eager": "torch eager (CUDA)", "graph": "torch CUDA graph", "compile": "torch.compile max-autotune (CUDA graph)"}
+
+def make_peers(files: dict[str, str], frame, torch_modes: list[str], log) -> dict:
+  """onnxruntime on CPU always; the PyTorch peers in `torch_modes` where torch sees a GPU. Each starts from zeroed states and queues."""
+  peers = {"onnxruntime (CPU EP, numpy warp)": PeerAdapter(OrtPeer(files, frame))}
   try:
     import torch
   except ImportError: return peers
   from benchmarks.torch_peer import TorchPeer
   if torch.cuda.is_available():
-    for name, graph in (("torch eager (CUDA)", False), ("torch CUDA graph", True)):
-      try: peers[name] = PeerAdapter(TorchPeer(onnx_path, frame, "cuda", graph=graph), "torch")
-      except Exception as e: print(f"bench: skipping the {name} peer: {type(e).__name__}: {e}", file=sys.stderr)  # a peer must not sink the run
+    for mode in torch_modes:
+      log(f"building the {TORCH_PEERS[mode]} peer ...")
+      t = time.perf_counter()
+      try: peers[TORCH_PEERS[mode]] = PeerAdapter(TorchPeer(files, frame, mode))
+      except Exception as e: log(f"bench: skipping the {TORCH_PEERS[mode]} peer: {type(e).__name__}: {e}")  # a peer must not sink the run
+      else: log(f"  ready in {time.perf_counter() - t:.1f} s")
   return peers
 
+HOST_VALUES = {"traffic_convention": lambda step: [1, 0], "action_t": lambda step: [0.2 + 0.001 * (step % 10), 0.45],
+               "lateral_control_params": lambda step: [20 + step % 5, 0.2], "driving_style": lambda step: [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]}
+
 def set_inputs(adapter, step: int, m_inv: np.ndarray) -> None:
-  adapter.numpy_inputs["tfm"][:] = m_inv
-  adapter.numpy_inputs["desire"][:] = 0
-  adapter.numpy_inputs["traffic_convention"][:] = [1, 0]
-  adapter.numpy_inputs["action_t"][:] = [0.2 + 0.001 * (step % 10), 0.45]
+  """This frame's host inputs, the same on every path: the transforms, a one-frame desire pulse now and then (the desire queue's max-pool
+  must keep it), the HOST_VALUES by name, anything else zero (openpilot's navigation inputs)."""
+  for name, view in adapter.numpy_inputs.items():
+    if name == "tfm": view[:] = m_inv
+    elif name == "desire": view.reshape(-1)[:] = np.eye(view.size, dtype=np.float32)[1 + step % 7] if step % 6 == 2 else 0
+    else: view.reshape(-1)[:] = HOST_VALUES[name](step) if name in HOST_VALUES else 0
 
 def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
   """GPU floor: the fused part's calls on the last frame's bindings (one graph) launched and waited for, back to back, no Python per input."""
@@ -195,7 +199,7 @@ def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
     times.append(adapter.run_model.run_bound(wait=True) * 1e3)
   return times
 
-def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple, log, peers: bool, generation: str) -> dict:
+def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple | None, log, peers: bool, torch_modes: list[str]) -> dict:
   from tinygrad import Device
 
   from benchmarks.legacy import LegacyModelAdapter
@@ -208,8 +212,8 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
               "fused split, one buffer pair": NativeTinygradAdapter(built["model"], warps[True], cache=False),
               "fused split upload": NativeTinygradAdapter(built["model"], warps[True], cache=False, map_camera_buffers=False),
               "fused packed": NativeTinygradAdapter(built["model"], warps[False], cache=False),
-              "unfused": Unfused(built["model"], warps[False]), "legacy": LegacyModelAdapter(*legacy_pickles)}
-  if peers: adapters |= make_peers(built["onnx"], warps["frame"], generation)
+              "unfused": Unfused(built["model"], warps[False])} | ({"legacy": LegacyModelAdapter(*legacy_pickles)} if legacy_pickles else {})
+  if peers: adapters |= make_peers(built["files"], warps["frame"], torch_modes, log)
   from tinygrad.helpers import GlobalCounters
   device_bytes = GlobalCounters.mem_used
   times: dict[str, list[float]] = {p: [] for p in adapters}
@@ -348,7 +352,7 @@ def table(results: list[dict], loads: dict) -> str:
     lines.append(f"18 rotating camera buffers vs one fixed pair: p50 {rotating['p50']:.3f} vs {fixed['p50']:.3f} ms "
                  f"({100 * (rotating['p50'] / fixed['p50'] - 1):+.1f}%), host overhead {rotating['host_overhead_ms']:.3f} vs "
                  f"{fixed['host_overhead_ms']:.3f} ms (the one-pair path sees other frames: its diff column is not a check)")
-    legacy, split = r["paths"]["legacy"]["host_overhead_ms"], r["paths"]["fused split"]["host_overhead_ms"]
+    legacy, split = r["paths"].get("legacy", {}).get("host_overhead_ms", 0), r["paths"]["fused split"]["host_overhead_ms"]
     lines.append(f"fused split host overhead = {100 * split / legacy:.1f}% of legacy's" if legacy > 0 else "")
   if loads:
     lines += ["", "| load (fresh process) | " + " | ".join(loads[next(iter(loads))]) + " |", "|---|" + "---|" * len(loads[next(iter(loads))])]
@@ -375,15 +379,16 @@ def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
   from benchmarks.legacy import capture_legacy
+  from sunnypilot.modeld_v2 import stand_in_models
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default="tiny", help="tiny, full (random-weight stand-ins) or a path to an ONNX")
-  parser.add_argument("--generation", default="native", choices=("native", "supercombo_action"),
-                      help="stand-in generation for tiny/full (one ONNX with desire, traffic_convention and action_t, as set_inputs fills)")
+  parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="stand-in generation for tiny/full")
   parser.add_argument("--camera", default="1344x760,1928x1208", help="camera sizes, comma separated")
   parser.add_argument("--frames", type=int, default=1000, help="timed frames per path and camera size")
   parser.add_argument("--load-runs", type=int, default=3, help="fresh processes per load measurement (0: skip loads)")
   parser.add_argument("--workdir", default="out/bench_work")
   parser.add_argument("--no-peers", action="store_true", help="skip onnxruntime and PyTorch")
+  parser.add_argument("--torch-modes", default="eager,graph,compile", help=f"PyTorch peers on a GPU, comma separated: {', '.join(TORCH_PEERS)}")
   parser.add_argument("--beam", type=int, default=0, help="build the model and warp bundles with BEAM-searched kernels (0: no search)")
   parser.add_argument("--json")
   parser.add_argument("--plot", help="PNG of the latency distributions")
@@ -391,13 +396,18 @@ def main(argv: list[str] | None = None) -> int:
   check_outputs(parser, args.json, args.plot)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   cameras = [tuple(int(x) for x in c.split("x")) for c in args.camera.split(",")]
+  torch_modes = [m for m in args.torch_modes.split(",") if m]
+  if bad := [m for m in torch_modes if m not in TORCH_PEERS]: parser.error(f"unknown --torch-modes {bad}: choose from {', '.join(TORCH_PEERS)}")
   built = build(args.model, args.generation, cameras, args.workdir, log, args.beam)
   results, loads = [], {}
   for size in cameras:
     frame = built["warps"][size]["frame"]
-    legacy = capture_legacy({"model": built["onnx"]}, frame.spec)
-    results.append(bench_frames(built, size, args.frames, legacy, log, not args.no_peers, args.generation))
-    if args.load_runs: loads[f"{size[0]}x{size[1]}"] = bench_load(built, size, legacy, args.workdir, args.load_runs)
+    try: legacy = capture_legacy(built["files"], frame.spec)
+    except Exception as e:  # the old way never ran every generation: the table goes on without it
+      log(f"no legacy baseline for {args.generation}: {type(e).__name__}: {e}")
+      legacy = None
+    results.append(bench_frames(built, size, args.frames, legacy, log, not args.no_peers, torch_modes))
+    if args.load_runs and legacy: loads[f"{size[0]}x{size[1]}"] = bench_load(built, size, legacy, args.workdir, args.load_runs)
   print(f"model {args.model} ({args.generation}{', random-weight stand-in' if args.model in ('tiny', 'full') else ''}), {built['kernels']} model kernels, "
         f"BEAM={args.beam}, "
         f"device {Device.DEFAULT}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")

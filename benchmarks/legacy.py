@@ -15,7 +15,8 @@ from sunnypilot.modeld_v2.bundle import state_names
 from sunnypilot.modeld_v2.model_adapters import VISION_INPUTS, BaseModelAdapter
 
 def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
-  """Capture the legacy warp and model TinyJits as old modeld shipped them (host inputs uploaded inside the JIT), pickled."""
+  """Capture the legacy warp and model TinyJits as old modeld shipped them (host inputs uploaded inside the JIT), pickled. `onnx_paths`:
+  compile_model's keywords (onnx, or vision + policy)."""
   from tinygrad.nn.onnx import OnnxRunner
 
   from sunnypilot.modeld_v2 import compile_modeld as cm
@@ -23,7 +24,7 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
   dev, frame = Device.canonicalize(device), parse_frame(frame_spec)
   warp = make_frame_prepare(frame, 512, 256)
   warp_jit = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame.to(dev)[i], M_inv.to(dev)[i]) for i in range(2))))
-  plan = cm.plan_model(onnx_paths.get("model"), onnx_paths.get("vision"), onnx_paths.get("policy"))
+  plan = cm.plan_model(**onnx_paths)
   step = cm.make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
   states = {k: plan.specs[k] for k in state_names(plan.specs, plan.out_specs)}
   host = {k: v for k, v in plan.specs.items() if k not in states and k != "new_img"}

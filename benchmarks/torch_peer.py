@@ -1,55 +1,77 @@
-"""The PyTorch peer of the benchmark: the same ONNX graph and the same warp math run by torch, eagerly and as a CUDA-graph replay.
+"""The PyTorch peers of the benchmark: the same ONNX graphs, the same warp math and openpilot's input queues (peer_step) run by torch on
+a GPU: eagerly, as a CUDA-graph replay, and compiled by torch.compile (max-autotune: Triton kernels, autotuned) inside a CUDA graph.
 
-A small interpreter of the ONNX ops the driving models use (the stand-ins' set), with the ONNX's own weights: no converter needed.
+A small interpreter of the ONNX ops the driving models use (the stand-ins' set), with the ONNX's own weights: no converter needed. It walks
+plain Python node records made once from the protobuf, so torch.compile's tracer (dynamo) sees only lists, tuples, strings and ints.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-def _attrs(node) -> dict:
+from benchmarks.peer_step import PeerStep
+
+MODES = ("eager", "graph", "compile")
+ONNX_TYPES = {1: "float32", 2: "uint8", 10: "float16"}  # TensorProto element types the stand-ins cast to
+
+class Node(NamedTuple):
+  """One ONNX node as plain data: constant operands (shapes, axes, slice bounds) already read as int tuples into `attrs`."""
+  op: str
+  inputs: tuple[str, ...]
+  output: str
+  attrs: dict
+
+def plain_nodes(model, consts: dict[str, np.ndarray]) -> list[Node]:
   from onnx import helper
-  return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+  ints = lambda name: tuple(int(x) for x in np.asarray(consts[name]).reshape(-1))
+  nodes = []
+  for node in model.graph.node:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = {k: tuple(v) if isinstance(v, list) else v for k, v in attrs.items()}
+    inputs = tuple(node.input)
+    if node.op_type == "Reshape": attrs["shape"], inputs = ints(inputs[1]), inputs[:1]
+    elif node.op_type in ("Squeeze", "Unsqueeze"): attrs["axis"], inputs = ints(inputs[1])[0], inputs[:1]
+    elif node.op_type == "Slice": attrs["bounds"], inputs = tuple(zip(*(ints(n) for n in inputs[1:4]))), inputs[:1]
+    nodes.append(Node(node.op_type, inputs, node.output[0], attrs))
+  return nodes
 
 class TorchOnnx:
-  """Runs an ONNX graph with torch ops on `device`."""
+  """Runs an ONNX graph with torch ops on `device`; returns every graph output by name."""
   def __init__(self, path: str, device: str):
     import onnx
     import torch
     from onnx import numpy_helper
-    self.torch, self.model = torch, onnx.load(path)
-    self.consts = {i.name: numpy_helper.to_array(i) for i in self.model.graph.initializer}
-    self.values = {k: torch.from_numpy(np.array(v)).to(device) for k, v in self.consts.items()}
-    self.outputs = [o.name for o in self.model.graph.output]
-
-  def _ints(self, name: str) -> list[int]: return [int(x) for x in np.asarray(self.consts[name]).reshape(-1)]
+    self.torch, model = torch, onnx.load(path)
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    self.values = {k: torch.from_numpy(np.array(v)).to(device) for k, v in consts.items()}
+    self.nodes = plain_nodes(model, consts)
+    self.outputs = tuple(o.name for o in model.graph.output)
 
   def __call__(self, feeds: dict) -> dict:
     torch, F = self.torch, self.torch.nn.functional
     env = dict(self.values) | feeds
-    for node in self.model.graph.node:
-      x, a, op = [env[i] for i in node.input], _attrs(node), node.op_type
+    for op, inputs, output, a in self.nodes:
+      x = [env[i] for i in inputs]
       if op == "Identity": y = x[0]
-      elif op == "Cast": y = x[0].float() if a["to"] == 1 else x[0]
+      elif op == "Cast": y = x[0].to(getattr(torch, ONNX_TYPES[a["to"]]))
       elif op in ("Add", "Sub", "Mul", "Div"): y = getattr(torch, op.lower())(x[0], x[1])
       elif op in ("Relu", "Sigmoid", "Tanh"): y = getattr(torch, op.lower())(x[0])
       elif op == "MatMul": y = x[0] @ x[1]
-      elif op == "Conv": y = F.conv2d(x[0], x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", 1), padding=a.get("pads", [0, 0])[:2])
+      elif op == "Conv": y = F.conv2d(x[0], x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", 1), padding=a.get("pads", (0, 0))[:2])
       elif op == "GlobalAveragePool": y = x[0].mean(dim=(2, 3), keepdim=True)
       elif op == "Flatten": y = x[0].flatten(a.get("axis", 1))
       elif op == "Concat": y = torch.cat(x, dim=a["axis"])
-      elif op == "Reshape": y = x[0].reshape(self._ints(node.input[1]))
-      elif op == "Squeeze": y = x[0].squeeze(self._ints(node.input[1])[0])
-      elif op == "Unsqueeze": y = x[0].unsqueeze(self._ints(node.input[1])[0])
+      elif op == "Reshape": y = x[0].reshape(a["shape"])
+      elif op == "Squeeze": y = x[0].squeeze(a["axis"])
+      elif op == "Unsqueeze": y = x[0].unsqueeze(a["axis"])
       elif op == "ReduceMean": y = x[0].mean(dim=a["axes"], keepdim=bool(a.get("keepdims", 1)))
       elif op == "Slice":
-        starts, ends, axes = (self._ints(n) for n in node.input[1:4])
         index = [slice(None)] * x[0].ndim
-        for s, e, ax in zip(starts, ends, axes): index[ax] = slice(s, e)
+        for s, e, ax in a["bounds"]: index[ax] = slice(s, e)
         y = x[0][tuple(index)]
       else: raise NotImplementedError(f"the torch peer does not implement ONNX {op}")
-      env[node.output[0]] = y
+      env[output] = y
     return {k: env[k] for k in self.outputs}
 
 class TorchWarp:
@@ -77,37 +99,51 @@ class TorchWarp:
     coord = lambda v, hi: torch.minimum(torch.clamp(torch.nan_to_num(torch.round(v / sw)), min=0), hi).long()  # NaN/inf stay in the image
     return frame_bytes[self.base + coord(sy, self.max_y) * self.stride + coord(sx, self.max_x) * self.step]
 
-class TorchPeer:
-  """Native-layout model + warp in torch: `step(road, wide, host)` copies both frames up, runs, feeds the state back, reads outputs."""
-  def __init__(self, onnx_path: str, frame, device: str = "cuda", graph: bool = False):
+class TorchOps:
+  """peer_step's array operations on torch (in-place updates with copy_, so a CUDA graph replays them)."""
+  def __init__(self, device: str):
     import torch
+    self.torch, self.device = torch, device
+
+  def zeros(self, shape, dtype): return self.torch.zeros(shape, dtype=dtype, device=self.device)
+  def cat(self, xs: list, axis: int): return self.torch.cat(xs, dim=axis)
+  def amax(self, x, axis: int): return self.torch.amax(x, dim=axis)
+  def assign(self, dst, src) -> None: dst.copy_(src)
+  def cast(self, x, dtype): return x.to(dtype)
+
+class TorchPeer:
+  """A generation's model(s) + warp + queues in torch: `step(road, wide, host)` copies both frames and the host inputs up, runs (eager, one
+  CUDA-graph replay, or torch.compile's kernels in one CUDA graph), reads the outputs. Every mode starts from zeroed queues and states:
+  warm-up and capture run the step, and what they pushed is cleared before the first timed frame."""
+  def __init__(self, files: dict[str, str], frame, mode: str = "eager", device: str = "cuda"):
+    import torch
+    if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     self.torch, self.frame, self.device = torch, frame, device
-    self.model = TorchOnnx(onnx_path, device)
-    inputs = {i.name: i for i in self.model.model.graph.input if i.name not in self.model.consts}
-    shape = lambda name: [d.dim_value for d in inputs[name].type.tensor_type.shape.dim]
-    self.frames = torch.zeros(2, frame.size, dtype=torch.uint8, device=device)
-    self.host = {k: torch.zeros(shape(k), device=device) for k in ("desire", "traffic_convention", "action_t")}
-    self.m_inv = torch.eye(3, device=device).repeat(2, 1, 1)
-    self.states = {k: torch.zeros(shape(k), device=device) for k in inputs if k.startswith("state_")}
-    self.pinned = torch.zeros(2, frame.size, dtype=torch.uint8).pin_memory() if device == "cuda" else None
-    self.warp = TorchWarp(frame, device)
-    self.graph = None
     previous = self._primary_context() if device == "cuda" else None
-    if graph:
+    models = {k: TorchOnnx(p, device) for k, p in files.items()}
+    torch_dtype = lambda d: getattr(torch, np.dtype(d).name)
+    self.peer = PeerStep(files, frame, TorchOps(device), lambda key, feeds: models[key](feeds), TorchWarp(frame, device), torch_dtype)
+    self.pinned = torch.zeros(2, frame.size, dtype=torch.uint8).pin_memory() if device == "cuda" else None
+    compute = self.peer.step
+    if mode == "compile": compute = torch.compile(self.peer.step, mode="max-autotune-no-cudagraphs", dynamic=False)
+    self.graph = None
+    if mode in ("graph", "compile"):
       stream = torch.cuda.Stream()
       stream.wait_stream(torch.cuda.current_stream())
       with torch.cuda.stream(stream):
-        for _ in range(3): self._compute()  # warm up outside the graph, as CUDA graphs require
+        for _ in range(3): compute()  # warm up (and compile) outside the graph, as CUDA graphs require
       torch.cuda.current_stream().wait_stream(stream)
       self.graph = torch.cuda.CUDAGraph()
-      with torch.cuda.graph(self.graph): self.out = self._compute()
+      with torch.cuda.graph(self.graph): self.out = compute()
+    self.compute = compute
+    self.reset()
     self._restore(previous)
 
-  def _compute(self):
-    new_img = self.torch.stack([self.warp(self.frames[i], self.m_inv[i]) for i in range(2)])
-    out = self.model({"new_img": new_img} | self.host | self.states)
-    for k, v in self.states.items(): v.copy_(out[f"next_{k}"])
-    return out["outputs"]
+  def reset(self) -> None:
+    """Zero every queue and state in place (the CUDA graph keeps their addresses): the next step starts where the other paths start."""
+    for buffers in (self.peer.images, self.peer.queues, self.peer.states, self.peer.host):
+      for v in buffers.values(): v.zero_()
+    self.torch.cuda.synchronize()
 
   def _primary_context(self) -> Any:
     """tinygrad runs CUDA in a context of its own and leaves it current; torch expects the device's primary context. Returns the context
@@ -136,13 +172,13 @@ class TorchPeer:
       cuda.cuCtxSetCurrent(previous)
 
   def _step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
-    torch = self.torch
+    torch, peer = self.torch, self.peer
     staging = self.pinned if self.pinned is not None else torch.empty(2, self.frame.size, dtype=torch.uint8)
     staging[0].numpy()[:] = road[:self.frame.size]
     staging[1].numpy()[:] = wide[:self.frame.size]
-    self.frames.copy_(staging, non_blocking=True)
-    self.m_inv.copy_(torch.from_numpy(host["tfm"]))
-    for k, v in self.host.items(): v.copy_(torch.from_numpy(host[k]).view(v.shape))
+    peer.frames.copy_(staging, non_blocking=True)
+    peer.m_inv.copy_(torch.from_numpy(host["tfm"]))
+    for k, v in peer.host.items(): v.copy_(torch.from_numpy(host[k]).view(v.shape))
     if self.graph is not None: self.graph.replay()
-    else: self.out = self._compute()
+    else: self.out = self.compute()
     return self.out.cpu().numpy()

@@ -35,3 +35,31 @@ def test_inspect_shows_the_generation_recorded_or_derived(native_artifacts, tmp_
   write_bundle(old := str(tmp_path / "old.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()}, extras)
   assert main(["inspect", old]) == 0
   assert "  generation: native (derived: the bundle records none)" in capsys.readouterr().out
+def test_profile_reports_each_kernels_flops_bytes_time_and_roofline(tmp_path, capsys):
+  """A bundle of one (64x128) @ (128x32) float32 matmul: tinygrad's estimates recorded with the kernel must be its FLOPs (2*M*N*K, one
+  multiply and one add per term) and at least the bytes of its operands and result, each once; the bound is max(FLOPs/peak, bytes/peak)."""
+  import json
+
+  import numpy as np
+
+  from conftest import realized
+  rng = np.random.default_rng(0)
+  w = realized(rng.standard_normal((128, 32)).astype(np.float32))
+  _, (header, blob), _ = capture(lambda x: (x @ w).contiguous(), lambda: {"x": realized(rng.standard_normal((64, 128)).astype(np.float32))})
+  path, out = str(tmp_path / "mm.bin"), str(tmp_path / "profile.json")
+  write_bundle(path, {"run": (header, blob)}, {"input_specs": {"x": [[64, 128], "<f4", "CPU"]}, "output_specs": {}})
+  assert main(["profile", path, "--rounds", "3", "--peak-tflops", "0.001", "--peak-tbs", "0.0001", "--json", out]) == 0
+  text = capsys.readouterr().out
+  result = json.load(open(out))
+  kernels = [c for c in result["calls"] if c["name"] != "copy"]
+  assert len(kernels) == 1 and "roofline lower bound" in text and kernels[0]["name"] in text
+  k = kernels[0]
+  assert k["ops"] == 2 * 64 * 128 * 32
+  assert k["bytes"] >= 4 * (64 * 128 + 128 * 32 + 64 * 32)
+  assert k["s"] > 0 and k["bound_s"] == max(k["ops"] / 1e9, k["bytes"] / 1e8) and abs(k["flops_per_s"] - k["ops"] / k["s"]) < 1e-6 * k["flops_per_s"]
+  assert result["bound_s"] == sum(c["bound_s"] for c in result["calls"]) and abs(sum(c["share"] for c in result["calls"]) - 1) < 1e-9
+
+def test_profile_refuses_bad_peaks(tmp_path, capsys):
+  import pytest
+  with pytest.raises(SystemExit) as e: main(["profile", str(tmp_path / "none.bin"), "--peak-tflops", "0"])
+  assert e.value.code == 2 and "must be positive" in capsys.readouterr().err

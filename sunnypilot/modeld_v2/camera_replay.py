@@ -67,17 +67,20 @@ class CameraReplay:
     self.server.start_listener()
     self.pm = pub_master(["roadCameraState", "wideRoadCameraState", "liveCalibration"])
 
-  def send(self, frame_id: int, road: np.ndarray, wide: np.ndarray, sof: int | None = None, eof: int | None = None) -> None:
+  def send(self, frame_id: int, road: np.ndarray, wide: np.ndarray, sof: int | None = None, eof: int | None = None) -> int:
+    """Publish one frame pair; returns when (monotonic ns) its last VisionIPC send returned: the frame is modeld's from then on."""
     from sunnypilot.modeld_v2.messaging import new_message
     sof = time.monotonic_ns() if sof is None else sof
     eof = sof + 20_000_000 if eof is None else eof
     for stream, data, service in zip(self.streams, (road, wide), ("roadCameraState", "wideRoadCameraState")):
       self.server.send(stream, np.ascontiguousarray(data[:self.frame.size]).tobytes(), frame_id, sof, eof)
+      delivered = time.monotonic_ns()
       msg = new_message(service)
       state = getattr(msg, service)
       state.frameId, state.timestampSof, state.timestampEof, state.sensor = frame_id, sof, eof, self.sensor
       self.pm.send(service, msg)
     if frame_id % 20 == 0 and self.rpy is not None: self.send_calibration()
+    return delivered
 
   def send_calibration(self) -> None:
     from sunnypilot.modeld_v2.messaging import new_message

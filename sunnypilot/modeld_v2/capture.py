@@ -153,6 +153,11 @@ def _ret_tensors(ret: Any) -> tuple[dict, list[Tensor]]:
   if isinstance(ret, dict) and all(isinstance(t, Tensor) for t in ret.values()): return {"kind": "dict", "keys": list(ret)}, list(ret.values())
   raise ArtifactError(f"cannot serialize a JIT return of type {type(ret).__name__}: return a Tensor, a tuple/list/dict of Tensors, or None")
 
+def estimates(est: Any) -> dict[str, int]:
+  """tinygrad's estimates of one kernel as plain ints: ops (FLOPs), lds (bytes its loads and stores move), mem (bytes touched, each once).
+  Shapes are fixed at capture, so each is a number; a symbolic one (never seen) is recorded as -1."""
+  return {k: int(v) if isinstance(v, int) else -1 for k, v in (("ops", est.ops), ("lds", est.lds), ("mem", est.mem))}
+
 def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
     -> tuple[dict, bytes]:
   """Turn a captured TinyJit and its recorded kernel LINEAR into a part `(header, blob)`.
@@ -212,7 +217,8 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
                          "global_size": list(info.global_size), "local_size": None if info.local_size is None else list(info.local_size),
                          "globals": list(info.globals), "outs": list(info.outs), "ins": list(info.ins),
                          "signature": [[n, s, dtype_name(dt), list(shape)] for n, s, dt, shape in params],
-                         "runtime_vars": [[v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax] for v in info.vars]})
+                         "runtime_vars": [[v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax] for v in info.vars]}
+                        | ({"estimates": estimates(est)} if (est := ast.src[0].arg.estimates) is not None else {}))
         blob.extend(lib)
       for i in info.ins: access(args[i], "r")
       for i in info.outs: access(args[i], "w")

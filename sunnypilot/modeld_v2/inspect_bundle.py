@@ -2,6 +2,8 @@
 
   python -m sunnypilot.modeld_v2.inspect_bundle inspect model.bin   # provenance, inputs (with their roles)/outputs, buffers, kernels, programs
   python -m sunnypilot.modeld_v2.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
+  python -m sunnypilot.modeld_v2.inspect_bundle profile model.bin [--warp warp.bin] [--peak-tflops 67 --peak-tbs 4.8] [--json out.json]
+      # time each kernel alone here: FLOPs and bytes (tinygrad's estimates), GFLOP/s, GB/s, share, and the roofline lower bound
 """
 from __future__ import annotations
 
@@ -52,14 +54,33 @@ def describe(path: str) -> str:
 @interruptible("inspect_bundle")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("command", choices=("inspect", "verify"))
+  parser.add_argument("command", choices=("inspect", "verify", "profile"))
   parser.add_argument("bundle")
+  parser.add_argument("--warp", help="profile: a warp bundle to fuse in front of the model (the frame modeld runs)")
+  parser.add_argument("--rounds", type=int, default=20, help="profile: timed runs per call (median)")
+  parser.add_argument("--peak-tflops", type=float, help="profile: the device's peak FLOP rate for the roofline, in TFLOP/s (say where it comes from)")
+  parser.add_argument("--peak-tbs", type=float, help="profile: the device's peak memory bandwidth for the roofline, in TB/s")
+  parser.add_argument("--top", type=int, default=0, help="profile: print only the N slowest calls (0: all)")
+  parser.add_argument("--json", help="profile: also write the results as JSON here")
   args = parser.parse_args(argv)
+  if args.command == "profile" and (args.rounds < 1 or any(v is not None and v <= 0 for v in (args.peak_tflops, args.peak_tbs))):
+    parser.exit(2, "inspect_bundle: error: --rounds, --peak-tflops and --peak-tbs must be positive\n")
   from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts
   from sunnypilot.modeld_v2.capture import verify_part
   try:
     if args.command == "inspect":
       print(describe(args.bundle))
+      return 0
+    if args.command == "profile":
+      import json
+
+      from sunnypilot.modeld_v2.kernel_profile import bound_calls, profile, table
+      replay, what = bound_calls(args.bundle, args.warp)
+      print(f"profiling {args.bundle}: {what}, {args.rounds} runs per call ...", file=sys.stderr, flush=True)
+      result = profile(replay, args.rounds, args.peak_tflops and args.peak_tflops * 1e12, args.peak_tbs and args.peak_tbs * 1e12)
+      print(table(result, args.top))
+      if args.json:
+        with open(args.json, "w") as f: json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
       return 0
     ok = True
     for name, (header, blob) in read_parts(args.bundle)[0].items():

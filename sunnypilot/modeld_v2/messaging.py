@@ -23,18 +23,25 @@ def has_service(name: str) -> bool: return name in log.Event.schema.union_fields
 
 def set_fields(builder: Any, values: dict[str, Any], prefix: str = "") -> list[str]:
   """Write {dotted field path: value} into a capnp struct builder (a dict fills a struct, a list of dicts a struct list), setting only
-  fields this schema has: openpilot's cereal and the bundled one differ. Returns the paths it skipped."""
+  fields this schema has: openpilot's cereal and the bundled one differ. Returns the paths it skipped. Each struct on the way is looked
+  up, and its field names read, once per call (modeld fills ~130 fields per frame, many under the same parents)."""
   skipped = []
+  nodes: dict[str, tuple[Any, frozenset[str]] | None] = {"": (builder, frozenset(builder.schema.fieldnames))}  # parent path -> struct, names
+  def resolve(key: str) -> tuple[Any, frozenset[str]] | None:
+    if key not in nodes:
+      head, _, name = key.rpartition(".")
+      up = resolve(head)
+      node = getattr(up[0], name) if up is not None and name in up[1] else None
+      nodes[key] = None if node is None else (node, frozenset(node.schema.fieldnames))
+    return nodes[key]
   for path, value in values.items():
-    *parents, leaf = path.split(".")
-    node = builder
-    for name in parents: node = getattr(node, name) if node is not None and name in node.schema.fieldnames else None
-    if node is None or leaf not in node.schema.fieldnames: skipped.append(prefix + path)
-    elif isinstance(value, dict): skipped += set_fields(getattr(node, leaf), value, f"{prefix}{path}.")
+    head, _, leaf = path.rpartition(".")
+    if (up := resolve(head)) is None or leaf not in up[1]: skipped.append(prefix + path)
+    elif isinstance(value, dict): skipped += set_fields(getattr(up[0], leaf), value, f"{prefix}{path}.")
     elif isinstance(value, list) and value and isinstance(value[0], dict):
-      items = node.init(leaf, len(value))
+      items = up[0].init(leaf, len(value))
       for i, item in enumerate(value): skipped += set_fields(items[i], item, f"{prefix}{path}[].")
-    else: setattr(node, leaf, value)
+    else: setattr(up[0], leaf, value)
   return skipped
 
 def lateral_delay(sm: Any, fallback: float) -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import enum
 import glob
+import json
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, check_provenance, read_bundle, replaced_atomically
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes, check_camera_offset, check_delay
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.cli import interruptible, positive_int
@@ -38,6 +40,9 @@ from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.model_outputs import parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 
+# what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
+# launched, outputs read back (the device done), outputs parsed and messages filled, messages serialized, messages sent
+STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send")
 SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
 OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
@@ -120,7 +125,6 @@ def warp_problem(extras: dict, new_img: list | None) -> str | None:
 def warp_bundles(artifacts: str, device: str | None = None, report=log, new_img: list | None = None) -> list[tuple[str, dict]]:
   """(path, metadata) of every warp bundle in `artifacts` this process can load for a model taking `new_img` planes (any, if None); each
   unreadable, foreign or unfit bundle is skipped with a line."""
-  from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   out = []
   for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != "model.bin"):  # the model is big: not a warp
     if not os.path.isfile(path):  # a FIFO or device would block or never end the read
@@ -164,7 +168,6 @@ def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, rep
 
 def check_artifacts(artifacts: str, device: str | None = None, report=log) -> str | None:
   """Before waiting for camerad: the problem with the artifacts folder in one line (no model for this device, no warp at all), or None."""
-  from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
   model = os.path.join(artifacts, "model.bin")
   if not os.path.isfile(model): return f"{model} not found (build it with compile_modeld)"
   try:
@@ -193,10 +196,11 @@ def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, 
 
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_STEER_ACTUATOR_DELAY + 0.2,
-               long_delay: float = TYPICAL_LONG_ACTUATOR_DELAY, send_raw: bool = False, camera_offset: float = 0.0):
+               long_delay: float = TYPICAL_LONG_ACTUATOR_DELAY, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None):
     self.artifacts, self.rhd = artifacts, rhd
     self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
     self.camera_offset_target, self.camera_offset = camera_offset, 0.0  # metres; the applied offset follows the target (sunnypilot's EMA)
+    self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
     self.adapter: Any = None
     self.geometry: Geometry | None = None
@@ -288,7 +292,6 @@ class ModelD:
   # *** model ***
   def load(self) -> bool:
     """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait)."""
-    from sunnypilot.modeld_v2.bundle import ArtifactError, read_bundle
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
     geometry = self.live_geometry()
     if geometry == self.geometry and self.adapter is not None:
@@ -378,6 +381,7 @@ class ModelD:
     log(f"running: main {'wide' if self.main_wide else 'road'} camera{', extra wide camera' if self.use_extra else ''}")
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
       frames = self.recv_frames() if loaded else None
+      t_recv = time.monotonic_ns()
       if frames is None:
         if time.monotonic() - self.last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
           previous, loaded, drops, self.last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
@@ -394,10 +398,14 @@ class ModelD:
       lat_t, long_t = action_times(lat_delay, delays.longitudinal)
       dropped, drop_perc = drops.update(meta_main.frame_id)
       self.fill_inputs(sm, car, lat_delay, lat_t, long_t, prepare_only=dropped > 0)
+      t_inputs = time.monotonic_ns()
       t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
       self.adapter.copy_frames({"img": buf_main, "big_img": buf_extra})
+      t_copy = time.monotonic_ns()
       self.adapter.run()
+      t_run = time.monotonic_ns()
       outputs = self.adapter.output_array()
+      t_readback = time.monotonic_ns()
       finite = self.outputs_finite(outputs, meta_main.frame_id)
       if dropped > 0:  # prepare-only: the frame went through the queues the generation pushes then, nothing is published
         self.episodes.happened("drops", f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
@@ -412,7 +420,12 @@ class ModelD:
       msgs = {s: new_message(s) for s in SERVICES}
       self.publish_state.fill(msgs, filled, self.slices, frame, car, lateral_active(sm), parsed)
       for msg in msgs.values(): msg.valid = msg.valid and finite
-      for service, msg in msgs.items(): pm.send(service, msg)
+      t_fill = time.monotonic_ns()
+      data = {service: msg.to_bytes() for service, msg in msgs.items()}
+      t_serialize = time.monotonic_ns()
+      for service, raw in data.items(): pm.send(service, raw)
+      if self.timings is not None:
+        self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, time.monotonic_ns()])
       published += 1
     log(f"exiting after {published} published frames")
     return 0
@@ -462,11 +475,15 @@ def main(argv: list[str] | None = None) -> int:
                       f"{CAMERA_OFFSET_MAX:g} either way: the camera seen as moved sideways by this much (a shear of the warp); the CameraOffset "
                       "parameter on a device")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
+  parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
   args = parser.parse_args(argv)
   prefix = os.environ.get("OPENPILOT_PREFIX")
   bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
+  if args.timings:
+    try: check_output_path(args.timings)
+    except ArtifactError as e: parser.exit(2, f"modeld: error: --timings: {e}\n")
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
-  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset)
+  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None)
   stopped_by: list[int] = []
   def stop(signum: int, _frame) -> None:
     stopped_by.append(signum)
@@ -476,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
   try: code = daemon.run(args.max_frames)
   except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")
   finally: claim.close()
+  if args.timings:
+    with replaced_atomically(args.timings) as (tmp,), open(tmp, "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": daemon.timings}, f)
   return 128 + signal.SIGINT if signal.SIGINT in stopped_by else code  # Ctrl-C: the shell's convention, 130
 
 if __name__ == "__main__":

@@ -131,6 +131,20 @@ class _Batch:
     self.instances[key] = runner
     return self.settled(runner, changed)
 
+def linear_of(replay: Replay, programs: list[UOp], header_calls: list[dict]) -> UOp:
+  """The part's calls as a tinygrad LINEAR: input slots as PARAMs, everything else as the replay's buffer views."""
+  def arg(a: dict) -> UOp:
+    if "input" in a:
+      spec = replay.inputs[a["input"]]
+      return UOp.param(a["input"], parse_dtype(spec["dtype"]), (int(np.prod(spec["shape"])),), replay.input_device(spec))
+    return UOp.from_buffer(replay.view(a))
+  calls = []
+  for call in header_calls:
+    args = [arg(a) for a in call["args"]]
+    if call["kind"] == "copy": calls.append(UOp(Ops.COPY, args[1].dtype, src=(args[1],), arg=args[0].device).call(*args))
+    else: calls.append(programs[call["program"]].call(*args))
+  return UOp(Ops.LINEAR, src=tuple(calls))
+
 class _Graph:
   """Other devices: a tinygrad LINEAR of the compiled PROGRAMs, batched by `graph_split_rewrite` into the device's graph runner.
 
@@ -151,18 +165,7 @@ class _Graph:
     self.steps = [(c.src[0], None) if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph" else (None, UOp(Ops.LINEAR, src=(c,)))
                   for c in self.linear.src]
 
-  def build(self, header_calls: list[dict]) -> UOp:
-    def arg(a: dict) -> UOp:
-      if "input" in a:
-        spec = self.replay.inputs[a["input"]]
-        return UOp.param(a["input"], parse_dtype(spec["dtype"]), (int(np.prod(spec["shape"])),), self.replay.input_device(spec))
-      return UOp.from_buffer(self.replay.view(a))
-    calls = []
-    for call in header_calls:
-      args = [arg(a) for a in call["args"]]
-      if call["kind"] == "copy": calls.append(UOp(Ops.COPY, args[1].dtype, src=(args[1],), arg=args[0].device).call(*args))
-      else: calls.append(self.programs[call["program"]].call(*args))
-    return UOp(Ops.LINEAR, src=tuple(calls))
+  def build(self, header_calls: list[dict]) -> UOp: return linear_of(self.replay, self.programs, header_calls)
 
   def patch(self, slot: int, uop: UOp, buf: Buffer) -> None: self.input_uops[slot] = uop
 
@@ -208,7 +211,7 @@ class Replay:
     self.buffers: list[Buffer | None] = [None] * len(self.inputs)
     self.known: list[dict[UOp, Buffer]] = [{} for _ in self.inputs]  # per slot: every tensor validated for it, in first-seen order
     self.conflicts = self.sharing_conflicts()
-    programs = [program_uop(p, bytes(blob[p["lib"][0]:p["lib"][1]])) for p in header["programs"]]
+    self.programs = programs = [program_uop(p, bytes(blob[p["lib"][0]:p["lib"][1]])) for p in header["programs"]]
     self.backend = _Direct(self, programs) if device_kind(self.device) == "CPU" and not getenv("PLAIN_JIT_LINEAR") else _Graph(self, programs)
     self.ret = [None if "input" in r else Tensor(UOp.from_buffer(self.view(r))).reshape(tuple(r["shape"])) for r in header["returns"]["tensors"]]
     self.same_ret = None if any(t is None for t in self.ret) else self.returned({})  # nothing returned is an input: the same objects every call
@@ -276,6 +279,34 @@ class Replay:
     """Run the kernels on the tensors bound by the last call, with no Python per input: the kernel-only floor. Seconds it took."""
     if any(b is None for b in self.buffers): raise InputError("run_bound() replays the last call's bindings: call the part once first")
     return self.backend.run(wait)
+
+  def time_calls(self, rounds: int = 20) -> list[dict]:
+    """Each call of the part alone on the tensors bound by the last call, `rounds` times: per call its index, kind, program index (None for
+    a copy), bytes copied, and the median seconds. Kernels are timed by the device (CUDA events; on CPU the call itself); a copy by the
+    host clock around it and a synchronize. For profiling: the replay itself runs its calls batched."""
+    from tinygrad.engine.realize import ExecContext, exec_copy, exec_kernel
+    if any(u is None for u in self.current): raise InputError("time_calls() times the last call's bindings: call the part once first")
+    ctx, dev = ExecContext(input_uops=tuple(u.base for u in self.current), update_stats=False, wait=True), Device[self.device]
+    rows = []
+    for j, call in enumerate(linear_of(self, self.programs, self.header["calls"]).src):
+      spec, times = self.header["calls"][j], []
+      for _ in range(rounds):
+        dev.synchronize()
+        if spec["kind"] == "copy":
+          start = time.perf_counter()
+          exec_copy(ctx, call, call.src[0])
+          dev.synchronize()
+          times.append(time.perf_counter() - start)
+        else: times.append(float(sum(exec_kernel(ctx, call, call.src[0]))))
+      rows.append({"call": j, "kind": spec["kind"], "program": spec.get("program"), "s": float(np.median(times)),
+                   "copy_bytes": self.nbytes(spec["args"][0]) if spec["kind"] == "copy" else None})
+    return rows
+
+  def nbytes(self, a: dict) -> int:
+    """Bytes of a call argument: an input slot's whole tensor, or a buffer view."""
+    if "input" not in a: return a["nbytes"]
+    spec = self.inputs[a["input"]]
+    return int(np.prod(spec["shape"])) * parse_dtype(spec["dtype"]).itemsize
 
   def bind(self, slot: int, t: Any, kwargs: dict) -> None:
     spec = self.inputs[slot]

@@ -1,0 +1,211 @@
+"""modeld end to end, as a user sees it: camera frames in over VisionIPC, modelV2 out on the bus, modeld in its own process.
+
+  python -m benchmarks.bench_daemon [--model full] [--generation native] [--camera 1928x1208] [--beams 0,2] [--rates 20,100,0]
+                                    [--frames 2000] [--json out/bench_daemon.json]
+
+Per bundle (one per --beams level) and rate (Hz; 0 = lockstep, each frame sent once the last one's modelV2 arrived: as fast as modeld goes),
+this process serves camerad's 18 rotating buffers per camera with camera_replay's CameraReplay and subscribes to modelV2; modeld runs as a
+separate process with --timings. Latency is from the frame's last VisionIPC send returning (CameraReplay.send) to modelV2 received here;
+a frame with no modelV2 is a drop. modeld's CPU time per frame comes from /proc over the timed frames. modeld's own stamps split each
+published frame: VisionIPC delivery (send returned -> modeld's receive returned), inputs, copy, run, readback, parse+fill, serialize, send.
+modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback, its modelExecutionTime).
+camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last table times
+parse_outputs, PublishState.fill and serialization in this process on the bundle's output layout (the parse/fill split modeld's stamps
+cannot make). Times on a shared machine are noisy: read medians and p10.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from benchmarks.bench import build, write_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
+
+def percentiles(values: list[float]) -> dict[str, float]:
+  if not values: return {}
+  a = np.asarray(values, np.float64)
+  return {"p10": float(np.percentile(a, 10)), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+          "p99": float(np.percentile(a, 99)), "max": float(a.max()), "n": len(values)}
+
+def cpu_seconds(pid: int) -> float:
+  """utime + stime of a process so far (clock ticks of /proc/<pid>/stat)."""
+  with open(f"/proc/{pid}/stat") as f: fields = f.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+class Receiver:
+  """modelV2 arrivals: frame id -> monotonic ns when the message was taken off the socket (before it is parsed)."""
+  def __init__(self):
+    import msgq
+    self.poller = msgq.Poller()
+    self.sock = msgq.sub_sock("modelV2", poller=self.poller, conflate=False)
+    self.arrived: dict[int, int] = {}
+
+  def wait(self, until_ns: int, frame_id: int | None = None) -> None:
+    """Take every modelV2 that arrives until monotonic `until_ns`, or until the one of `frame_id` has arrived."""
+    from sunnypilot.modeld_v2.messaging import log
+    while (left := until_ns - time.monotonic_ns()) > 0 and (frame_id is None or frame_id not in self.arrived):
+      if not self.poller.poll(max(1, left // 1_000_000)): continue
+      while (raw := self.sock.receive(non_blocking=True)) is not None:
+        t = time.monotonic_ns()
+        with log.Event.from_bytes(raw) as event: self.arrived[event.modelV2.frameId] = t
+
+def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
+  """One modeld process, `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep frames."""
+  from sunnypilot.modeld_v2.camera_replay import CameraReplay, synthetic_frames
+  prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
+  os.environ["OPENPILOT_PREFIX"] = prefix
+  os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
+  source = synthetic_frames(frame)
+  timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
+  replay = CameraReplay(frame)
+  receiver = Receiver()
+  proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--timings", timings], cwd=ROOT,
+                          stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+  lines: list[str] = []
+  threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+  try:
+    deadline = time.monotonic() + 300
+    while not any("running:" in line for line in lines):
+      if proc.poll() is not None or time.monotonic() > deadline: raise RuntimeError(f"modeld did not start: {''.join(lines)}")
+      time.sleep(0.05)
+    sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
+    def send(frame_id: int) -> None:
+      t = time.monotonic_ns()
+      # start-of-frame on camerad's 20 Hz sensor clock whatever the send rate: modeld pairs road and wide frames by it (25 ms)
+      sent[frame_id] = replay.send(frame_id, *source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
+      publish_ns[frame_id] = time.monotonic_ns() - t
+    def lockstep(frame_id: int) -> None:
+      send(frame_id)
+      receiver.wait(time.monotonic_ns() + 2_000_000_000, frame_id)
+    for frame_id in range(WARMUP): lockstep(frame_id)
+    cpu0, start = cpu_seconds(proc.pid), time.monotonic_ns()
+    timed = range(WARMUP, WARMUP + frames)
+    for i, frame_id in enumerate(timed):
+      if rate: receiver.wait(start + int(i * 1e9 / rate))
+      if rate: send(frame_id)
+      else: lockstep(frame_id)
+    elapsed_s = (time.monotonic_ns() - start) / 1e9  # the frames' span: the achieved rate
+    receiver.wait(time.monotonic_ns() + 500_000_000)  # the last frames' messages
+    cpu_s = cpu_seconds(proc.pid) - cpu0
+  finally:
+    proc.terminate()
+    proc.wait(timeout=60)
+    replay.close()
+    shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
+  with open(timings) as f: stamps = {row[0]: row[1:] for row in json.load(f)["frames"]}
+  shutil.rmtree(os.path.dirname(timings), ignore_errors=True)
+  got = [f for f in timed if f in receiver.arrived]
+  own = [f for f in got if f in stamps]
+  ms = lambda ns: ns / 1e6
+  stage = lambda a, b: percentiles([ms(stamps[f][b] - stamps[f][a]) for f in own])
+  names = ("inputs", "copy", "run", "readback", "parse_fill", "serialize", "send")
+  return {"rate_hz": rate, "frames": frames, "received": len(got), "drops": frames - len(got), "wall_s": elapsed_s,
+          "achieved_hz": len(got) / elapsed_s if elapsed_s else 0.0, "modeld_cpu_ms_per_frame": 1e3 * cpu_s / max(len(got), 1),
+          "latency_ms": percentiles([ms(receiver.arrived[f] - sent[f]) for f in got]),
+          "added_ms": percentiles([ms(stamps[f][7] - sent[f] - (stamps[f][4] - stamps[f][1])) for f in own]),
+          "added_in_modeld_ms": percentiles([ms(stamps[f][7] - stamps[f][0] - (stamps[f][4] - stamps[f][1])) for f in own]),
+          "model_run_ms": stage(1, 4), "delivery_ms": percentiles([ms(stamps[f][0] - sent[f]) for f in own]),
+          "stages_ms": {name: stage(i, i + 1) for i, name in enumerate(names)},
+          "bus_ms": percentiles([ms(receiver.arrived[f] - stamps[f][7]) for f in own]),
+          "camera_replay_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
+          "modeld_log_tail": lines[-3:]}
+
+def publish_split(model_path: str, runs: int = 300) -> dict:
+  """parse_outputs, PublishState.fill (parse included) and serializing the three messages, in this process, on random outputs of the
+  bundle's layout: the parse/fill split modeld's stamps cannot make."""
+  from sunnypilot.modeld_v2.bundle import read_bundle
+  from sunnypilot.modeld_v2.messaging import new_message
+  from sunnypilot.modeld_v2.model_outputs import parse_outputs
+  from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
+  extras = read_bundle(model_path)[0]["extras"]
+  slices, width = extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
+  rng, state = np.random.default_rng(0), PublishState(log=lambda s: None)
+  car = new_message("carState").carState
+  times: dict[str, list[float]] = {"parse_outputs": [], "fill (parse included)": [], "serialize": []}
+  for i in range(runs + 20):
+    outputs = rng.standard_normal((1, width)).astype(np.float32)
+    msgs = {s: new_message(s) for s in SERVICES}
+    frame = FrameInfo(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
+    t0 = time.perf_counter()
+    parse_outputs(outputs, slices)
+    t1 = time.perf_counter()
+    state.fill(msgs, outputs, slices, frame, car, False)
+    t2 = time.perf_counter()
+    for msg in msgs.values(): msg.to_bytes()
+    t3 = time.perf_counter()
+    if i >= 20:
+      for k, (a, b) in zip(times, ((t0, t1), (t1, t2), (t2, t3))): times[k].append((b - a) * 1e3)
+  return {k: percentiles(v) for k, v in times.items()}
+
+def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
+
+def table(runs: list[dict]) -> str:
+  q = lambda d, k="p50": "-" if not d else f"{d[k]:.2f}"
+  lines = ["| BEAM | rate | frames | drops | achieved Hz | latency p10 | p50 | p95 | p99 | max | added p10 | added p50 | added p99 "
+           "| added in modeld p99 | model run p50 | modeld CPU ms/frame | camera_replay publish p50 |", "|---" * 17 + "|"]
+  for r in runs:
+    lines.append(f"| {r['beam']} | {rate_name(r['rate_hz'])} | {r['frames']} | {r['drops']} | {r['achieved_hz']:.1f} | {q(r['latency_ms'], 'p10')} "
+                 f"| {q(r['latency_ms'])} | {q(r['latency_ms'], 'p95')} | {q(r['latency_ms'], 'p99')} | {q(r['latency_ms'], 'max')} "
+                 f"| {q(r['added_ms'], 'p10')} | {q(r['added_ms'])} | {q(r['added_ms'], 'p99')} | {q(r['added_in_modeld_ms'], 'p99')} | {q(r['model_run_ms'])} "
+                 f"| {r['modeld_cpu_ms_per_frame']:.2f} | {q(r['camera_replay_publish_ms'])} |")
+  lines += ["", "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
+            "| BEAM | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus |", "|---" * 11 + "|"]
+  for r in runs:
+    cells = [r["delivery_ms"], *r["stages_ms"].values(), r["bus_ms"]]
+    lines.append(f"| {r['beam']} | {rate_name(r['rate_hz'])} | " + " | ".join(f"{q(c)} ({q(c, 'p99')})" for c in cells) + " |")
+  return "\n".join(lines)
+
+def main(argv: list[str] | None = None) -> int:
+  from tinygrad import Device
+
+  from sunnypilot.modeld_v2 import stand_in_models
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--model", default="tiny", choices=("tiny", "full"), help="random-weight stand-in size")
+  parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES)
+  parser.add_argument("--camera", default="1928x1208")
+  parser.add_argument("--beams", default="0", help="bundles to run, by BEAM level, comma separated")
+  parser.add_argument("--rates", default="20,100,0", help="frame rates in Hz, comma separated; 0 = lockstep (as fast as modeld goes)")
+  parser.add_argument("--frames", type=int, default=2000, help="timed frames per bundle and rate")
+  parser.add_argument("--workdir", default="out/bench_daemon")
+  parser.add_argument("--publish-only", action="store_true", help="only the in-process parse/fill/serialize table (no daemon runs)")
+  parser.add_argument("--json")
+  args = parser.parse_args(argv)
+  try:
+    beams, rates = [int(b) for b in args.beams.split(",")], [float(r) for r in args.rates.split(",")]
+    size = tuple(int(x) for x in args.camera.split("x"))
+  except ValueError as e: parser.error(f"--beams, --rates and --camera must be numbers: {e}")
+  if args.frames < 1 or any(r < 0 for r in rates) or any(b < 0 for b in beams): parser.error("--frames must be positive, --rates and --beams not negative")
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  runs, split = [], {}
+  for beam in beams:
+    artifacts = os.path.join(args.workdir, f"beam{beam}")
+    built = build(args.model, args.generation, [size], artifacts, log, beam)
+    split[beam] = publish_split(built["model"])
+    for rate in rates if not args.publish_only else ():
+      log(f"BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
+      runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log) | {"beam": beam})
+      write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "runs": runs, "partial": True})  # row by row
+  print(f"modeld end to end: {args.model} {args.generation} (random-weight stand-in), {args.camera}, device {Device.DEFAULT}, "
+        f"latencies in ms, {args.frames} timed frames per row")
+  if runs: print(table(runs))
+  for beam, s in split.items():
+    print(f"\nBEAM={beam} bundle's layout, in this process (p50 / p99 ms): " + ", ".join(f"{k} {v['p50']:.3f} / {v['p99']:.3f}" for k, v in s.items()))
+  write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "device": Device.DEFAULT, "runs": runs,
+                         "publish_split_ms": split, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())

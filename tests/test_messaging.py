@@ -1,0 +1,14 @@
+from sunnypilot.modeld_v2 import messaging
+
+def test_set_fields_resolves_shared_parents_and_skips_under_a_missing_one():
+  """Paths under one parent all land in it; every path under a parent this schema lacks is skipped by its full name; the result reads back
+  as the same fields set one by one."""
+  msg, ref = messaging.new_message("modelV2"), messaging.new_message("modelV2")
+  values = {"meta.disengagePredictions.t": [1.0, 2.0], "meta.disengagePredictions.gasDisengageProbs": [0.5], "meta.engagedProb": 0.25,
+            "nope.deeper.x": 1, "nope.other": 2, "position": {"x": [3.0], "y": [4.0]}, "frameId": 7}
+  assert messaging.set_fields(msg.modelV2, values) == ["nope.deeper.x", "nope.other"]
+  m = ref.modelV2
+  m.meta.disengagePredictions.t, m.meta.disengagePredictions.gasDisengageProbs, m.meta.engagedProb = [1.0, 2.0], [0.5], 0.25
+  m.position.x, m.position.y, m.frameId = [3.0], [4.0], 7
+  ref.logMonoTime = msg.logMonoTime
+  assert msg.to_bytes() == ref.to_bytes()
