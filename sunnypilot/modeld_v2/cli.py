@@ -46,6 +46,14 @@ def camera_size(text: str) -> tuple[int, int]:
   except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
   return size
 
+def add_compile_flags(parser: argparse.ArgumentParser) -> None:
+  """--beam and --fuse-layers, as every model compiler takes them."""
+  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
+                      "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
+                      "Default: the BEAM environment setting, else 0")
+  parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
+                      "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")
+
 def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
   """Wrap a CLI's main: Ctrl-C (KeyboardInterrupt, wherever it lands) prints `<prog>: interrupted` and returns 130 instead of a traceback.
   Temporary files are removed on the way out by the writers themselves (bundle.replaced_atomically)."""

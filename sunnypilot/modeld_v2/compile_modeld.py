@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, state_names, write_bundle
-from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
+from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
 from sunnypilot.modeld_v2.generations import GENERATIONS, GenerationError, Rules, derive
 from sunnypilot.modeld_v2.input_queues import (
   CURVATURE,
@@ -429,11 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                       "required when they fit none or several")
   parser.add_argument("--frame-skip", help="frames between the queues' samples, at least 1 (default: the ONNX's frame_skip, else 1 for a "
                       "features_buffer of >= 99 entries, else 4)")
-  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
-                      "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
-                      "Default: the BEAM environment setting, else 0")
-  parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
-                      "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")
+  add_compile_flags(parser)
   args = parser.parse_args(argv)
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, dtype_name, np_dtype, write_bundle
-from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
+from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
 from sunnypilot.modeld_v2.compile_modeld import ModelError, graph_inputs, layer_boundaries, onnx_dims, onnx_np_dtype, read_onnx
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
@@ -112,11 +112,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--shape", action="append", default=[], metavar="NAME=AxBxC",
                       help="fix the shape of an input with dynamic dimensions (repeat for several inputs)")
-  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
-                      "once: tinygrad caches the searches); the bundle ships the searched kernels. Refused on NULL. Default: the BEAM environment "
-                      "setting, else 0")
-  parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
-                      "Conv/MatMul/Gemm)")
+  add_compile_flags(parser)
   args = parser.parse_args(argv)
   try:
     shapes = dict(parse_shape(s) for s in args.shape)

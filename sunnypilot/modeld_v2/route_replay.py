@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.cli import finite_float
 from sunnypilot.modeld_v2.device_params import TYPICAL_LONG_ACTUATOR_DELAY, TYPICAL_STEER_ACTUATOR_DELAY, from_car_params
 from sunnypilot.modeld_v2.modeld import delay_arg
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
@@ -410,7 +411,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--off-policy", help="the triple's off-policy ONNX")
   p.add_argument("--on-policy", help="the triple's on-policy ONNX")
   p.add_argument("--against", help="check against a second bundle (e.g. unsearched vs searched, CPU vs CUDA), run with the artifacts' warp")
-  p.add_argument("--tolerance", type=float, help="largest absolute difference allowed per output and published field (default: 1e-3 for float32 "
+  p.add_argument("--tolerance", type=finite_float(0, 1e6), help="largest absolute difference allowed per output and published field (default: 1e-3 for float32 "
                  "references, 1e-2 for float16)")
   p.add_argument("--realtime", action="store_true", help="send at 20 Hz instead of lockstep and report drops (no reference check)")
   p.add_argument("--frames", default=":", help="the frames drawn in overlay.mp4 and plots.png, a:b (default: all)")
