@@ -25,7 +25,7 @@ def onnx_files(tmp_path_factory) -> dict[str, dict[str, str]]:
   return {g: stand_in_models.write(g, "tiny", str(tmp / f"{g}.onnx"), seed=1)["files"] for g in stand_in_models.NAMES}
 
 IMG = (5, 6, 128, 256)  # frame_skip 4, two frames
-# generation -> (layout, frame_skip, host inputs, queue shapes): openpilot's names and shapes (FACTS.md section 4), written out by hand
+# generation -> (layout, frame_skip, host inputs, queue shapes): openpilot's names and shapes (history of selfdrive/modeld/modeld.py), written out by hand
 EXPECTED = {
   "native": ("native", None, {"desire", "traffic_convention", "action_t"}, {}),
   "supercombo_20hz": ("supercombo", 1, {"traffic_convention", "lateral_control_params", "nav_features", "nav_instructions"},

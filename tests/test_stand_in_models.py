@@ -1,4 +1,4 @@
-"""The stand-ins carry each generation's openpilot input names, shapes and dtypes (FACTS.md section 4, written out here by hand) and
+"""The stand-ins carry each generation's openpilot input names, shapes and dtypes (from the history of selfdrive/modeld/modeld.py, written out here by hand) and
 comma's output_slices; the CLI's errors are one line."""
 import base64
 import pickle

@@ -5,7 +5,7 @@ No real comma weights are reachable from here, so these exist to exercise the wh
 
   python -m sunnypilot.modeld_v2.stand_in_models --generation split_09 --size tiny --output models/split_09.onnx
 
-Generations (names and shapes from openpilot's modeld.py history, FACTS.md section 4):
+Generations (names and shapes from the history of openpilot's selfdrive/modeld/modeld.py and compile_modeld.py):
   native             new_img + desire, traffic_convention, action_t + state_feat_q -> outputs + next_state_feat_q
   supercombo_20hz    0.9.x supercombo, float16 images and host inputs: input_imgs, big_input_imgs, desire (1,100,8), traffic_convention, lateral_control_params,
                      prev_desired_curv (1,100,1), nav_features, nav_instructions, features_buffer (1,99,512) (20 Hz history: frame_skip 1)
