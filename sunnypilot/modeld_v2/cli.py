@@ -46,6 +46,21 @@ def camera_size(text: str) -> tuple[int, int]:
   except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
   return size
 
+# a driving model's ONNX files, as compile_model takes them; vision first, since a bundle's outputs concatenate the models in this order
+MODEL_FILES = ("onnx", "vision", "policy", "off_policy", "on_policy")
+MODEL_FILE_HELP = {"onnx": "a native (new_img + states) or supercombo driving model",
+                   "vision": "the vision model of a split pair or triple (with --policy, or --off-policy and --on-policy)",
+                   "policy": "the policy of a vision + policy pair", "off_policy": "the off-policy of a vision + off-policy + on-policy triple",
+                   "on_policy": "the on-policy of a vision + off-policy + on-policy triple"}
+
+def add_model_flags(parser: argparse.ArgumentParser, use: str = "") -> None:
+  """--onnx, --vision, --policy, --off-policy, --on-policy: one driving model's ONNX files; `use` ends each help line."""
+  for key in MODEL_FILES: parser.add_argument(f"--{key.replace('_', '-')}", help=MODEL_FILE_HELP[key] + use)
+
+def model_files(args: argparse.Namespace) -> dict[str, str]:
+  """{compile_model keyword: path} of the model files given."""
+  return {key: path for key in MODEL_FILES if (path := getattr(args, key, None))}
+
 def add_compile_flags(parser: argparse.ArgumentParser) -> None:
   """--beam and --fuse-layers, as every model compiler takes them."""
   parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "

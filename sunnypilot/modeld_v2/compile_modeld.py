@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, state_names, write_bundle
-from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
+from sunnypilot.modeld_v2.cli import add_compile_flags, add_model_flags, interruptible
 from sunnypilot.modeld_v2.generations import GENERATIONS, GenerationError, Rules, derive
 from sunnypilot.modeld_v2.input_queues import (
   CURVATURE,
@@ -418,11 +418,7 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
 @interruptible("compile_modeld")
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--onnx", help="a native (new_img + states) or supercombo driving model")
-  parser.add_argument("--vision", help="the vision model of a split pair or triple")
-  parser.add_argument("--policy", help="the policy of a vision + policy pair")
-  parser.add_argument("--off-policy", help="the off-policy of a vision + off-policy + on-policy triple")
-  parser.add_argument("--on-policy", help="the on-policy of a vision + off-policy + on-policy triple")
+  add_model_flags(parser)
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--generation", choices=tuple(GENERATIONS), help="the model's generation, which decides modeld's rules (curvature source, "
                       "prev_desired_curv feed, smoothing, prepare-only pushes; see README). Default: derived from the ONNX inputs and heads; "

@@ -23,7 +23,7 @@ import uuid
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import camera_size, interruptible, positive_int
+from sunnypilot.modeld_v2.cli import MODEL_FILES, add_model_flags, camera_size, interruptible, model_files, positive_int
 
 PNGS = ("demo_latency.png", "demo_preview.png")  # written into --out
 STAND_IN_BANNER = ("NOTE: the model is a random-weight stand-in (openpilot's I/O, seeded random weights): outputs are noise.\n"
@@ -94,7 +94,7 @@ def replay_route(args, folder: str, models: dict[str, str]) -> int:
   from sunnypilot.modeld_v2.stand_in_models import part_path
   if not models:
     stand_in = os.path.join(folder, f"{args.generation}_{args.size}_stand_in.onnx")
-    models = {k: p for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if os.path.exists(p := part_path(stand_in, k))}
+    models = {k: p for k in MODEL_FILES if os.path.exists(p := part_path(stand_in, k))}
   flags = [f"--{k.replace('_', '-')}={v}" for k, v in models.items()]
   return route_replay.main([args.route, "--artifacts", folder, "--out", os.path.join(args.out, "replay"), *flags])
 
@@ -121,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--camera", default="1928x1208", type=camera_size, help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="the embedded stand-in's generation")
   parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="the embedded stand-in's size")
-  parser.add_argument("--onnx", help="a real driving model (native or supercombo) instead of the stand-in")
-  parser.add_argument("--vision", help="a real split model's vision model (with --policy, or --off-policy and --on-policy)")
-  parser.add_argument("--policy", help="a real split pair's policy")
-  parser.add_argument("--off-policy", help="a real triple's off-policy")
-  parser.add_argument("--on-policy", help="a real triple's on-policy")
+  add_model_flags(parser, ": a real model instead of the stand-in")
   parser.add_argument("--artifacts", help="where bundles are built and reused (default out/artifacts/<device>_<generation>_<size>)")
   parser.add_argument("--out", default="out", help="where the summary PNGs go")
   parser.add_argument("--route", help="replay this recorded segment (or folder of segments) instead: see route_replay")
@@ -134,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
   try: camera = args.camera if not args.route else route_camera(args.route)
   except ValueError as e: parser.error(str(e))
   camera_name = f"{camera[0]}x{camera[1]}"
-  models = {k: v for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if (v := getattr(args, k))}
+  models = model_files(args)
   real = args.onnx or args.vision
   folder = args.artifacts or os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_{'custom' if real else f'{args.generation}_{args.size}'}")
   try: check_outputs(args.out, folder, PNGS)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from sunnypilot.modeld_v2.cli import MODEL_FILES
 from sunnypilot.modeld_v2.warp import UV_SCALE, NV12Frame
 
 MODEL_W, MODEL_H = 512, 256
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
-ORDER = ("onnx", "vision", "policy", "off_policy", "on_policy")  # vision first: the bundle's output vector concatenates them in this order
 
 def _sample(plane: np.ndarray, m: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
   xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))
@@ -42,7 +42,7 @@ class OnnxReference:
     import onnxruntime as ort
 
     from sunnypilot.modeld_v2.compile_modeld import load_onnx, read_output_slices
-    self.models = [k for k in ORDER if k in files]
+    self.models = [k for k in MODEL_FILES if k in files]
     self.sessions = {k: ort.InferenceSession(files[k], providers=["CPUExecutionProvider"]) for k in self.models}
     meta = {k: load_onnx(files[k])["metadata"] for k in self.models}
     self.slices = {k: {n: slice(a, b) for n, (a, b) in read_output_slices(meta[k]["output_slices"]).items()} for k in self.models}
@@ -84,7 +84,7 @@ class OnnxReference:
     return session.run(names or [self._main_output(model)], {i.name: np.asarray(feeds[i.name]).astype(ORT_DTYPES[i.type]) for i in session.get_inputs()})
 
   def step(self, road: np.ndarray, wide: np.ndarray, frame: NV12Frame, values: dict) -> np.ndarray:
-    """One frame: the outputs (1, N) float32, every model's main output concatenated in ORDER. `values` by input name ("tfm" (2, 3, 3),
+    """One frame: the outputs (1, N) float32, every model's main output concatenated in MODEL_FILES order. `values` by input name ("tfm" (2, 3, 3),
     "desire" (1, 8) and the other host inputs); an input with no value is zero, as in modeld."""
     m_inv = np.asarray(values["tfm"], np.float32).reshape(2, 3, 3)
     new_img = np.stack([warp_planes(road, frame, m_inv[0]), warp_planes(wide, frame, m_inv[1])])

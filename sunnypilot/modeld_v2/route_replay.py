@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import finite_float
+from sunnypilot.modeld_v2.cli import add_model_flags, finite_float, model_files
 from sunnypilot.modeld_v2.device_params import TYPICAL_LONG_ACTUATOR_DELAY, TYPICAL_STEER_ACTUATOR_DELAY, from_car_params
 from sunnypilot.modeld_v2.modeld import delay_arg
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
@@ -296,7 +296,7 @@ def make_reference(args, artifacts: str, segment: Segment):
   from sunnypilot.modeld_v2.bundle import ArtifactError
   from sunnypilot.modeld_v2.compile_modeld import ModelError
   from sunnypilot.modeld_v2.onnx_reference import OnnxReference
-  files = {k: v for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if (v := getattr(args, k, None))}
+  files = model_files(args)
   try:
     if files: return OnnxReference(files)
     if args.against: return BundleReference(args.against, artifacts_warp(artifacts, segment))
@@ -405,11 +405,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("segments", nargs="+", help="segment folders (fcamera.hevc, ecamera.hevc, rlog or qlog), or folders of segments")
   p.add_argument("--artifacts", required=True, help="modeld's artifacts folder: model.bin and a warp for the route's camera")
   p.add_argument("--out", default=os.path.join("out", "replay"), help="where OUT/<segment>/ goes (default out/replay)")
-  p.add_argument("--onnx", help="check against onnxruntime on this ONNX (native or supercombo)")
-  p.add_argument("--vision", help="check against onnxruntime on a split model: its vision ONNX (with --policy, or --off-policy and --on-policy)")
-  p.add_argument("--policy", help="the split pair's policy ONNX")
-  p.add_argument("--off-policy", help="the triple's off-policy ONNX")
-  p.add_argument("--on-policy", help="the triple's on-policy ONNX")
+  add_model_flags(p, ": check against onnxruntime on these ONNX files")
   p.add_argument("--against", help="check against a second bundle (e.g. unsearched vs searched, CPU vs CUDA), run with the artifacts' warp")
   p.add_argument("--tolerance", type=finite_float(0, 1e6), help="largest absolute difference allowed per output and published field (default: 1e-3 for float32 "
                  "references, 1e-2 for float16)")
@@ -431,7 +427,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   """Bad flags and paths in one line, exit 2, before any work."""
   try: args.frames = parse_range(args.frames)
   except ValueError as e: fail(p, str(e))
-  models = [k for k in ("onnx", "vision", "policy", "off_policy", "on_policy") if getattr(args, k)]
+  models = list(model_files(args))
   if models and args.against: fail(p, "give one reference: ONNX file(s) or --against, not both")
   if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
   if args.jobs < 1: fail(p, "--jobs must be at least 1")
