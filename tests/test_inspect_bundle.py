@@ -57,9 +57,8 @@ def test_profile_reports_each_kernels_flops_bytes_time_and_roofline(tmp_path, ca
   assert k["ops"] == 2 * 64 * 128 * 32
   assert k["bytes"] >= 4 * (64 * 128 + 128 * 32 + 64 * 32)
   assert k["s"] > 0 and k["bound_s"] == max(k["ops"] / 1e9, k["bytes"] / 1e8) and abs(k["flops_per_s"] - k["ops"] / k["s"]) < 1e-6 * k["flops_per_s"]
-  assert result["bound_s"] == sum(c["bound_s"] for c in result["calls"]) and abs(sum(c["share"] for c in result["calls"]) - 1) < 1e-9
 
 def test_profile_refuses_bad_peaks(tmp_path, capsys):
   import pytest
   with pytest.raises(SystemExit) as e: main(["profile", str(tmp_path / "none.bin"), "--peak-tflops", "0"])
-  assert e.value.code == 2 and "must be positive" in capsys.readouterr().err
+  assert e.value.code == 2 and "argument --peak-tflops: expected a number above 0" in capsys.readouterr().err

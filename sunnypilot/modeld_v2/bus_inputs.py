@@ -26,10 +26,6 @@ def delay_ok(value: float) -> bool:
   """The one rule for actuator delays: a finite number of seconds in [0, DELAY_MAX] (a negative one can make action_t zero, a divisor)."""
   return math.isfinite(value) and 0.0 <= value <= DELAY_MAX
 
-def check_delay(value: float, what: str) -> float:
-  if not delay_ok(value): raise ValueError(f"{what} must be a number of seconds in [0, {DELAY_MAX:g}], got {value!r}")
-  return value
-
 def check_camera_offset(value: float) -> float:
   """The one rule for sunnypilot's CameraOffset (flag or parameter): finite metres within CAMERA_OFFSET_MAX either way."""
   if not (math.isfinite(value) and abs(value) <= CAMERA_OFFSET_MAX):
@@ -115,7 +111,7 @@ class BusInputs:
     return self.height
 
   def lateral_delay(self, sm: Any, fallback: float) -> float:
-    """liveDelay.lateralDelay (the configured `fallback` before an estimate): within check_delay's rule; else the last good one."""
+    """liveDelay.lateralDelay (the configured `fallback` before an estimate): within delay_ok's rule; else the last good one."""
     delay = lateral_delay(sm, fallback)
     last = fallback if self.lat_delay is None else self.lat_delay
     if not self._checked("liveDelay.lateralDelay", delay_ok(delay), delay, last): return last

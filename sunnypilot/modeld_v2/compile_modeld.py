@@ -335,7 +335,7 @@ def make_step(plan: Plan, runners: dict):
       values[queues["desire_q"].feeds] = pooled(new["desire_q"], fs)
     if "curv_q" in queues:  # this step's curvature joins after the run; zeros where the generation is not fed it
       curv = every(state["curv_q"], fs)
-      values[queues["curv_q"].feeds] = curv if rules.feeds_prev_curvature else curv * 0
+      values[queues["curv_q"].feeds] = curv if rules.feeds_prev_curvature else curv.zeros_like()
     if len(models) == 1:
       if "feat_q" in queues: values["features_buffer"] = every(state["feat_q"], fs)  # a single model sees past features only
       out = run(models[0], values)

@@ -8,6 +8,7 @@ steering delay it feeds is liveDelay.lateralDelay, which lagd starts at `steerAc
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from sunnypilot.modeld_v2.bus_inputs import check_camera_offset, delay_ok
@@ -26,6 +27,8 @@ class Delays:
 def from_car_params(steer_actuator_delay: float, long_actuator_delay: float, source: str) -> Delays:
   return Delays(steer_actuator_delay + LAGD_EXTRA, long_actuator_delay, source)
 
+TYPICAL_CAR = from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, "a typical car")
+
 def device_params():
   """openpilot's Params, or None on a PC (no openpilot installed)."""
   try:
@@ -43,7 +46,7 @@ def read_car_params(params) -> Delays:
   with car.CarParams.from_bytes(params.get("CarParams", block=True)) as cp:
     steer, long = float(cp.steerActuatorDelay), float(cp.longitudinalActuatorDelay)
   if not (delay_ok(steer + LAGD_EXTRA) and delay_ok(long)):  # a broken CarParams must not reach action_t: a typical car's, said so
-    return from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, f"a typical car (CarParams delays {steer!r}, {long!r} refused)")
+    return dataclasses.replace(TYPICAL_CAR, source=f"a typical car (CarParams delays {steer!r}, {long!r} refused)")
   return from_car_params(steer, long, "CarParams")
 
 def camera_offset(params, fallback: float) -> float:

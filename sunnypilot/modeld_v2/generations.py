@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sunnypilot.modeld_v2.model_constants import IDX_N, PLAN_WIDTH
+
 @dataclass(frozen=True)
 class Rules:
   """What a generation's daemon and queues do differently."""
@@ -42,7 +44,7 @@ GENERATIONS: dict[str, Rules] = {
   "multi_policy": MLSIM,
   "split_current": MLSIM,
 }
-PLAN_SINGLE = 990  # a plan head of one mean/std pair of 33x15: today's policies (no hypotheses)
+PLAN_SINGLE = 2 * IDX_N * PLAN_WIDTH  # 990: a plan head of one mean/std pair of 33x15, today's policies (no hypotheses)
 
 class GenerationError(ValueError):
   """No generation, or more than one, fits a model: name it."""

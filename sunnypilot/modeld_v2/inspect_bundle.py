@@ -11,7 +11,7 @@ import argparse
 import collections
 import sys
 
-from sunnypilot.modeld_v2.cli import interruptible
+from sunnypilot.modeld_v2.cli import finite_float, interruptible, non_negative_int, positive_int
 
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
 
@@ -57,15 +57,17 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("command", choices=("inspect", "verify", "profile"))
   parser.add_argument("bundle")
   parser.add_argument("--warp", help="profile: a warp bundle to fuse in front of the model (the frame modeld runs)")
-  parser.add_argument("--rounds", type=int, default=20, help="profile: timed runs per call (median)")
-  parser.add_argument("--peak-tflops", type=float, help="profile: the device's peak FLOP rate for the roofline, in TFLOP/s (say where it comes from)")
-  parser.add_argument("--peak-tbs", type=float, help="profile: the device's peak memory bandwidth for the roofline, in TB/s")
-  parser.add_argument("--top", type=int, default=0, help="profile: print only the N slowest calls (0: all)")
+  parser.add_argument("--rounds", type=positive_int, default=20, help="profile: timed runs per call (median)")
+  peak = finite_float(0, 1e6, low_open=True)
+  parser.add_argument("--peak-tflops", type=peak, help="profile: the device's peak FLOP rate for the roofline, in TFLOP/s (say where it comes from)")
+  parser.add_argument("--peak-tbs", type=peak, help="profile: the device's peak memory bandwidth for the roofline, in TB/s")
+  parser.add_argument("--top", type=non_negative_int, default=0, help="profile: print only the N slowest calls (0: all)")
   parser.add_argument("--json", help="profile: also write the results as JSON here")
   args = parser.parse_args(argv)
-  if args.command == "profile" and (args.rounds < 1 or any(v is not None and v <= 0 for v in (args.peak_tflops, args.peak_tbs))):
-    parser.exit(2, "inspect_bundle: error: --rounds, --peak-tflops and --peak-tbs must be positive\n")
-  from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts
+  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, read_parts, replaced_atomically
+  if args.json:
+    try: check_output_path(args.json, inputs=(args.bundle, args.warp))
+    except ArtifactError as e: parser.exit(2, f"inspect_bundle: error: --json: {e}\n")
   from sunnypilot.modeld_v2.capture import verify_part
   try:
     if args.command == "inspect":
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
       result = profile(replay, args.rounds, args.peak_tflops and args.peak_tflops * 1e12, args.peak_tbs and args.peak_tbs * 1e12)
       print(table(result, args.top))
       if args.json:
-        with open(args.json, "w") as f: json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
+        with replaced_atomically(args.json) as (tmp,), open(tmp, "w") as f:
+          json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
       return 0
     ok = True
     for name, (header, blob) in read_parts(args.bundle)[0].items():

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, check_provenance, read_bundle, replaced_atomically
-from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes, check_camera_offset, check_delay
+from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, DELAY_MAX, BusInputs, CarInputs, Episodes
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
-from sunnypilot.modeld_v2.cli import interruptible, positive_int
-from sunnypilot.modeld_v2.device_params import TYPICAL_LONG_ACTUATOR_DELAY, TYPICAL_STEER_ACTUATOR_DELAY, Delays, from_car_params
+from sunnypilot.modeld_v2.cli import finite_float, interruptible, positive_int
+from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
 from sunnypilot.modeld_v2.model_constants import DT_MDL
@@ -195,8 +195,8 @@ def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, 
           "lat_planner_state": lat_planner_state}
 
 class ModelD:
-  def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_STEER_ACTUATOR_DELAY + 0.2,
-               long_delay: float = TYPICAL_LONG_ACTUATOR_DELAY, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None):
+  def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
+               long_delay: float = TYPICAL_CAR.longitudinal, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None):
     self.artifacts, self.rhd = artifacts, rhd
     self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
     self.camera_offset_target, self.camera_offset = camera_offset, 0.0  # metres; the applied offset follows the target (sunnypilot's EMA)
@@ -316,9 +316,9 @@ class ModelD:
     self.slices = self.adapter.jits["metadata"]["output_slices"]
     generation, source = of_bundle(self.adapter.jits["metadata"])
     self.publish_state.rules = GENERATIONS[generation]
-    self.gated = "prepare_only" in self.adapter.numpy_inputs
     self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
-    if not self.gated: self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
+    if "prepare_only" not in self.adapter.numpy_inputs:
+      self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
     self.cameras = (wide, wide) if self.main_wide else (road, wide)
     self.rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
     log(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
@@ -446,17 +446,7 @@ def claim_bus() -> socket.socket | None:
     return None
   return sock
 
-def delay_arg(text: str) -> float:
-  """--lat-delay / --long-delay: seconds, checked at parse time by the rule liveDelay's estimates are checked by."""
-  try: value = float(text)
-  except ValueError: raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-  try: return check_delay(value, "a delay")
-  except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
-
-def offset_arg(text: str) -> float:
-  """--camera-offset: metres, checked at parse time by the rule the CameraOffset parameter is checked by."""
-  try: return check_camera_offset(float(text))
-  except ValueError as e: raise argparse.ArgumentTypeError(str(e) if "metres" in str(e) else f"not a number: {text!r}") from None
+delay_arg = finite_float(0.0, DELAY_MAX)  # --lat-delay / --long-delay: seconds, by the rule liveDelay's estimates are checked by
 
 @interruptible("modeld")
 def main(argv: list[str] | None = None) -> int:
@@ -465,13 +455,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
   parser.add_argument("--max-frames", type=positive_int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
-  typical = from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, "a typical car")
-  parser.add_argument("--lat-delay", type=delay_arg, default=typical.lateral, help="on a PC: the lateral delay in seconds, 0 to 5, as liveDelay "
+  parser.add_argument("--lat-delay", type=delay_arg, default=TYPICAL_CAR.lateral, help="on a PC: the lateral delay in seconds, 0 to 5, as liveDelay "
                       "gives it (steerActuatorDelay + 0.2); liveDelay.lateralDelay replaces it when published, CarParams on a device. Default "
-                      f"{typical.lateral:g}: a Toyota TSS2 torque car's steerActuatorDelay {TYPICAL_STEER_ACTUATOR_DELAY:g} (opendbc) + 0.2")
-  parser.add_argument("--long-delay", type=delay_arg, default=typical.longitudinal, help="on a PC: the longitudinal actuator delay in seconds, "
-                      f"0 to 5 (CarParams.longitudinalActuatorDelay on a device). Default {typical.longitudinal:g}: that car's, opendbc's CarParams default")
-  parser.add_argument("--camera-offset", type=offset_arg, default=0.0, help="on a PC: sunnypilot's CameraOffset in metres, at most "
+                      f"{TYPICAL_CAR.lateral:g}: a Toyota TSS2 torque car's steerActuatorDelay {TYPICAL_STEER_ACTUATOR_DELAY:g} (opendbc) + 0.2")
+  parser.add_argument("--long-delay", type=delay_arg, default=TYPICAL_CAR.longitudinal, help="on a PC: the longitudinal actuator delay in seconds, "
+                      f"0 to 5 (CarParams.longitudinalActuatorDelay on a device). Default"
+                      f" {TYPICAL_CAR.longitudinal:g}: that car's (opendbc's CarParams default)")
+  parser.add_argument("--camera-offset", type=finite_float(-CAMERA_OFFSET_MAX, CAMERA_OFFSET_MAX), default=0.0,
+                      help="on a PC: sunnypilot's CameraOffset in metres, at most "
                       f"{CAMERA_OFFSET_MAX:g} either way: the camera seen as moved sideways by this much (a shear of the warp); the CameraOffset "
                       "parameter on a device")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")

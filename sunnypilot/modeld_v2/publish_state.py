@@ -27,7 +27,7 @@ from sunnypilot.modeld_v2.fill_model_msg import (
 )
 from sunnypilot.modeld_v2.generations import GENERATIONS, Rules
 from sunnypilot.modeld_v2.messaging import set_fields
-from sunnypilot.modeld_v2.model_constants import DESIRE_LEN, DT_MDL, T_IDXS
+from sunnypilot.modeld_v2.model_constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, T_IDXS
 from sunnypilot.modeld_v2.model_outputs import parse_outputs
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
@@ -46,7 +46,6 @@ class FrameInfo:
   lat_action_t: float  # drive_helpers.action_times: the same times as the model's action_t input
   long_action_t: float
 
-LAT_PLANNER_STATE_LEN = 4  # x, y, yaw, curvature: sunnypilot feeds the yaw and curvature back
 
 class PublishState:
   def __init__(self, lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS, send_raw: bool = False,
@@ -57,7 +56,7 @@ class PublishState:
     self.hard_brake, self.confidence = HardBrake(), Confidence()
     self.action = Action()  # the last published action: the next one is smoothed against it
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
-    self.lat_planner_state = np.zeros(LAT_PLANNER_STATE_LEN, np.float32)  # the lat_planner_state input of models that have one
+    self.lat_planner_state = np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32)  # the lat_planner_state input of models that have one
     self.reported: set[str] = set()
 
   def desire_input(self) -> np.ndarray:

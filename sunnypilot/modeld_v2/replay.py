@@ -299,14 +299,8 @@ class Replay:
           times.append(time.perf_counter() - start)
         else: times.append(float(sum(exec_kernel(ctx, call, call.src[0]))))
       rows.append({"call": j, "kind": spec["kind"], "program": spec.get("program"), "s": float(np.median(times)),
-                   "copy_bytes": self.nbytes(spec["args"][0]) if spec["kind"] == "copy" else None})
+                   "copy_bytes": arg_nbytes(spec["args"][0], self.inputs) if spec["kind"] == "copy" else None})
     return rows
-
-  def nbytes(self, a: dict) -> int:
-    """Bytes of a call argument: an input slot's whole tensor, or a buffer view."""
-    if "input" not in a: return a["nbytes"]
-    spec = self.inputs[a["input"]]
-    return int(np.prod(spec["shape"])) * parse_dtype(spec["dtype"]).itemsize
 
   def bind(self, slot: int, t: Any, kwargs: dict) -> None:
     spec = self.inputs[slot]

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.cli import add_model_flags, finite_float, model_files
-from sunnypilot.modeld_v2.device_params import TYPICAL_LONG_ACTUATOR_DELAY, TYPICAL_STEER_ACTUATOR_DELAY, from_car_params
+from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
 from sunnypilot.modeld_v2.modeld import delay_arg
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
 
@@ -414,11 +414,10 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--no-pictures", action="store_true", help="skip overlay.mp4 and plots.png")
   p.add_argument("--jobs", type=int, default=1, help="segments replayed at once, each in its own process with its own modeld and msgq prefix")
   p.add_argument("--rhd", action="store_true", help="passed to modeld (else driverMonitoringState.isRHD decides)")
-  typical = from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, "a typical car")
-  p.add_argument("--lat-delay", type=delay_arg, default=typical.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
-                 f"says (default {typical.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
-  p.add_argument("--long-delay", type=delay_arg, default=typical.longitudinal, help="passed to modeld: the longitudinal actuator delay in "
-                 f"seconds (default {typical.longitudinal:g}, modeld's)")
+  p.add_argument("--lat-delay", type=delay_arg, default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
+                 f"says (default {TYPICAL_CAR.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
+  p.add_argument("--long-delay", type=delay_arg, default=TYPICAL_CAR.longitudinal, help="passed to modeld: the longitudinal actuator delay in "
+                 f"seconds (default {TYPICAL_CAR.longitudinal:g}, modeld's)")
   return p
 
 def fail(p: argparse.ArgumentParser, problem: str) -> None: p.exit(2, f"route_replay: error: {problem}\n")
