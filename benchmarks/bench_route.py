@@ -10,13 +10,14 @@ the native random-weight stand-in, built with the demo's artifacts (out/artifact
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchmarks.bench import check_outputs, write_json
 
 def replay_fps(segment: str, artifacts: str, out: str, flags: list[str]) -> float:
   run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", segment, "--artifacts", artifacts, "--out", out, "--no-pictures",
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--model", default="tiny", choices=("tiny", "full"))
   parser.add_argument("--json", help="also write the numbers here")
   args = parser.parse_args(argv)
+  check_outputs(parser, args.json)
   camera = parse_size(args.camera)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   artifacts = os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_native_{args.model}")
@@ -58,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
   print(f"route replay, {Device.DEFAULT}, {args.camera}, native {args.model} stand-in, {args.frames} frames\n")
   print("| path | frames/s |\n|---|---|")
   for name, fps in rows.items(): print(f"| {name} | {fps:.1f} |")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"device": Device.DEFAULT, "camera": args.camera, "model": args.model, "frames": args.frames, "frames_per_s": rows}, f, indent=1)
+  write_json(args.json, {"device": Device.DEFAULT, "camera": args.camera, "model": args.model, "frames": args.frames, "frames_per_s": rows})
   return 0
 
 if __name__ == "__main__":

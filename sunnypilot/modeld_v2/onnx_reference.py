@@ -59,7 +59,9 @@ class OnnxReference:
     self.curv_name = next((n for n in self.inputs if n.startswith("prev_desired_curv")), None)
     self.history = {n: np.zeros((self.skip * self.inputs[n][0][1], self.inputs[n][0][2]), np.float32)
                     for n in (self.desire_name, "features_buffer", self.curv_name) if n in self.inputs}
-    self.warped: list[np.ndarray] = []  # every warped (road, wide) pair so far
+    self.warped: list[np.ndarray] = []  # the warped (road, wide) pairs the image inputs can still sample, oldest first
+    frames = max((self.inputs[n][0][1] // 6 for n in self.images.values() if n is not None), default=1)
+    self.keep = self.skip * (frames - 1) + 1  # openpilot's image queue length: older frames are never read again
     self.host = [n for n in self.inputs if n not in self.history and n not in self.states and "img" not in n]
 
   def _sampled(self, name: str) -> np.ndarray:
@@ -95,7 +97,7 @@ class OnnxReference:
       out = dict(zip(names, self._run("onnx", {"new_img": new_img} | host | self.states, names)))
       self.states = {k: out[f"next_{k}"] for k in self.states}
       return out[names[0]].astype(np.float32)
-    self.warped.append(new_img)
+    self.warped = [*self.warped[-(self.keep - 1):], new_img] if self.keep > 1 else [new_img]
     feeds = dict(host) | {self.images[False]: self._stacked_images(0, self.images[False]), self.images[True]: self._stacked_images(1, self.images[True])}
     if self.desire_name:
       self._push(self.desire_name, desire)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import add_model_flags, finite_float, model_files
+from sunnypilot.modeld_v2.cli import add_model_flags, finite_float, model_files, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
 from sunnypilot.modeld_v2.modeld import delay_arg
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
@@ -412,7 +412,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--realtime", action="store_true", help="send at 20 Hz instead of lockstep and report drops (no reference check)")
   p.add_argument("--frames", default=":", help="the frames drawn in overlay.mp4 and plots.png, a:b (default: all)")
   p.add_argument("--no-pictures", action="store_true", help="skip overlay.mp4 and plots.png")
-  p.add_argument("--jobs", type=int, default=1, help="segments replayed at once, each in its own process with its own modeld and msgq prefix")
+  p.add_argument("--jobs", type=positive_int, default=1, help="segments replayed at once, each in its own process with its own modeld and msgq prefix")
   p.add_argument("--rhd", action="store_true", help="passed to modeld (else driverMonitoringState.isRHD decides)")
   p.add_argument("--lat-delay", type=delay_arg, default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
                  f"says (default {TYPICAL_CAR.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
@@ -429,8 +429,6 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   models = list(model_files(args))
   if models and args.against: fail(p, "give one reference: ONNX file(s) or --against, not both")
   if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
-  if args.jobs < 1: fail(p, "--jobs must be at least 1")
-  if args.tolerance is not None and not args.tolerance >= 0: fail(p, "--tolerance must be a number >= 0")
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
     if not os.path.isfile(path): fail(p, f"{path}: no such file")
   from sunnypilot.modeld_v2.modeld import check_artifacts
