@@ -141,26 +141,10 @@ def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common
                      f"{shapes[found[WIDE_IMAGE]]} differ in shape")
   first = next(iter(infos))
   if len(infos) > 1 and FEATURES in roles[first].values(): raise ModelError(f"{paths[first]}: the vision model cannot take features_buffer: it makes them")
-  if frame_skip is None:
-    said = {paths[k]: check_frame_skip(info["metadata"]["frame_skip"], f"{paths[k]}: frame_skip metadata")
-            for k, info in infos.items() if "frame_skip" in info["metadata"]}
-    if len(set(said.values())) > 1: raise ModelError(f"the models disagree on frame_skip: {said}")
-    frame_skip = derive_frame_skip({"frame_skip": next(iter(said.values()))} if said else {}, shapes)
+  if frame_skip is None: frame_skip = _frame_skip(paths, infos, shapes)
   queues = make_supercombo_input_queues(shapes, frame_skip) if len(infos) == 1 else \
     make_split_input_queues({n: shapes[n] for n in infos[first]["inputs"]}, shapes, frame_skip)
-  feedback = {}  # the first model's output leads the bundle's: hidden_state's columns are the same in both
-  if FEATURES in found:
-    if "hidden_state" not in own_slices[first]: raise ModelError(f"{paths[first]}: output_slices has no hidden_state: features_buffer is fed back from it")
-    hidden = feedback["feat_q"] = own_slices[first]["hidden_state"]
-    if (n := hidden[1] - hidden[0]) != (feature_len := shapes["features_buffer"][2]):
-      raise ModelError(f"{paths[first]}: hidden_state has {n} values, features_buffer {shapes['features_buffer']} takes {feature_len}")
-  if CURVATURE in found:
-    width = shapes[found[CURVATURE]][2]
-    if "desired_curvature" not in slices: raise ModelError(f"no output_slices has desired_curvature: {found[CURVATURE]} is fed back from it")
-    start, stop = slices["desired_curvature"]
-    if stop - start not in (width, 2 * width):
-      raise ModelError(f"desired_curvature has {stop - start} values, {found[CURVATURE]} takes {width} (the head's mean, before its std)")
-    feedback["curv_q"] = [start, start + width]  # an MDN head: its means come first
+  feedback = _feedback(paths[first], own_slices[first], slices, found, shapes)
   host = {name: shapes[name] for model_roles in roles.values() for name, role in model_roles.items() if role == HOST}
   _, planes_h, planes_w = queues["img_q"].shape[1:]
   specs: dict[str, tuple[tuple, Any]] = {"new_img": ((2, FRAME_PLANES, planes_h, planes_w), np.uint8)}
@@ -174,3 +158,28 @@ def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common
     dict.fromkeys(queues, QUEUE)
   return QueuedPlan(roles=roles, specs=specs, out_specs=out_specs, input_roles=input_roles, **common,
                     queues=InputQueues(queues, frame_skip, feedback, GENERATIONS[common["generation"]]))
+
+def _frame_skip(paths: dict[str, str], infos: dict, shapes: dict[str, tuple]) -> int:
+  """The models' own frame_skip (they must agree), else the rule of derive_frame_skip."""
+  said = {paths[k]: check_frame_skip(info["metadata"]["frame_skip"], f"{paths[k]}: frame_skip metadata")
+          for k, info in infos.items() if "frame_skip" in info["metadata"]}
+  if len(set(said.values())) > 1: raise ModelError(f"the models disagree on frame_skip: {said}")
+  return derive_frame_skip({"frame_skip": next(iter(said.values()))} if said else {}, shapes)
+
+def _feedback(path: str, first_slices: dict[str, list[int]], slices: dict[str, list[int]], found: dict[str, str], shapes: dict[str, tuple]) -> dict:
+  """[start, stop] of the outputs each fed-back queue is pushed from: feat_q from hidden_state in `first_slices`, the first model's (at
+  `path`; its output leads the bundle's, so the columns are the same in both), curv_q from the desired_curvature head's mean."""
+  feedback = {}
+  if FEATURES in found:
+    if "hidden_state" not in first_slices: raise ModelError(f"{path}: output_slices has no hidden_state: features_buffer is fed back from it")
+    hidden = feedback["feat_q"] = first_slices["hidden_state"]
+    if (n := hidden[1] - hidden[0]) != (feature_len := shapes["features_buffer"][2]):
+      raise ModelError(f"{path}: hidden_state has {n} values, features_buffer {shapes['features_buffer']} takes {feature_len}")
+  if CURVATURE in found:
+    width = shapes[found[CURVATURE]][2]
+    if "desired_curvature" not in slices: raise ModelError(f"no output_slices has desired_curvature: {found[CURVATURE]} is fed back from it")
+    start, stop = slices["desired_curvature"]
+    if stop - start not in (width, 2 * width):
+      raise ModelError(f"desired_curvature has {stop - start} values, {found[CURVATURE]} takes {width} (the head's mean, before its std)")
+    feedback["curv_q"] = [start, start + width]  # an MDN head: its means come first
+  return feedback
