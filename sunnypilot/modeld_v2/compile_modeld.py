@@ -27,7 +27,7 @@ import numpy as np
 from sunnypilot.modeld_v2.bundle import ArtifactError, next_name
 from sunnypilot.modeld_v2.cli import add_compile_flags, add_model_flags, interruptible
 from sunnypilot.modeld_v2.generations import GENERATIONS
-from sunnypilot.modeld_v2.input_queues import (  # the queue names are imported from here by the seed's adapter
+from sunnypilot.modeld_v2.input_queues import (  # POLICY_INPUTS, derive_frame_skip, make_*_input_queues: the seed's adapter imports them from here
   POLICY_INPUTS,
   QueueError,
   check_frame_skip,
@@ -62,16 +62,16 @@ def _as(t, dtype: Any):
 
 def make_step(plan: Plan, runners: dict):
   """The function TinyJit captures for a plan, with an OnnxRunner per model."""
-  def run(model: str, values: dict):
-    """One model on the values of its inputs, cast to its dtypes; its output read, as float32, computed once."""
-    feeds = {name: _as(values[name], dtype) for name, dtype in plan.dtypes[model].items()}
-    return _as(runners[model](feeds)[plan.outputs[model]], np.float32).contiguous()
-
   if not isinstance(plan, QueuedPlan):
     def native(output_buffers, **inputs):
       out = runners["model"]({name: _as(inputs[name], dtype) for name, dtype in plan.dtypes["model"].items()})
       _write(output_buffers, {k: _as(out[k], plan.out_specs[k][1]) for k in output_buffers})
     return native
+
+  def run(model: str, values: dict):
+    """One model on the values of its inputs, cast to its dtypes; its output read, as float32, computed once."""
+    feeds = {name: _as(values[name], dtype) for name, dtype in plan.dtypes[model].items()}
+    return _as(runners[model](feeds)[plan.outputs[model]], np.float32).contiguous()
 
   queues, runs = plan.queues, [functools.partial(run, k) for k in plan.paths]
   def queued(output_buffers, new_img, prepare_only, **inputs):

@@ -10,10 +10,12 @@ desire max-pooled per window, the vision's hidden_state pushed before the policy
 - desire: frame_skip*L one-hot pulses; the model sees the max of each frame_skip window (a one-frame pulse survives), this one included.
 - features: frame_skip*(L-1)+1 hidden states, every frame_skip-th seen. A single model sees them before its own hidden_state of this
   step is pushed; a policy sees them after the vision model's push.
-- prev_desired_curv: like a single model's features, fed back from the desired_curvature head's mean after the step.
-- a prepare-only frame (the one after a drop) pushes the images, and the desire where the generation says so; the other queues keep theirs.
+- prev_desired_curv: like a single model's features, fed back from the desired_curvature head's mean after the step; the generations
+  that are not fed it see zeros (generations.py).
+- a prepare-only frame (the one after a drop: `prepare_only` above 0.5) pushes the images, and the desire where the generation does
+  (generations.py); the features and prev_desired_curv keep theirs.
 
-InputQueues.step sequences one frame in that order.
+InputQueues.step builds one frame's graph in this order.
 """
 from __future__ import annotations
 
