@@ -19,20 +19,22 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
   compile_model's keywords (onnx, or vision + policy)."""
   from tinygrad.nn.onnx import OnnxRunner
 
-  from sunnypilot.modeld_v2 import compile_modeld as cm
+  from sunnypilot.modeld_v2.compile_modeld import make_step
+  from sunnypilot.modeld_v2.input_queues import FRAME_PLANES
+  from sunnypilot.modeld_v2.model_plan import plan_model
   from sunnypilot.modeld_v2.warp import make_frame_prepare, parse_frame
   dev, frame = Device.canonicalize(device), parse_frame(frame_spec)
   warp = make_frame_prepare(frame, 512, 256)
   warp_jit = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame.to(dev)[i], M_inv.to(dev)[i]) for i in range(2))))
-  plan = cm.plan_model(**onnx_paths)
-  step = cm.make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
+  plan = plan_model(**onnx_paths)
+  step = make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()})
   states = {k: plan.specs[k] for k in state_names(plan.specs, plan.out_specs)}
   host = {k: v for k, v in plan.specs.items() if k not in states and k != "new_img"}
   n_out = plan.out_specs["outputs"][0]
   model_jit = TinyJit(lambda new_img, output_buffers, **kw: step(new_img=new_img, output_buffers=output_buffers,
                                                                  **{k: v.to(dev) if k in host else v for k, v in kw.items()}))
   specs = {"host": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in host.items()}, "states": {k: (tuple(s), np.dtype(d).str) for k, (s, d) in states.items()},
-           "outputs": tuple(n_out), "frame_size": frame.size, "planes": (2, cm.FRAME_PLANES, 128, 256)}
+           "outputs": tuple(n_out), "frame_size": frame.size, "planes": (2, FRAME_PLANES, 128, 256)}
   legacy = LegacyModelAdapter.__new__(LegacyModelAdapter)
   legacy.setup(warp_jit, model_jit, specs, dev)
   for _ in range(2):  # call 0 runs eagerly, call 1 captures

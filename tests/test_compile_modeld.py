@@ -11,8 +11,10 @@ from onnx import TensorProto, helper
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.bundle import ArtifactError
-from sunnypilot.modeld_v2.compile_modeld import ModelError, compile_model, main, plan_model, read_output_slices
+from sunnypilot.modeld_v2.compile_modeld import compile_model, main
 from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.model_plan import QueuedPlan, plan_model
+from sunnypilot.modeld_v2.onnx_model import ModelError, read_output_slices
 
 from conftest import NO_COMPILE, realized, run_python
 
@@ -43,21 +45,29 @@ EXPECTED = {
 def test_roles_frame_skip_and_queues_of_every_generation(onnx_files, generation):
   layout, frame_skip, host, queues = EXPECTED[generation]
   plan = plan_model(**onnx_files[generation])
-  assert (plan.layout, plan.frame_skip) == (layout, frame_skip)
+  assert isinstance(plan, QueuedPlan) == (layout != "native"), "a queued layout's plan carries its queues; a native one has none"
+  kept = plan.queues.queues if isinstance(plan, QueuedPlan) else {}
+  assert (plan.layout, plan.queues.frame_skip if isinstance(plan, QueuedPlan) else None) == (layout, frame_skip)
   assert {n for n, r in plan.input_roles.items() if r == "host"} == host
-  assert {n: q.shape for n, q in plan.queues.items()} == queues
+  assert {n: q.shape for n, q in kept.items()} == queues
   expected_roles = {"new_img": "frames"} | ({"state_feat_q": "state"} if layout == "native" else
                                            {"desire": "desire", "prepare_only": "gate"} | dict.fromkeys(queues, "queue"))
   assert plan.input_roles == expected_roles | dict.fromkeys(host, "host")
   assert (plan.generation, plan.generation_source) == (generation, "onnx"), "each stand-in's generation is derived from its inputs and heads"
   assert set(plan.specs) == set(plan.input_roles) and all(np.dtype(plan.specs[n][1]) == np.float32 for n in host), "host inputs are float32"
 
+def test_the_seeds_import_path_keeps_the_queue_names():
+  """sunnypilot's adapter imports the queue names from compile_modeld: they are input_queues' own."""
+  from sunnypilot.modeld_v2 import compile_modeld, input_queues
+  for name in ("POLICY_INPUTS", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues"):
+    assert getattr(compile_modeld, name) is getattr(input_queues, name), name
+
 def test_onnx_roles_name_each_input(onnx_files):
   plan = plan_model(**onnx_files["split_09"])
   assert plan.roles == {"vision": {"input_imgs": "road_image", "big_input_imgs": "wide_image"},
                         "policy": {"desire": "desire_history", "prev_desired_curv": "prev_curvature", "features_buffer": "features",
                                    "traffic_convention": "host", "lateral_control_params": "host"}}
-  assert plan.queues["desire_q"].feeds == "desire" and plan.queues["img_q"].feeds == "input_imgs"
+  assert plan.queues.queues["desire_q"].feeds == "desire" and plan.queues.queues["img_q"].feeds == "input_imgs"
 
 def onnx_slices(path: str) -> tuple[dict[str, list[int]], int]:
   model = onnx.load(path)
@@ -70,7 +80,7 @@ def test_pair_and_triple_slices(onnx_files):
   pair = plan_model(**onnx_files["split_action"])
   assert pair.out_specs["outputs"][0] == (1, n_vision + n_policy)
   assert pair.slices["pose"] == vision["pose"] and pair.slices["plan"] == [policy["plan"][0] + n_vision, policy["plan"][1] + n_vision]
-  assert pair.slices["policy/plan"] == pair.slices["plan"] and pair.hidden == vision["hidden_state"]
+  assert pair.slices["policy/plan"] == pair.slices["plan"] and pair.queues.feedback["feat_q"] == vision["hidden_state"]
   files = onnx_files["multi_policy"]
   (vision, n_vision), (off, n_off), (on, _) = (onnx_slices(files[k]) for k in ("vision", "off_policy", "on_policy"))
   triple = plan_model(**files)
@@ -79,7 +89,7 @@ def test_pair_and_triple_slices(onnx_files):
   assert triple.slices["on_policy/desire_state"] == shift(on["desire_state"], n_vision + n_off)
   assert triple.slices["desire_state"] == triple.slices["off_policy/desire_state"], "sunnypilot's runner reads the off-policy's head over the others'"
   assert triple.slices["plan"] == shift(on["plan"], n_vision + n_off) and triple.slices["lead"] == shift(off["lead"], n_vision)
-  assert triple.hidden == vision["hidden_state"] and triple.paths == {k: files[k] for k in ("vision", "off_policy", "on_policy")}
+  assert triple.queues.feedback["feat_q"] == vision["hidden_state"] and triple.paths == {k: files[k] for k in ("vision", "off_policy", "on_policy")}
 
 def mutated(tmp_path, files: dict[str, str], key: str, mutate, name: str = "m") -> dict[str, str]:
   model = onnx.load(files[key])
@@ -96,8 +106,8 @@ def set_meta(key: str, value: str):
 
 def test_frame_skip_rule(onnx_files, tmp_path):
   files = onnx_files["split_010"]
-  assert plan_model(**mutated(tmp_path, files, "policy", set_meta("frame_skip", "2"))).frame_skip == 2, "the ONNX's own frame_skip first"
-  assert plan_model(**files, frame_skip=3).frame_skip == 3 and plan_model(**onnx_files["supercombo_20hz"], frame_skip=2).frame_skip == 2
+  assert plan_model(**mutated(tmp_path, files, "policy", set_meta("frame_skip", "2"))).queues.frame_skip == 2, "the ONNX's own frame_skip first"
+  assert plan_model(**files, frame_skip=3).queues.frame_skip == 3 and plan_model(**onnx_files["supercombo_20hz"], frame_skip=2).queues.frame_skip == 2
   for bad in (0, -3, "x", 1.5):
     with pytest.raises(ModelError, match="frame-skip must be an integer"): plan_model(**files, frame_skip=bad)
   with pytest.raises(ModelError, match="frame-skip must be an integer of at least 1, got 0"): plan_model(**onnx_files["native"], frame_skip=0)

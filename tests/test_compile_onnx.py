@@ -113,6 +113,18 @@ def test_numpy_runner_names_what_is_wrong_with_an_input(patterns):
     with pytest.raises(InputError, match=message): run(**kwargs)
   assert run(x=x, idx=idx)["pooled"].shape == (1, 4, 4, 4)
 
+def test_numpy_runner_outputs_are_arrays_of_their_own(patterns):
+  """Each call's outputs stay what onnxruntime computes for its inputs after later calls overwrite the bundle's buffers."""
+  from sunnypilot.modeld_v2.numpy_runner import NumpyRunner
+  path, bundle = patterns
+  run, rng = NumpyRunner(bundle), np.random.default_rng(2)
+  feeds = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32), "idx": rng.integers(0, 10, 4)} for _ in range(3)]
+  kept = [run(**feed) for feed in feeds]
+  for feed, got in zip(feeds, kept):
+    for name, value in onnxruntime(path, feed).items():
+      assert got[name].flags.writeable and got[name].flags.c_contiguous, name
+      np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
 def test_a_returned_buffer_no_call_touches_carries_its_bytes():
   """At the capture level, with no ONNX: a function returning a tensor realized before the capture (no kernel writes it) and one it
   computes; the plain replay returns both, the first from the bytes the part stored."""

@@ -76,10 +76,21 @@ class TensorSpec(NamedTuple):
   @property
   def nbytes(self) -> int: return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
 
+STATE_PREFIX = "next_"  # the one rule of a state: an input X whose next value the model returns as the output next_X
+
+def next_name(state: str) -> str:
+  """The output that carries a state's next value."""
+  return STATE_PREFIX + state
+
 def state_names(input_names: Any, output_names: Any) -> list[str]:
   """The states of a model: each input X with an output next_X (the caller may pass X's own buffer as next_X)."""
   outputs = set(output_names)
-  return sorted(name for name in input_names if f"next_{name}" in outputs)
+  return sorted(name for name in input_names if next_name(name) in outputs)
+
+def unpaired_state_outputs(input_names: Any, output_names: Any) -> dict[str, str]:
+  """Outputs named as a state's next value whose state is no input, {next_X: X}: half a state pair."""
+  inputs = set(input_names)
+  return {n: n.removeprefix(STATE_PREFIX) for n in sorted(output_names) if n.startswith(STATE_PREFIX) and n.removeprefix(STATE_PREFIX) not in inputs}
 
 @functools.cache
 def tinygrad_version() -> str: return package_version("tinygrad")

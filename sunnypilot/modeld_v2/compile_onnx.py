@@ -15,15 +15,15 @@ import argparse
 import os
 import re
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, dtype_name, np_dtype, write_bundle
+from sunnypilot.modeld_v2.bundle import ArtifactError, dtype_name, np_dtype
 from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
-from sunnypilot.modeld_v2.compile_modeld import ModelError, graph_inputs, layer_boundaries, onnx_dims, onnx_np_dtype, read_onnx
+from sunnypilot.modeld_v2.onnx_compile import OnnxCompile
+from sunnypilot.modeld_v2.onnx_model import ModelError, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
   """`name=1x3x224x224` -> ("name", (1, 3, 224, 224))."""
@@ -69,40 +69,21 @@ def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | No
                  beam: int | None = None, fuse_layers: bool = False) -> dict:
   """Compile the ONNX at `onnx` into a bundle at `output`; returns a summary. Fails before any work when `output` cannot be written, `beam`
   cannot search here, or an input's shape is not fixed. `beam`, `fuse_layers`: as for compile_modeld."""
-  from tinygrad import Device, Tensor
   from tinygrad.nn.onnx import OnnxRunner
-
-  from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
-  t0, dev = time.perf_counter(), Device.DEFAULT
-  check_output_path(output, inputs=(onnx,))
-  level = search_level(beam)
+  job = OnnxCompile(output, (onnx,), beam)
   model, specs = plan_inputs(onnx, shapes)
   outputs = [v.name for v in model.graph.output]
-  log(f"{onnx}: inputs {', '.join(f'{n} {s} {np.dtype(d).name}' for n, (s, d) in specs.items()) or 'none'}; outputs {', '.join(outputs)}; on {dev}")
-  rng = np.random.default_rng(0)
-  def make(shape: tuple, dtype: np.dtype) -> Tensor:
-    value = rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else rng.integers(0, 2, shape).astype(dtype)
-    return Tensor(value, device=dev).realize()
-  with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):  # weights load into device buffers: host-backed on NULL
-    try:
-      step = make_step(OnnxRunner(onnx), outputs)
-      log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
-      jit, part, _ = capture(step, lambda: {k: make(*s) for k, s in specs.items()}, null_holds_data=null_holds_data, beam=level, log=log)
-    except ArtifactError: raise
-    except Exception as e:  # tinygrad's ONNX runner or scheduler on a graph it cannot run: the reason, not a traceback
-      raise ModelError(f"{onnx}: tinygrad cannot run this model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-  returned = jit.captured.ret
+  log(f"{onnx}: inputs {', '.join(f'{n} {s} {np.dtype(d).name}' for n, (s, d) in specs.items()) or 'none'}; outputs {', '.join(outputs)}; on {job.device}")
+  try: jit, part, _ = job.capture(lambda: make_step(OnnxRunner(onnx), outputs), lambda: job.random_inputs(specs), fuse_layers, log)
+  except ArtifactError: raise
+  except Exception as e:  # tinygrad's ONNX runner or scheduler on a graph it cannot run: the reason, not a traceback
+    raise ModelError(f"{onnx}: tinygrad cannot run this model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
   metadata = {"kind": "onnx", "source": os.path.basename(onnx), "layer_boundaries": not fuse_layers,
               "onnx_metadata": {p.key: p.value for p in model.metadata_props}}
-  extras = {"input_specs": {k: (list(s), np.dtype(d).str, dev) for k, (s, d) in specs.items()},
-            "output_specs": {k: (list(t.shape), np_dtype(dtype_name(t.dtype)).str, dev) for k, t in returned.items()}, "metadata": metadata}
-  size = write_bundle(output, {"run": part}, extras, flags={"BEAM": level})
-  header = part[0]
-  weights = sum(b["init"][1] - b["init"][0] for b in header["buffers"] if "init" in b)
-  summary = {"output": output, "kernels": sum(c["kind"] == "program" for c in header["calls"]), "onetime": len(header["onetime_calls"]),
-             "weight_bytes": weights, "bytes": size, "compile_s": time.perf_counter() - t0, "jit": jit, "part": part}
-  log(f"wrote {output}: {summary['kernels']} kernels per call (+{summary['onetime']} once at load), {weights / 1e6:.2f} MB weights, "
-      f"{size / 1e6:.2f} MB bundle, {summary['compile_s']:.1f} s")
+  returned = {k: (t.shape, np_dtype(dtype_name(t.dtype))) for k, t in jit.captured.ret.items()}
+  summary = job.write(part, specs, returned, metadata) | {"jit": jit, "part": part}
+  log(f"wrote {output}: {summary['kernels']} kernels per call (+{summary['onetime']} once at load), {summary['weight_bytes'] / 1e6:.2f} MB weights, "
+      f"{summary['bytes'] / 1e6:.2f} MB bundle, {summary['compile_s']:.1f} s")
   return summary
 
 @interruptible("compile_onnx")

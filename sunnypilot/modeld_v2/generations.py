@@ -50,7 +50,7 @@ class GenerationError(ValueError):
   """No generation, or more than one, fits a model: name it."""
 
 def candidates(layout: str, input_shapes: dict[str, Sequence[int]], slices: dict[str, Sequence[int]]) -> list[str]:
-  """The generations whose inputs and heads fit a model: its layout (compile_modeld.LAYOUTS), every ONNX input's shape, its output slices."""
+  """The generations whose inputs and heads fit a model: its layout (model_plan.LAYOUTS), every ONNX input's shape, its output slices."""
   names, plan = set(input_shapes), slices.get("plan")
   features = input_shapes.get("features_buffer")
   single_plan = plan is not None and plan[1] - plan[0] == PLAN_SINGLE

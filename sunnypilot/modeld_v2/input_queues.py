@@ -10,16 +10,26 @@ desire max-pooled per window, the vision's hidden_state pushed before the policy
 - desire: frame_skip*L one-hot pulses; the model sees the max of each frame_skip window (a one-frame pulse survives), this one included.
 - features: frame_skip*(L-1)+1 hidden states, every frame_skip-th seen. A single model sees them before its own hidden_state of this
   step is pushed; a policy sees them after the vision model's push.
-- prev_desired_curv: like a single model's features, fed back from the desired_curvature head's mean after the step.
+- prev_desired_curv: like a single model's features, fed back from the desired_curvature head's mean after the step; the generations
+  that are not fed it see zeros (generations.py).
+- a prepare-only frame (the one after a drop: `prepare_only` above 0.5) pushes the images, and the desire where the generation does
+  (generations.py); the features and prev_desired_curv keep theirs.
+
+InputQueues.step builds one frame's graph in this order.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from sunnypilot.modeld_v2.generations import Rules
+
 FRAME_PLANES = 6  # uint8 planes of one warped camera frame
 POLICY_INPUTS = ("img_q", "big_img_q", "desire_q", "feat_q", "curv_q")  # the queue states a queued bundle may keep, in this order
+IMAGE_QUEUES = ("img_q", "big_img_q")  # the queues of new_img's two frames, road then wide
 ROAD_IMAGE, WIDE_IMAGE, DESIRE_HISTORY, FEATURES, CURVATURE = "road_image", "wide_image", "desire_history", "features", "prev_curvature"
 QUEUE_OF = {ROAD_IMAGE: "img_q", WIDE_IMAGE: "big_img_q", DESIRE_HISTORY: "desire_q", FEATURES: "feat_q", CURVATURE: "curv_q"}
 FULL_RATE_HISTORY = 99  # a features_buffer this long holds every frame (openpilot 0.9.x at 20 Hz): frame_skip 1
@@ -97,3 +107,45 @@ def planes(queue, frame_skip: int):
 def pooled(queue, frame_skip: int):
   """The max of each frame_skip window of a desire queue: (frame_skip*L, D) -> (1, L, D)."""
   return queue.reshape(queue.shape[0] // frame_skip, frame_skip, -1).max(axis=1).unsqueeze(0)
+
+@dataclass(frozen=True)
+class InputQueues:
+  """A queued bundle's queue states and the order one frame moves them in."""
+  queues: dict[str, Queue]  # {state name: Queue}, in POLICY_INPUTS order
+  frame_skip: int
+  feedback: dict[str, list[int]]  # feat_q and curv_q, where kept: [start, stop] of the outputs each is pushed from (hidden_state lies in the
+  # first model's output, which leads the bundle's; curvature: the desired_curvature head's mean)
+  rules: Rules  # the generation's: which queues a prepare-only frame pushes, whether prev_desired_curv sees its history
+
+  @property
+  def held_on_prepare_only(self) -> set[str]:
+    """The queues a prepare-only frame leaves as they were: all but the images, and the desire where the generation pushes it then."""
+    return {"feat_q", "curv_q"} | (set() if self.rules.prepare_pushes_desire else {"desire_q"})
+
+  def step(self, state: dict[str, Any], new_img: Any, prepare_only: Any, values: dict[str, Any], runs: list[Callable[[dict], Any]]) -> tuple[Any, dict]:
+    """One frame in the graph. `state`: {state name: queue}; `values`: the host inputs and `desire` by name; `runs`: each model's run on
+    its input values by ONNX name, in order (the first makes the features). Returns the outputs (the models' concatenated) and the next
+    states {state name: queue}."""
+    queues, fs = self.queues, self.frame_skip
+    skip = prepare_only.reshape(1, 1) > 0.5
+    new = {name: push(state[name], new_img[i:i + 1]) for i, name in enumerate(IMAGE_QUEUES)}
+    values = values | {queues[name].feeds: planes(new[name], fs) for name in new}
+    if "desire_q" in queues:
+      new["desire_q"] = push(state["desire_q"], values.pop("desire").reshape(1, -1))
+      values[queues["desire_q"].feeds] = pooled(new["desire_q"], fs)
+    if "curv_q" in queues:  # this step's curvature joins after the run; zeros where the generation is not fed it
+      curv = every(state["curv_q"], fs)
+      values[queues["curv_q"].feeds] = curv if self.rules.feeds_prev_curvature else curv.zeros_like()
+    if len(runs) == 1:
+      if "feat_q" in queues: values[queues["feat_q"].feeds] = every(state["feat_q"], fs)  # a single model sees past features only
+      out = producer = runs[0](values)
+    else:  # the vision model's hidden_state of this frame is the newest feature the policies see
+      producer = runs[0](values)
+      if "feat_q" in queues:
+        new["feat_q"] = push(state["feat_q"], producer[:, slice(*self.feedback["feat_q"])])
+        values[queues["feat_q"].feeds] = every(new["feat_q"], fs)
+      out = producer.cat(*(run(values) for run in runs[1:]), dim=1)
+    if "feat_q" in queues and "feat_q" not in new: new["feat_q"] = push(state["feat_q"], producer[:, slice(*self.feedback["feat_q"])])
+    if "curv_q" in queues: new["curv_q"] = push(state["curv_q"], out[:, slice(*self.feedback["curv_q"])])
+    held = self.held_on_prepare_only
+    return out, {name: skip.where(state[name], new[name]) if name in held else new[name] for name in queues}

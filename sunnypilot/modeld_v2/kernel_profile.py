@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.bundle import next_name, state_names
+
 def random_inputs(specs: dict, device: str, seed: int = 0) -> dict:
   """Realized tensors of random values for a bundle's input specs (uint8 over 0..255, floats in [-1, 1)): never time on zeros."""
   from tinygrad import Tensor
@@ -28,8 +30,8 @@ def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str
     model = load_model(model_path)
     specs = model["input_specs"]
     inputs = random_inputs(specs, Device.DEFAULT)
-    outs = {k: inputs[k[5:]] if k[5:] in inputs and k.startswith("next_") else Tensor(np.zeros(s.shape, s.dtype)).realize()
-            for k, s in model["output_specs"].items()}
+    states = {next_name(name): name for name in state_names(inputs, model["output_specs"])}
+    outs = {k: inputs[states[k]] if k in states else Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in model["output_specs"].items()}
     model["run"](**inputs, **({"output_buffers": outs} if "output_buffers" in model["run"].kwargs else {}))
     return model["run"], "the model bundle alone"
   from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter

@@ -33,11 +33,13 @@ class NumpyRunner:
     return {name: _copied_out(t) for name, t in out.items()}
 
 def _copied_out(t: Any) -> np.ndarray:
-  """A numpy copy of a returned tensor's buffer, read directly (tinygrad's own copy-out schedules a COPY, and a bundle compiles nothing)."""
+  """A numpy copy of a returned tensor's buffer, read directly into a new array, once (tinygrad's own copy-out schedules a COPY, and a
+  bundle compiles nothing)."""
   buf = t.uop.base.buffer
-  if hasattr(buf.allocator, "_as_buffer"): data = bytes(buf.as_memoryview(force_zero_copy=True))
-  else: buf.allocator._copyout(data := memoryview(bytearray(buf.nbytes)), buf._buf)
-  return np.frombuffer(data, np.dtype(buf.dtype.fmt)).reshape(t.shape).copy()
+  out = np.empty(t.shape, np.dtype(buf.dtype.fmt))
+  if hasattr(buf.allocator, "_as_buffer"): out.reshape(-1).view(np.uint8)[:] = np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)
+  else: buf.allocator._copyout(memoryview(out.reshape(-1).view(np.uint8)), buf._buf)
+  return out
 
 def _allocated(device: str, shape: tuple[int, ...], dtype: str) -> Any:
   """A tensor over a new device buffer: allocated directly, so nothing is scheduled or compiled (a bundle's process compiles nothing)."""

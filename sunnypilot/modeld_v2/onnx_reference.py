@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sunnypilot.modeld_v2.bundle import next_name, state_names
 from sunnypilot.modeld_v2.cli import MODEL_FILES
 from sunnypilot.modeld_v2.warp import UV_SCALE, NV12Frame
 
@@ -41,7 +42,7 @@ class OnnxReference:
   def __init__(self, files: dict[str, str]):
     import onnxruntime as ort
 
-    from sunnypilot.modeld_v2.compile_modeld import load_onnx, read_output_slices
+    from sunnypilot.modeld_v2.onnx_model import load_onnx, read_output_slices
     self.models = [k for k in MODEL_FILES if k in files]
     self.sessions = {k: ort.InferenceSession(files[k], providers=["CPUExecutionProvider"]) for k in self.models}
     meta = {k: load_onnx(files[k])["metadata"] for k in self.models}
@@ -49,7 +50,8 @@ class OnnxReference:
     self.inputs = {i.name: (tuple(i.shape), ORT_DTYPES[i.type]) for s in self.sessions.values() for i in s.get_inputs()}
     self.output_dtype = np.dtype(ORT_DTYPES[next(o.type for o in self.sessions[self.models[-1]].get_outputs() if o.name == self._main_output(self.models[-1]))])
     self.native = "new_img" in self.inputs
-    self.states = {n: np.zeros(s, d) for n, (s, d) in self.inputs.items() if n.startswith("state_")}
+    outputs = [o.name for s in self.sessions.values() for o in s.get_outputs()]  # a native model's states; queued models keep queues
+    self.states = {n: np.zeros(*self.inputs[n]) for n in state_names(self.inputs, outputs)} if self.native else {}
     said = [int(m["frame_skip"]) for m in meta.values() if "frame_skip" in m]
     features = self.inputs.get("features_buffer", ((),))[0]
     # openpilot 0.9.x kept a 20 Hz features history (99 entries): every frame; since 0.9.7 its models sample every 4th frame
@@ -93,9 +95,9 @@ class OnnxReference:
     host = {n: np.reshape(values[n], self.inputs[n][0]) if n in values else np.zeros(self.inputs[n][0]) for n in self.host}
     desire = np.reshape(values.get("desire", np.zeros(8)), -1)
     if self.native:
-      names = [self._main_output("onnx")] + [f"next_{k}" for k in self.states]
+      names = [self._main_output("onnx")] + [next_name(k) for k in self.states]
       out = dict(zip(names, self._run("onnx", {"new_img": new_img} | host | self.states, names)))
-      self.states = {k: out[f"next_{k}"] for k in self.states}
+      self.states = {k: out[next_name(k)] for k in self.states}
       return out[names[0]].astype(np.float32)
     self.warped = [*self.warped[-(self.keep - 1):], new_img] if self.keep > 1 else [new_img]
     feeds = dict(host) | {self.images[False]: self._stacked_images(0, self.images[False]), self.images[True]: self._stacked_images(1, self.images[True])}
