@@ -22,8 +22,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, sensor_for_size
+from sunnypilot.modeld_v2.camera_sync import VisionStreamType
 from sunnypilot.modeld_v2.cli import camera_size, finite_float, int_list, interruptible, positive_int
-from sunnypilot.modeld_v2.modeld import VisionStreamType
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
 CAMERAD_BUFFERS = 18
@@ -38,8 +38,8 @@ def camerad_buffer(picture, frame: NV12Frame) -> np.ndarray:
   """A decoded PyAV picture, scaled to the camera size if it differs, in camerad's padded NV12 layout (padding bytes zero)."""
   yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
   buf = np.zeros(frame.size, np.uint8)
-  buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width] = yuv[:frame.height]
-  buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width] = yuv[frame.height:]
+  y, uv = frame.planes(buf)
+  y[:], uv[:] = yuv[:frame.height], yuv[frame.height:]
   return buf
 
 def video_frames(path: str, frame: NV12Frame) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -30,6 +30,11 @@ def finite_float(low: float, high: float, low_open: bool = False) -> Callable[[s
     return value
   return parse
 
+def delay_arg(text: str) -> float:
+  """--lat-delay / --long-delay: seconds, by the rule liveDelay's estimates are checked by (bus_inputs.delay_ok)."""
+  from sunnypilot.modeld_v2.bus_inputs import DELAY_MAX
+  return finite_float(0.0, DELAY_MAX)(text)
+
 def int_list(text: str) -> set[int]:
   """`"30,31"` -> {30, 31}: comma-separated whole numbers of at least 0 (empty: none)."""
   items = [x.strip() for x in text.split(",") if x.strip()]

@@ -35,9 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import add_model_flags, finite_float, model_files, positive_int
+from sunnypilot.modeld_v2.cli import add_model_flags, delay_arg, finite_float, model_files, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
-from sunnypilot.modeld_v2.modeld import delay_arg
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
 
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
@@ -285,7 +284,7 @@ class Result:
 
 def artifacts_warp(artifacts: str, segment: Segment) -> str:
   """The artifacts' warp bundle for the segment's camera layout, --split-frames first."""
-  from sunnypilot.modeld_v2.modeld import warp_bundles
+  from sunnypilot.modeld_v2.artifacts import warp_bundles
   matches = sorted((not meta.get("split_frames"), path) for path, meta in warp_bundles(artifacts, report=log) if meta["frame"] == segment.frame.spec)
   if not matches: raise RouteError(f"no warp bundle in {artifacts} for {segment.frame.width}x{segment.frame.height} frames "
                                    f"(build one: compile_warp --frame {segment.frame.spec} --warp-to 512x256 --split-frames)")
@@ -431,7 +430,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
     if not os.path.isfile(path): fail(p, f"{path}: no such file")
-  from sunnypilot.modeld_v2.modeld import check_artifacts
+  from sunnypilot.modeld_v2.artifacts import check_artifacts
   if problem := check_artifacts(args.artifacts): fail(p, problem)
 
 def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:

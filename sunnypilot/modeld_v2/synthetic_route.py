@@ -23,9 +23,7 @@ T0, FIRST_ID = 10**9, 100
 
 def visible_nv12(buf: np.ndarray, frame: NV12Frame) -> np.ndarray:
   """A camerad buffer's visible Y rows then UV rows, (h * 3/2, w): what an NV12 video frame holds."""
-  y = buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width]
-  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width]
-  return np.concatenate([y, uv])
+  return np.concatenate(frame.planes(buf))
 
 def encode_hevc(path: str, pictures: list[np.ndarray], width: int, height: int) -> None:
   """NV12 pictures (h * 3/2, w) as a raw HEVC stream, as comma's encoder writes fcamera.hevc."""
