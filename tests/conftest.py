@@ -29,7 +29,8 @@ def run_python(code: str, env: dict | None = None, timeout: int = 300) -> str:
 
 def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int = 512, h: int = 256,
                    nan_to: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Independent numpy warp (FACTS 3): returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie.
+  """Independent numpy warp, after openpilot selfdrive/modeld/compile_warp.py @8f13b107 (nearest pixel, round half to even, clamped):
+  returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie.
   `nan_to`: what a NaN source coordinate becomes (the runtime's rule for broken transforms), before clamping."""
   def sample(m, out_w, out_h, in_w, in_h, plane):
     xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))

@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import functools
 import io
+import logging
 import os
 import pickle
 import sys
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
     compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
-                  log=lambda s: print(s, file=sys.stderr, flush=True), beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
+                  log=logging.getLogger(__name__).info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
   except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0

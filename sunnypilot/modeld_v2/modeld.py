@@ -35,7 +35,6 @@ from sunnypilot.modeld_v2.cli import delay_arg, finite_float, interruptible, pos
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
-from sunnypilot.modeld_v2.logs import setup as setup_logging
 from sunnypilot.modeld_v2.messaging import claim_bus
 from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.model_outputs import parse_outputs
@@ -279,7 +278,6 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
   parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
   args = parser.parse_args(argv)
-  setup_logging("modeld")
   prefix = os.environ.get("OPENPILOT_PREFIX")
   bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
   if args.timings:

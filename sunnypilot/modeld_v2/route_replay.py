@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import os
 import queue
 import shutil
@@ -45,7 +46,7 @@ TOLERANCE = {"float32": 1e-3, "float16": 1e-2}  # per output dtype of the refere
 NOT_COMPARED = ("modelExecutionTime", "rawPredictions")  # timing, and the raw vector compared head by head
 MODELD_START_S, FRAME_TIMEOUT_S = 600.0, 60.0  # modeld's first start fuses and caches the bundle; a frame takes milliseconds
 
-def log(msg: str) -> None: print(f"route_replay: {msg}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
 
 class LogState:
   """What modeld's SubMaster holds after the events published so far: the latest struct per service and which were seen."""
@@ -285,7 +286,7 @@ class Result:
 def artifacts_warp(artifacts: str, segment: Segment) -> str:
   """The artifacts' warp bundle for the segment's camera layout, --split-frames first."""
   from sunnypilot.modeld_v2.artifacts import warp_bundles
-  matches = sorted((not meta.get("split_frames"), path) for path, meta in warp_bundles(artifacts, report=log) if meta["frame"] == segment.frame.spec)
+  matches = sorted((not meta.get("split_frames"), path) for path, meta in warp_bundles(artifacts, report=log.warning) if meta["frame"] == segment.frame.spec)
   if not matches: raise RouteError(f"no warp bundle in {artifacts} for {segment.frame.width}x{segment.frame.height} frames "
                                    f"(build one: compile_warp --frame {segment.frame.spec} --warp-to 512x256 --split-frames)")
   return matches[0][1]
@@ -303,7 +304,7 @@ def make_reference(args, artifacts: str, segment: Segment):
   except Exception as e: raise RouteError(f"the reference does not load: {type(e).__name__}: {e}") from None  # onnxruntime's own errors
   return None
 
-def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Result:
+def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) -> Result:
   """Replay one segment with a modeld of its own (this process's OPENPILOT_PREFIX); writes OUT/<segment>/ and returns what happened."""
   from sunnypilot.modeld_v2.bundle import read_bundle
   from sunnypilot.modeld_v2.camera_replay import CameraReplay
@@ -449,9 +450,11 @@ def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
 def interrupted(*_) -> None: raise KeyboardInterrupt
 
 def main(argv: list[str] | None = None) -> int:
+  from sunnypilot.modeld_v2.logs import setup
   argv = sys.argv[1:] if argv is None else argv
   p = parser()
   args = p.parse_args(argv)
+  setup("route_replay")
   check_args(p, args)
   try: folders = [f for s in args.segments for f in segment_folders(s)]
   except RouteError as e: fail(p, str(e))
