@@ -11,6 +11,9 @@ where the action's curvature comes from, what prev_desired_curv sees, the smooth
 pushes. On that prepare-only frame the fused graph runs once with its `prepare_only` gate on and nothing is published.
 Delays: on a device CarParams (read from openpilot's Params at start, waiting for it as openpilot's modeld does) give the longitudinal
 actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
+
+This file is the frame loop, in the order things happen; the cameras (sync, geometry, reconnect) are camera_sync.py's, finding and
+checking the bundles artifacts.py's.
 """
 from __future__ import annotations
 
