@@ -29,7 +29,8 @@ def run_python(code: str, env: dict | None = None, timeout: int = 300) -> str:
 
 def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int = 512, h: int = 256,
                    nan_to: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Independent numpy warp (FACTS 3): returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie.
+  """Independent numpy warp, after openpilot selfdrive/modeld/compile_warp.py @8f13b107 (nearest pixel, round half to even, clamped):
+  returns the (6, h/2, w/2) planes and a mask of pixels within 1e-3 of a rounding tie.
   `nan_to`: what a NaN source coordinate becomes (the runtime's rule for broken transforms), before clamping."""
   def sample(m, out_w, out_h, in_w, in_h, plane):
     xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))
@@ -40,8 +41,7 @@ def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int 
     tie = near(fx, in_w - 1) | near(fy, in_h - 1)  # a tie only matters where the two candidates are different pixels
     ix, iy = np.clip(np.round(fx), 0, in_w - 1).astype(np.int64), np.clip(np.round(fy), 0, in_h - 1).astype(np.int64)
     return plane[iy, ix], tie
-  y_plane = buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width]
-  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width]
+  y_plane, uv = frame.planes(buf)
   y, y_tie = sample(m_inv, w, h, frame.width, frame.height, y_plane)
   m_uv = m_inv * np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], np.float32)
   u, u_tie = sample(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, uv[:, 0::2])

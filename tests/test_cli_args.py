@@ -40,3 +40,22 @@ def test_compilers_beam_is_checked_at_parse_time(tmp_path, capsys, main):
 
 def test_stand_in_seed(tmp_path, capsys):
   rejected(capsys, stand_in_models.main, ["--generation", "native", "--seed", "-1", "--output", str(tmp_path / "x.onnx")], "at least 0, got -1")
+
+def test_diagnostics_read_prog_colon_message_on_stderr_results_stay_on_stdout(capsys):
+  """Any module's log line in a CLI reads `<prog>: message` on stderr (as the CLIs printed them by hand before); a second CLI in the same
+  process replaces the first setup rather than doubling every line; results printed by the CLI stay on stdout."""
+  import logging
+  @cli.interruptible("first")
+  def first() -> int:
+    logging.getLogger("sunnypilot.modeld_v2.loader").warning("a cache entry was ignored")
+    return 0
+  @cli.interruptible("second")
+  def second() -> int:
+    logging.getLogger("sunnypilot.modeld_v2.camera_sync").info("waiting for camerad")
+    logging.getLogger("__main__").info("running")
+    print("a result")
+    return 0
+  assert first() == 0 and capsys.readouterr().err == "first: a cache entry was ignored\n"
+  assert second() == 0
+  out, err = capsys.readouterr()
+  assert out == "a result\n" and err == "second: waiting for camerad\nsecond: running\n", err

@@ -83,19 +83,20 @@ def test_fuse_is_pure(native_artifacts, monkeypatch):
   assert parts["run"][0] == load_fused(model, warp, cache=False)["run"].header
 
 @pytest.mark.skipif(os.getuid() != 0, reason="handing the folder to another user needs root")
-def test_cache_folder_others_can_write_is_not_used(native_artifacts, cache, capfd):
+def test_cache_folder_others_can_write_is_not_used(native_artifacts, cache, caplog):
   os.makedirs(cache, mode=0o777)
   os.chmod(cache, 0o777)
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
   load_fused(model, warp)
-  err = capfd.readouterr().err
+  err = caplog.text
   assert "not using the load cache" in err and "writable by no one else" in err and entries(cache) == []
+  caplog.clear()
   os.chmod(cache, 0o700)
   os.chown(cache, 65534, 65534)  # another user's folder (nobody)
   load_fused(model, warp)
-  assert "must belong to this user" in capfd.readouterr().err and entries(cache) == []
+  assert "must belong to this user" in caplog.text and entries(cache) == []
 
-def test_planted_entry_for_other_bundles_is_not_loaded(native_artifacts, tmp_path, cache, capfd):
+def test_planted_entry_for_other_bundles_is_not_loaded(native_artifacts, tmp_path, cache, caplog):
   """Another user's (or an old) fused part put under this key's file name is rebuilt, never run."""
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
   other = relabelled(model, str(tmp_path / "other.bin"), "another model")
@@ -103,18 +104,19 @@ def test_planted_entry_for_other_bundles_is_not_loaded(native_artifacts, tmp_pat
   planted = entries(cache)[0]
   target = cache_entry(cache, key_of(model, warp))
   os.rename(os.path.join(cache, planted), target)
+  caplog.clear()
   got = load_fused(model, warp)
-  assert "not built from these bundles" in capfd.readouterr().err
+  assert "not built from these bundles" in caplog.text
   assert got["metadata"]["fused"]["key"]["model"] == key_of(model, warp)["model"] and "note" not in got["metadata"]
   assert read_parts(target)[1]["metadata"]["fused"]["key"] == key_of(model, warp), "the entry was rebuilt for these bundles"
 
-def test_unreadable_entry_is_rebuilt_and_never_a_temp_file(native_artifacts, cache, capfd):
+def test_unreadable_entry_is_rebuilt_and_never_a_temp_file(native_artifacts, cache, caplog):
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
   target = cache_entry(cache, key_of(model, warp))
   os.makedirs(target)  # a folder where the entry should be: it cannot be read, nor replaced
   expected = load_fused(model, warp, cache=False)["run"].header
   assert load_fused(model, warp)["run"].header == expected
-  err = capfd.readouterr().err
+  err = caplog.text
   assert "ignoring a bad cache entry" in err and "cannot write the load cache" in err
   assert [e for e in entries(cache) if ".tmp" in e] == [], "a failed write leaves no temporary file"
 

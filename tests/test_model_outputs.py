@@ -255,7 +255,7 @@ def test_lane_line_and_road_edge_times_come_from_the_plan():
 def test_action_from_plan_with_smoothing_and_stop():
   state, prev_accel = PublishState(), 0.0
   lat_t, long_t = action_times(0.2, 0.1)
-  assert (lat_t, long_t) == pytest.approx((0.2 + 0.075, 0.1 + 0.3 + 0.075)), "FACTS 5: action_t = [lat + 1.5 DT, long + 0.3 + 1.5 DT]"
+  assert (lat_t, long_t) == pytest.approx((0.2 + 0.075, 0.1 + 0.3 + 0.075)), "action_t = [lat + 1.5 DT, long + 0.3 + 1.5 DT]"
   for i, (v_ego, a0) in enumerate(((15.0, 0.5), (15.0, -1.0))):
     plan = plan_mean(v0=15.0, a0=a0)
     v = publish(state, heads(np.random.default_rng(6), plan=plan), frame(i + 1, lat_t, long_t), car(v_ego=v_ego))[1]["modelV2"]

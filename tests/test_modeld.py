@@ -201,7 +201,8 @@ def test_split_09_frames_in_messages_out(split_09, openpilot_prefix):
   assert [daemon.raw(i) for i in range(30)] == reference(split_09, list(range(30))), "the same inputs as openpilot's modeld, frame by frame"
 
 def expected_drop_perc(frame_ids: list[int]) -> list[float]:
-  """FACTS 5, independently: filter min(dropped, 10) with rc=10 s at 20 Hz, zero for the first 10 runs; perc = 100 f / (1 + f)."""
+  """openpilot selfdrive/modeld/modeld.py @6c6be47b main(), independently: filter min(dropped, 10) with rc=10 s at 20 Hz, zero for the
+  first 10 runs; perc = 100 f / (1 + f)."""
   x, out, last, k = 0.0, [], None, DT_MDL / (10.0 + DT_MDL)
   for run, frame_id in enumerate(frame_ids):
     dropped = 0 if last is None else max(0, frame_id - last - 1)

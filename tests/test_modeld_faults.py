@@ -141,7 +141,7 @@ def test_episodes_log_one_line_at_the_start_and_the_count_at_the_end():
 
 def send_pair(daemon: Daemon, frame_id: int, wide_ahead_ns: int = 0) -> None:
   """One road + wide frame straight through the VisionIPC server, the wide one's timestamps shifted by `wide_ahead_ns`."""
-  from sunnypilot.modeld_v2.modeld import VisionStreamType
+  from sunnypilot.modeld_v2.camera_sync import VisionStreamType
   road, wide = frames_for(frame_id)
   sof = SOF0 + frame_id * 50_000_000
   daemon.replay.server.send(VisionStreamType.ROAD, road.tobytes(), frame_id, sof, sof + 20_000_000)
@@ -313,7 +313,7 @@ def crafted_warps(artifacts: str, folder) -> dict[str, str]:
   return {name: why for name, (why, _) in edits.items()} | {"fifo.bin": "a FIFO"}
 
 def test_warp_discovery_skips_every_crafted_warp_in_one_line(artifacts, tmp_path):
-  from sunnypilot.modeld_v2.modeld import warp_bundles
+  from sunnypilot.modeld_v2.artifacts import warp_bundles
   crafted = crafted_warps(artifacts, tmp_path)
   lines = []
   found = warp_bundles(str(tmp_path), report=lines.append, new_img=[2, 6, 128, 256])

@@ -112,7 +112,7 @@ def test_write_bundle_refuses_a_fifo_that_appears_during_the_work(tmp_path):
     write_bundle(path, {"run": ({"device": "CPU"}, b"")}, {})
   assert stat.S_ISFIFO(os.lstat(path).st_mode) and os.listdir(tmp_path) == ["out.bin"]
 
-def test_load_cache_entry_that_is_a_fifo_or_device(native_artifacts, tmp_path, monkeypatch, capfd):
+def test_load_cache_entry_that_is_a_fifo_or_device(native_artifacts, tmp_path, monkeypatch, caplog):
   """A FIFO (or device node) planted where a cache entry goes is neither read (that would block) nor replaced: the load goes on."""
   from sunnypilot.modeld_v2 import loader
   cache = str(tmp_path / "cache")
@@ -122,7 +122,7 @@ def test_load_cache_entry_that_is_a_fifo_or_device(native_artifacts, tmp_path, m
   os.makedirs(cache, mode=0o700)
   os.mkfifo(entry := loader.cache_entry(cache, key))
   assert loader.load_fused(model, warp)["run"].call_kinds[0] == "COPY"
-  err = capfd.readouterr().err
+  err = caplog.text
   assert "is a FIFO, not a regular file" in err and "cannot write the load cache" in err
   assert stat.S_ISFIFO(os.lstat(entry).st_mode) and os.listdir(cache) == [os.path.basename(entry)]
 

@@ -37,8 +37,8 @@ def decoded(path: str) -> list[np.ndarray]:
   with av.open(path) as container:
     for picture in container.decode(video=0):
       nv12, buf = picture.to_ndarray(format="nv12"), np.zeros(FRAME.size, np.uint8)
-      buf[:FRAME.stride * FRAME.height].reshape(FRAME.height, FRAME.stride)[:, :FRAME.width] = nv12[:FRAME.height]
-      buf[FRAME.uv_offset:FRAME.uv_offset + FRAME.stride * (FRAME.height // 2)].reshape(FRAME.height // 2, FRAME.stride)[:, :FRAME.width] = nv12[FRAME.height:]
+      y, uv = FRAME.planes(buf)
+      y[:], uv[:] = nv12[:FRAME.height], nv12[FRAME.height:]
       bufs.append(buf)
   return bufs
 

@@ -39,6 +39,16 @@ def test_camerad_layouts():
   assert camerad_frame(1928, 1208).uv_offset == 2490368 and camerad_frame(1344, 760).uv_offset == 1081344
   assert parse_frame("1928,1208,2048,1216,608,4804608") == camerad_frame(1928, 1208) and parse_size("512x256") == (512, 256)
 
+def test_planes_are_views_of_the_visible_rows():
+  """Byte k of the buffer holds k (mod 256): the Y pixel (r, c) is byte r*stride + c, the UV pair (r, c) byte y_height*stride + r*stride + c."""
+  frame = NV12Frame(6, 4, 8, 5, 3, 8 * 9)
+  buf = (np.arange(frame.size) % 256).astype(np.uint8)
+  y, uv = frame.planes(buf)
+  rows, cols = np.mgrid[0:4, 0:6]
+  assert (y == rows * 8 + cols).all() and (uv == 5 * 8 + rows[:2] * 8 + cols[:2]).all()
+  y[:], uv[:] = 255, 254
+  assert (buf == 255).sum() == 24 and (buf == 254).sum() == 12, "the planes are views: writing them writes the buffer"
+
 @pytest.mark.parametrize("spec,message", [("1928,1208,1024,1216,608,4804608", "stride 1024 is smaller than the width"),
                                           ("1928,1208,2048,1216,608,1000", "size 1000 is smaller than the planes"),
                                           ("1927,1208,2048,1216,608,4804608", "must be even"), ("1928,1208,2048", "six integers"),

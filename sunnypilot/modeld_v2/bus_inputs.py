@@ -66,17 +66,14 @@ class BusInputs:
     self.rpy: tuple[float, ...] = DEFAULT_RPY
     self.height = CALIBRATION_HEIGHT
     self.lat_delay: float | None = None
-    self.dropped: dict[str, int] = {}
 
   def messages(self, sm: Any) -> None:
     """Messages the SubMaster dropped as malformed or of another type, per service: a line when it starts, the count when good ones return.
     (openpilot's own SubMaster, used where its cereal is installed, keeps no such count: then this does nothing.)"""
-    for service, count in getattr(sm, "dropped", {}).items():
+    for service, new in getattr(sm, "dropped", {}).items():
       key = f"{service} messages"
-      if (new := count - self.dropped.get(service, 0)) > 0:
-        self.episodes.happened(key, f"{service}: dropped a malformed message ({sm.drop_reason[service]}); using the last good one", new)
+      if new > 0: self.episodes.happened(key, f"{service}: dropped a malformed message ({sm.drop_reason[service]}); using the last good one", new)
       elif sm.updated[service]: self.episodes.ended(key, f"{service}: good messages again after dropping malformed ones")
-      self.dropped[service] = count
 
   def _checked(self, key: str, good: bool, value: Any, last: Any) -> bool:
     if good: self.episodes.ended(key, f"{key} is good again after bad values")

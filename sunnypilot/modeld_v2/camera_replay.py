@@ -12,6 +12,7 @@ and the log's liveCalibration, carState, carControl, deviceState, driverMonitori
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -22,11 +23,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, sensor_for_size
+from sunnypilot.modeld_v2.camera_sync import VisionStreamType
 from sunnypilot.modeld_v2.cli import camera_size, finite_float, int_list, interruptible, positive_int
-from sunnypilot.modeld_v2.modeld import VisionStreamType
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
 CAMERAD_BUFFERS = 18
+
+log = logging.getLogger(__name__)
 
 def synthetic_frames(frame: NV12Frame, count: int = 40) -> list[tuple[np.ndarray, np.ndarray]]:
   """(road, wide) buffers for `count` consecutive frames at 20 Hz, rendered once and then looped."""
@@ -38,8 +41,8 @@ def camerad_buffer(picture, frame: NV12Frame) -> np.ndarray:
   """A decoded PyAV picture, scaled to the camera size if it differs, in camerad's padded NV12 layout (padding bytes zero)."""
   yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
   buf = np.zeros(frame.size, np.uint8)
-  buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width] = yuv[:frame.height]
-  buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width] = yuv[frame.height:]
+  y, uv = frame.planes(buf)
+  y[:], uv[:] = yuv[:frame.height], yuv[frame.height:]
   return buf
 
 def video_frames(path: str, frame: NV12Frame) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -97,13 +100,13 @@ def serve_route(parser: argparse.ArgumentParser, args) -> int:
   from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, EventFeed, FrameDecoder, RouteError, open_segment
   try: segment = open_segment(args.route)
   except RouteError as e: parser.exit(2, f"camera_replay: error: {e}\n")
-  for line in segment.warnings: print(f"camera_replay: warning: {line}", file=sys.stderr, flush=True)
+  for line in segment.warnings: log.warning(f"warning: {line}")
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
   replay, decoder = CameraReplay(segment.frame, rpy=None), FrameDecoder(segment, args.frames)
   inputs, feed = pub_master([s for s in INPUT_SERVICES if has_service(s)]), EventFeed(segment.events)
   stop.wait(args.start_delay)
-  print(f"camera_replay: serving {segment.name}: {len(segment.frames)} frames at {args.hz:g} Hz", file=sys.stderr, flush=True)
+  log.info(f"serving {segment.name}: {len(segment.frames)} frames at {args.hz:g} Hz")
   try:
     next_t = time.monotonic()
     for cam, (road, wide) in zip(segment.frames, decoder):
@@ -136,12 +139,12 @@ def main(argv: list[str] | None = None) -> int:
   frame, skip = camerad_frame(*args.camera), args.skip
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
-  print(f"camera_replay: rendering frames for {frame.width}x{frame.height} ...", file=sys.stderr, flush=True)
+  log.info(f"rendering frames for {frame.width}x{frame.height} ...")
   source = list(video_frames(args.video, frame)) if args.video else synthetic_frames(frame)
   replay = CameraReplay(frame, wide=not args.no_wide)
   stop.wait(args.start_delay)
   next_t, frame_id = time.monotonic(), 0
-  print(f"camera_replay: serving {len(source)} looped frames at {args.hz:g} Hz", file=sys.stderr, flush=True)
+  log.info(f"serving {len(source)} looped frames at {args.hz:g} Hz")
   while not stop.is_set() and (args.frames is None or frame_id < args.frames):
     if frame_id not in skip: replay.send(frame_id, *source[frame_id % len(source)])
     frame_id += 1

@@ -30,6 +30,11 @@ def finite_float(low: float, high: float, low_open: bool = False) -> Callable[[s
     return value
   return parse
 
+def delay_arg(text: str) -> float:
+  """--lat-delay / --long-delay: seconds, by the rule liveDelay's estimates are checked by (bus_inputs.delay_ok)."""
+  from sunnypilot.modeld_v2.bus_inputs import DELAY_MAX
+  return finite_float(0.0, DELAY_MAX)(text)
+
 def int_list(text: str) -> set[int]:
   """`"30,31"` -> {30, 31}: comma-separated whole numbers of at least 0 (empty: none)."""
   items = [x.strip() for x in text.split(",") if x.strip()]
@@ -70,11 +75,14 @@ def add_compile_flags(parser: argparse.ArgumentParser) -> None:
                       "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")
 
 def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-  """Wrap a CLI's main: Ctrl-C (KeyboardInterrupt, wherever it lands) prints `<prog>: interrupted` and returns 130 instead of a traceback.
-  Temporary files are removed on the way out by the writers themselves (bundle.replaced_atomically)."""
+  """Wrap a CLI's main: its log lines read `<prog>: message` on stderr (logs.setup), and Ctrl-C (KeyboardInterrupt, wherever it lands)
+  prints `<prog>: interrupted` and returns 130 instead of a traceback. Temporary files are removed on the way out by the writers themselves
+  (bundle.replaced_atomically)."""
   def wrap(main: Callable[..., int]) -> Callable[..., int]:
     @functools.wraps(main)
     def run(*args, **kwargs) -> int:
+      from sunnypilot.modeld_v2.logs import setup
+      setup(prog)
       try: return main(*args, **kwargs)
       except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)

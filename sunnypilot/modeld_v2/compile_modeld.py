@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import sys
 from typing import Any
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
     compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
-                  log=lambda s: print(s, file=sys.stderr, flush=True), beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
+                  log=logging.getLogger(__name__).info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
   except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0

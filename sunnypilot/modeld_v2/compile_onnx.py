@@ -12,6 +12,7 @@ compile_modeld; they are recorded in the bundle's provenance.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     shapes = dict(parse_shape(s) for s in args.shape)
     if len(shapes) != len(args.shape): raise ModelError(f"--shape gives an input twice: {args.shape}")
-    compile_onnx(args.output, args.onnx, shapes, log=lambda s: print(s, file=sys.stderr, flush=True), beam=args.beam, fuse_layers=args.fuse_layers)
+    compile_onnx(args.output, args.onnx, shapes, log=logging.getLogger(__name__).info, beam=args.beam, fuse_layers=args.fuse_layers)
   except (ModelError, ArtifactError) as e:
     parser.exit(2, f"compile_onnx: error: {e}\n")
   return 0

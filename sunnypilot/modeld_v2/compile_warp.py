@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 
@@ -13,8 +14,10 @@ import numpy as np
 from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
 from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
 
+logger = logging.getLogger(__name__)
+
 def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42, beam: int | None = None,
-                 log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+                 log: Callable[[str], None] = logger.info) -> dict:
   """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary.
   `beam`: search the kernels with BEAM on this device (None: tinygrad's BEAM setting); refused on NULL before any work."""
   from tinygrad import Device, Tensor

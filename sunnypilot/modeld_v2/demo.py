@@ -13,6 +13,7 @@ and outputs: the pipeline is real, the predictions are noise. Point it at a real
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--out", default="out", help="where the summary PNGs go")
   parser.add_argument("--route", help="replay this recorded segment (or folder of segments) instead: see route_replay")
   args = parser.parse_args(argv)
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logging.getLogger(__name__).info
   try: camera = args.camera if not args.route else route_camera(args.route)
   except ValueError as e: parser.error(str(e))
   camera_name = f"{camera[0]}x{camera[1]}"

@@ -20,7 +20,7 @@ from sunnypilot.modeld_v2.model_constants import DT_MDL, T_IDXS, Plan
 MIN_SPEED = 1.0  # m/s: curvature from yaw divides by speed
 V_EGO_STOPPING = 0.05  # m/s: the plan stops when its speed at action_t and 1 s later is below this
 LAT_SMOOTH_SECONDS = 0.0
-LONG_SMOOTH_SECONDS = 0.3  # what the action_t input of the current models assumes (FACTS 5: long delay + 0.3 s)
+LONG_SMOOTH_SECONDS = 0.3  # current models' long action_t: openpilot modeld.py adds it to CarParams.longitudinalActuatorDelay (0.0 @6c6be47b)
 MIN_LAT_CONTROL_SPEED = 0.3  # m/s: below this the curvature holds
 
 @dataclass(frozen=True)

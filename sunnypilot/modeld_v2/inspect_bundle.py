@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import sys
 
 from sunnypilot.modeld_v2.cli import finite_float, interruptible, non_negative_int, positive_int
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
       from sunnypilot.modeld_v2.kernel_profile import bound_calls, profile, table
       replay, what = bound_calls(args.bundle, args.warp)
-      print(f"profiling {args.bundle}: {what}, {args.rounds} runs per call ...", file=sys.stderr, flush=True)
+      logging.getLogger(__name__).info(f"profiling {args.bundle}: {what}, {args.rounds} runs per call ...")
       result = profile(replay, args.rounds, args.peak_tflops and args.peak_tflops * 1e12, args.peak_tbs and args.peak_tbs * 1e12)
       print(table(result, args.top))
       if args.json:

@@ -11,9 +11,9 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import stat
-import sys
 from typing import Any
 
 from sunnypilot.modeld_v2.bundle import FORMAT_VERSION, ArtifactError, read_parts, read_parts_hashed, tinygrad_version, write_bundle
@@ -23,7 +23,7 @@ from sunnypilot.modeld_v2.replay import replay_part
 MAX_CACHE_ENTRIES = 8  # fused parts of the last few model/warp combinations; older ones are removed
 CACHE_SUFFIX = ".fused.bin"
 
-def log(msg: str) -> None: print(f"load: {msg}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
 
 def load_device(device: str | None = None) -> str:
   """The device to load on, opened. Opening it may compile tinygrad's own helper kernels, which tinygrad caches under ~/.cache: with a
@@ -35,7 +35,7 @@ def load_device(device: str | None = None) -> str:
     writable = os.access(folder, os.W_OK)
   except OSError: writable = False
   if not writable and helpers.CACHELEVEL.value > 0:
-    log(f"tinygrad's cache folder {folder} is not writable: its disk cache is off for this process")
+    log.warning(f"tinygrad's cache folder {folder} is not writable: its disk cache is off for this process")
     helpers.CACHELEVEL.value = 0
   return Device.canonicalize(device)
 
@@ -57,10 +57,10 @@ def private_folder(folder: str) -> bool:
     os.makedirs(folder, mode=0o700, exist_ok=True)
     st = os.stat(folder)
   except OSError as e:
-    log(f"cannot use the load cache {folder} ({e.strerror or e}); loading without it")
+    log.warning(f"cannot use the load cache {folder} ({e.strerror or e}); loading without it")
     return False
   if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-    log(f"not using the load cache {folder}: it must belong to this user and be writable by no one else (owner uid {st.st_uid}, "
+    log.warning(f"not using the load cache {folder}: it must belong to this user and be writable by no one else (owner uid {st.st_uid}, "
         f"mode {stat.filemode(st.st_mode)}); loading without it")
     return False
   return True
@@ -69,10 +69,10 @@ def _cached(path: str, key: dict, device: str, allow_device: bool) -> tuple[dict
   if not os.path.lexists(path): return None
   try: parts, extras = read_parts(path, device, allow_device)
   except ArtifactError as e:
-    log(f"ignoring a bad cache entry: {e}")
+    log.warning(f"ignoring a bad cache entry: {e}")
     return None
   if extras.get("metadata", {}).get("fused", {}).get("key") != key:
-    log(f"ignoring cache entry {path}: it was not built from these bundles")
+    log.warning(f"ignoring cache entry {path}: it was not built from these bundles")
     return None
   return parts, extras
 
@@ -81,8 +81,8 @@ def _store(folder: str, path: str, parts: dict, extras: dict) -> None:
     write_bundle(path, parts, extras)
     entries = sorted((e for e in os.scandir(folder) if e.name.endswith(CACHE_SUFFIX) and e.is_file()), key=lambda e: e.stat().st_mtime, reverse=True)
     for e in entries[MAX_CACHE_ENTRIES:]: os.remove(e.path)
-  except OSError as e: log(f"cannot write the load cache ({e.strerror or e}); continuing without it")
-  except ArtifactError as e: log(f"cannot write the load cache ({e}); continuing without it")
+  except OSError as e: log.warning(f"cannot write the load cache ({e.strerror or e}); continuing without it")
+  except ArtifactError as e: log.warning(f"cannot write the load cache ({e}); continuing without it")
 
 def load_fused(model_path: str, warp_path: str, device: str | None = None, cache: bool = True, allow_device: bool = False,
                mapped: tuple[str, ...] = ()) -> dict[str, Any]:

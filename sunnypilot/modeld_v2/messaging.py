@@ -5,6 +5,7 @@ Same topic names and message fields as openpilot. On a PC, OPENPILOT_PREFIX sele
 from __future__ import annotations
 
 import os
+import socket
 import time
 from typing import Any
 
@@ -67,7 +68,8 @@ class PubMaster:
 class SubMaster:
   """Latest message per service; `updated` says which arrived in the last update(). Unknown services in this schema are skipped.
   A message that is not a whole Event of its service (bytes that are not capnp, another event type) is dropped: `dropped` counts them
-  per service and `drop_reason` says why the last one was. (A zero-length message still aborts in msgq's receive, before Python.)"""
+  per service in the last update(), as `updated` says which arrived, and `drop_reason` says why the last one was. (A zero-length message
+  still aborts in msgq's receive, before Python.)"""
   def __init__(self, services: list[str]):
     import msgq
     ensure_prefix_dir()
@@ -86,6 +88,7 @@ class SubMaster:
     self.frame += 1
     deadline = time.monotonic() + timeout_ms / 1000
     self.updated = dict.fromkeys(self.services, False)
+    self.dropped = dict.fromkeys(self.services, 0)
     while True:
       for s, sock in self.socks.items():
         if (raw := sock.receive(non_blocking=True)) is not None and self._read(s, raw):
@@ -114,3 +117,13 @@ def pub_master(services: list[str]) -> Any:
 
 def sub_master(services: list[str]) -> Any:
   return _openpilot_messaging.SubMaster([s for s in services if has_service(s)]) if _openpilot_messaging is not None else SubMaster(services)
+
+def claim_bus() -> socket.socket | None:
+  """One modeld per bus: an abstract unix socket named for OPENPILOT_PREFIX, held while this process lives (the kernel drops it on any
+  exit, so nothing is left behind). None if another modeld holds it: msgq would let the newcomer take the topics and kill the first."""
+  sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+  try: sock.bind(f"\0sunnypilot_modeld_v2:{os.environ.get('OPENPILOT_PREFIX', '')}")
+  except OSError:
+    sock.close()
+    return None
+  return sock

@@ -14,7 +14,7 @@ from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES
 from sunnypilot.modeld_v2.loader import load_device, load_fused
 from sunnypilot.modeld_v2.replay import ALIGNMENT, write_tensor
 
-log = logging.getLogger("modeld_v2")
+log = logging.getLogger(__name__)
 VISION_INPUTS = ("img", "big_img")  # modeld's names for the road and wide camera buffers, in the warp's order
 MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
 CU_MEMHOSTREGISTER_DEVICEMAP, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 0x02, 712

@@ -11,31 +11,34 @@ where the action's curvature comes from, what prev_desired_curv sees, the smooth
 pushes. On that prepare-only frame the fused graph runs once with its `prepare_only` gate on and nothing is published.
 Delays: on a device CarParams (read from openpilot's Params at start, waiting for it as openpilot's modeld does) give the longitudinal
 actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
+
+This file is the frame loop, in the order things happen; the cameras (sync, geometry, reconnect) are camera_sync.py's, finding and
+checking the bundles artifacts.py's.
 """
 from __future__ import annotations
 
 import argparse
-import enum
-import glob
 import json
+import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, check_provenance, read_bundle, replaced_atomically
-from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, DELAY_MAX, BusInputs, CarInputs, Episodes
+from sunnypilot.modeld_v2.artifacts import check_artifacts, find_warp, model_planes
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, read_bundle, replaced_atomically
+from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
-from sunnypilot.modeld_v2.cli import finite_float, interruptible, positive_int
+from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
+from sunnypilot.modeld_v2.cli import delay_arg, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
+from sunnypilot.modeld_v2.messaging import claim_bus
 from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.model_outputs import parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
@@ -43,20 +46,12 @@ from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
 # launched, outputs read back (the device done), outputs parsed and messages filled, messages serialized, messages sent
 STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send")
-SYNC_NS = 25_000_000  # main and extra frames belong together when their starts are within 25 ms
-OUT_OF_SYNC_NS = 10_000_000
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
-SYNC_MAX_SKIP = 20  # frames one sync may skip on a camera (1 s at 20 Hz) before giving up: the cameras' timestamps disagree
 ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone
 DRIVING_STYLE = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # sunnypilot's default driving_style input (modeld.py @002f69b0)
 
-class VisionStreamType(enum.IntEnum):  # msgq-ipc has no enum for these
-  ROAD = 0
-  DRIVER = 1
-  WIDE_ROAD = 2
-
-def log(msg: str) -> None: print(f"modeld: {msg}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
 
 class FirstOrderFilter:
   def __init__(self, x0: float, rc: float, dt: float):
@@ -79,105 +74,6 @@ class FrameDrops:
     if self.runs < 10: self.filter.x = filtered = 0.0
     self.runs += 1
     return dropped, 100 * filtered / (1 + filtered)
-
-@dataclass
-class FrameMeta:
-  frame_id: int = 0
-  timestamp_sof: int = 0
-  timestamp_eof: int = 0
-
-  @staticmethod
-  def of(client) -> FrameMeta: return FrameMeta(client.frame_id, client.timestamp_sof, client.timestamp_eof)
-
-@dataclass(frozen=True)
-class Geometry:
-  """What the warp and the intrinsics depend on: which camera streams exist and the live buffers' layout."""
-  streams: tuple[int, ...]
-  width: int
-  height: int
-  stride: int
-  uv_offset: int
-  buffer_len: int
-  extra: tuple[int, ...] | None  # the extra (wide) stream's (width, height, stride, uv_offset, buffer_len), if one is used
-
-  def __str__(self) -> str:
-    return f"{self.width}x{self.height} frames (stride {self.stride}, uv_offset {self.uv_offset}, {self.buffer_len} bytes, streams {list(self.streams)})"
-
-def spec_shape(spec: Any) -> list | None:
-  """The shape of a header's tensor spec ([shape, dtype, device]), or None if it is not one."""
-  return spec[0] if isinstance(spec, list) and spec and isinstance(spec[0], list) else None
-
-def warp_problem(extras: dict, new_img: list | None) -> str | None:
-  """Why a warp bundle's extras cannot serve a model taking `new_img` planes, or None. Every field discovery, the frame match and fusion read
-  is checked here, before use: a stale or crafted file must be skipped, not crash the daemon when the camera connects."""
-  from sunnypilot.modeld_v2.warp import parse_frame
-  meta, inputs, outputs = extras.get("metadata"), extras.get("input_specs"), extras.get("output_specs")
-  if not (isinstance(meta, dict) and isinstance(inputs, dict) and isinstance(outputs, dict)): return "no metadata, input_specs or output_specs"
-  if not isinstance(meta.get("frame"), str): return f"metadata frame {meta.get('frame')!r} is not a frame spec"
-  try: frame = parse_frame(meta["frame"])
-  except ValueError as e: return f"metadata frame: {e}"
-  if not isinstance(split := meta.get("split_frames"), bool): return f"metadata split_frames {split!r} is not true or false"
-  frames = {"frame": [frame.size], "big_frame": [frame.size]} if split else {"input_frame": [2, frame.size]}
-  if (got := {name: spec_shape(inputs.get(name)) for name in frames}) != frames: return f"its frame inputs {got} do not hold {frame.spec} frames"
-  if new_img is not None and (made := spec_shape(outputs.get("warped"))) != new_img: return f"it makes {made} planes, the model takes new_img {new_img}"
-  return None
-
-def warp_bundles(artifacts: str, device: str | None = None, report=log, new_img: list | None = None) -> list[tuple[str, dict]]:
-  """(path, metadata) of every warp bundle in `artifacts` this process can load for a model taking `new_img` planes (any, if None); each
-  unreadable, foreign or unfit bundle is skipped with a line."""
-  out = []
-  for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != "model.bin"):  # the model is big: not a warp
-    if not os.path.isfile(path):  # a FIFO or device would block or never end the read
-      report(f"skipping {path}: not a regular file")
-      continue
-    try:
-      head, _ = read_bundle(path)
-      meta = head["extras"]["metadata"]
-      if meta.get("kind") != "warp": continue
-      check_provenance(head["provenance"], device, path)
-      if (problem := warp_problem(head["extras"], new_img)) is None: out.append((path, meta))
-      else: report(f"skipping {path}: {problem}")
-    except ArtifactError as e: report(f"skipping {e}")
-    except Exception as e:  # any file in the folder may be damaged or crafted (deep JSON, huge numbers): skipped with its reason, never a crash
-      report(f"skipping {path}: unusable header ({type(e).__name__}: {str(e)[:160]})")
-  return out
-
-def model_planes(head: dict) -> list | None:
-  """The new_img shape in a model bundle's header: what a warp must make for it."""
-  return spec_shape(head["extras"].get("input_specs", {}).get("new_img"))
-
-def find_warp(artifacts: str, geometry: Geometry, device: str | None = None, report=log, new_img: list | None = None,
-              refused: set[str] | frozenset[str] = frozenset()) -> str | None:
-  """The warp bundle in `artifacts` built for this live buffer layout and a model taking `new_img` planes, split-frames first, none of
-  `refused`; None (with a line saying what to build) if none."""
-  from sunnypilot.modeld_v2.warp import parse_frame
-  matches, seen = [], []
-  for path, meta in warp_bundles(artifacts, device, report, new_img):
-    if path in refused: continue
-    frame = parse_frame(meta["frame"])
-    seen.append(meta["frame"])
-    if (frame.width, frame.height, frame.stride, frame.uv_offset) == (geometry.width, geometry.height, geometry.stride, geometry.uv_offset) \
-       and frame.size <= geometry.buffer_len and (geometry.extra is None or frame.size <= geometry.extra[4]):
-      matches.append((not meta.get("split_frames"), path))
-  if not matches:
-    g = geometry
-    report(f"no warp bundle in {artifacts} for {g}; have {seen}. Waiting; build one: python -m sunnypilot.modeld_v2.compile_warp --frame "
-        f"{g.width},{g.height},{g.stride},{g.uv_offset // g.stride},<uv_height>,{g.buffer_len} --warp-to 512x256 --split-frames --output ...")
-    return None
-  return min(matches)[1]
-
-def check_artifacts(artifacts: str, device: str | None = None, report=log) -> str | None:
-  """Before waiting for camerad: the problem with the artifacts folder in one line (no model for this device, no warp at all), or None."""
-  model = os.path.join(artifacts, "model.bin")
-  if not os.path.isfile(model): return f"{model} not found (build it with compile_modeld)"
-  try:
-    head, _ = read_bundle(model)
-    check_provenance(head["provenance"], device, model)
-    if head["extras"].get("metadata", {}).get("kind") != "model": return f"{model} is not a driving model bundle"
-  except ArtifactError as e: return str(e)
-  if not warp_bundles(artifacts, device, report, model_planes(head)):
-    return f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)"
-  return None
 
 def rhd_of(sm, rhd: bool) -> bool:
   """Right-hand traffic: the --rhd flag, else driverMonitoringState.isRHD."""
@@ -204,102 +100,37 @@ class ModelD:
     self.exit = threading.Event()
     self.adapter: Any = None
     self.geometry: Geometry | None = None
-    self.publish_state = PublishState(send_raw=send_raw, log=log)
+    self.publish_state = PublishState(send_raw=send_raw, log=log.warning)
     self.reported: set[str] = set()
-    self.episodes = Episodes(log)  # conditions that repeat frame after frame: a line when they start, a count when they end
+    self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
     self.bus = BusInputs(self.episodes)
-    self.last_frame = time.monotonic()  # when a camera frame last arrived
+    self.camera = CameraSync(self.exit, self.episodes)
     self.new_img: list | None = None  # the planes the model takes: what a warp must make
     self.refused: set[str] = set()  # warps that failed to load with the model: not tried again until a restart
+    self.slices: dict = {}  # the loaded model's output slices
+    self.cameras: tuple = ()  # the (main, extra) cameras' intrinsics for the live geometry
+    self.rpy: tuple | None = None  # the calibration transforms() last computed m_inv for
+    self.m_inv = np.zeros((2, 3, 3), np.float32)
 
   def log_once(self, msg: str) -> None:
     """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
     if msg not in self.reported:
       self.reported.add(msg)
-      log(msg)
+      log.warning(msg)
 
-  # *** VisionIPC ***
-  def connect(self) -> bool:
-    from msgq.visionipc import VisionIpcClient
-    streams = VisionIpcClient.available_streams("camerad", False)
-    if not streams: return False
-    self.main_wide = VisionStreamType.ROAD not in streams
-    self.use_extra = not self.main_wide and VisionStreamType.WIDE_ROAD in streams
-    main = VisionStreamType.WIDE_ROAD if self.main_wide else VisionStreamType.ROAD
-    self.client_main = VisionIpcClient("camerad", main, True)
-    self.client_extra = VisionIpcClient("camerad", VisionStreamType.WIDE_ROAD, False) if self.use_extra else None
-    for client in filter(None, (self.client_main, self.client_extra)):
-      if not client.connect(False): return False
-    self.streams = tuple(sorted(int(s) for s in streams))
-    self.meta_extra = FrameMeta()
-    return True
-
-  def live_geometry(self) -> Geometry:
-    c, e = self.client_main, self.client_extra
-    return Geometry(self.streams, c.width, c.height, c.stride, c.uv_offset, c.buffer_len,
-                    (e.width, e.height, e.stride, e.uv_offset, e.buffer_len) if e is not None else None)
-
-  def wait_for_camerad(self) -> bool:
-    log("waiting for camerad")
-    while not self.exit.is_set():
-      if self.connect(): return True
-      self.exit.wait(0.05)
-    return False
-
-  def recv(self, client) -> tuple[Any, FrameMeta] | None:
-    """A frame of `client` within 100 ms, or None. Any frame, used or skipped, shows the camera is alive."""
-    if (buf := client.recv(100)) is None: return None
-    self.last_frame = time.monotonic()
-    return buf, FrameMeta.of(client)
-
-  def recv_frames(self):
-    """openpilot's sync: main frames until at least one past the last extra, then extra frames until they match main. Bounded: after
-    SYNC_MAX_SKIP frames skipped on a camera it gives up (a camera clock jumped), says why once per episode and starts the next sync afresh;
-    it returns as soon as the daemon is told to exit."""
-    if (got := self.recv(self.client_main)) is None: return None
-    (buf_main, meta_main), skipped = got, 0
-    while meta_main.timestamp_sof < self.meta_extra.timestamp_sof + SYNC_NS:
-      if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, self.meta_extra)
-      if (got := self.recv(self.client_main)) is None: return None
-      (buf_main, meta_main), skipped = got, skipped + 1
-    buf_extra, meta_extra = buf_main, meta_main
-    if self.use_extra:
-      skipped = 0
-      while True:
-        if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, meta_extra)
-        if (got := self.recv(self.client_extra)) is None: return None
-        (buf_extra, meta_extra), skipped = got, skipped + 1
-        if meta_main.timestamp_sof < meta_extra.timestamp_sof + SYNC_NS: break
-      if abs(meta_main.timestamp_sof - meta_extra.timestamp_sof) > OUT_OF_SYNC_NS:
-        self.episodes.happened("out of sync", f"frames out of sync! main {meta_main.frame_id} ({meta_main.timestamp_sof / 1e9:.5f}), "
-                               f"extra {meta_extra.frame_id} ({meta_extra.timestamp_sof / 1e9:.5f})")
-      else:
-        self.episodes.ended("out of sync", "frames in sync again after out-of-sync pairs")
-        self.episodes.ended("sync", "frame sync: the cameras' timestamps agree again")
-    self.meta_extra = meta_extra
-    return buf_main, meta_main, buf_extra, meta_extra
-
-  def sync_lost(self, meta_main: FrameMeta, meta_extra: FrameMeta) -> None:
-    if not self.exit.is_set():
-      self.episodes.happened("sync", f"frame sync: no extra frame within {SYNC_NS / 1e6:.0f} ms of a main frame after {SYNC_MAX_SKIP} frames (main "
-                             f"{meta_main.timestamp_sof / 1e9:.3f} s, extra {meta_extra.timestamp_sof / 1e9:.3f} s): waiting for the timestamps to agree")
-    self.meta_extra = FrameMeta()  # the next sync starts afresh, not from a timestamp that may never come back,
-    if self.use_extra:  # and from fresh extra frames: those queued while main frames were skipped are as far off as the last one
-      for _ in range(SYNC_MAX_SKIP * 2):
-        if self.client_extra.recv(0) is None: break
-    return None
-
-  # *** model ***
   def load(self) -> bool:
     """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait)."""
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
-    geometry = self.live_geometry()
+    try: geometry = self.camera.live_geometry()
+    except ValueError as e:
+      self.log_once(f"{e}: waiting for another camera geometry")
+      return False
     if geometry == self.geometry and self.adapter is not None:
       self.adapter.drop_camera_buffers()
       return True
     if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
-    try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.width, geometry.height)]
+    try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.main.width, geometry.main.height)]
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")
       return False
@@ -307,7 +138,8 @@ class ModelD:
     t = time.perf_counter()
     try:
       if self.new_img is None: self.new_img = model_planes(read_bundle(model_path)[0])
-      if (warp := find_warp(self.artifacts, geometry, report=self.log_once, new_img=self.new_img, refused=self.refused)) is None: return False
+      warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=self.refused)
+      if warp is None: return False
       self.adapter = NativeTinygradAdapter(model_path, warp)
     except ArtifactError as e:
       if warp is not None: self.refused.add(warp)
@@ -319,9 +151,8 @@ class ModelD:
     self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
     if "prepare_only" not in self.adapter.numpy_inputs:
       self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
-    self.cameras = (wide, wide) if self.main_wide else (road, wide)
-    self.rpy: tuple | None = None  # the calibration transforms() last computed M_inv for
-    log(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
+    self.cameras, self.rpy = (wide, wide) if self.camera.main_wide else (road, wide), None
+    log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     self.adapter.numpy_inputs["tfm"][:] = self.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
     zeros = np.zeros(self.adapter.warp_frame_size, np.uint8)
@@ -372,20 +203,20 @@ class ModelD:
     from sunnypilot.modeld_v2.messaging import new_message, pub_master, sub_master
     params = device_params()
     delays = self.flag_delays if params is None else read_car_params(params)
-    log(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
+    log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
-    if not self.wait_for_camerad(): return 0
+    if not self.camera.wait_for_camerad(): return 0
     loaded = self.load()
-    drops, published, self.last_frame = FrameDrops(), 0, time.monotonic()
-    log(f"running: main {'wide' if self.main_wide else 'road'} camera{', extra wide camera' if self.use_extra else ''}")
+    drops, published, self.camera.last_frame = FrameDrops(), 0, time.monotonic()
+    log.info(f"running: main {'wide' if self.camera.main_wide else 'road'} camera{', extra wide camera' if self.camera.use_extra else ''}")
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
-      frames = self.recv_frames() if loaded else None
+      frames = self.camera.recv_frames() if loaded else None
       t_recv = time.monotonic_ns()
       if frames is None:
-        if time.monotonic() - self.last_frame > RECONNECT_AFTER_S and self.reconnect():  # a new stream: new buffers, frame ids from its own start
-          previous, loaded, drops, self.last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
-          if loaded and self.geometry != previous: log(f"camera geometry changed to {self.geometry}: reloaded")
+        if time.monotonic() - self.camera.last_frame > RECONNECT_AFTER_S and self.camera.reconnect():  # a new stream: new buffers, frame ids from its own start
+          previous, loaded, drops, self.camera.last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
+          if loaded and self.geometry != previous: log.info(f"camera geometry changed to {self.geometry}: reloaded")
           elif loaded: self.episodes.happened("reconnect", f"no frames for {RECONNECT_AFTER_S} s: reconnected to camerad")
         if not loaded: self.exit.wait(0.1)
         continue
@@ -427,26 +258,8 @@ class ModelD:
       if self.timings is not None:
         self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, time.monotonic_ns()])
       published += 1
-    log(f"exiting after {published} published frames")
+    log.info(f"exiting after {published} published frames")
     return 0
-
-  def reconnect(self) -> bool:
-    """No frames for a while: camerad went away or restarted, and its buffers with it. True once connected to it again; load() then picks
-    the warp for its geometry (the same one: only the camera mappings and their bindings are dropped)."""
-    from msgq.visionipc import VisionIpcClient
-    return bool(VisionIpcClient.available_streams("camerad", False)) and self.connect()
-
-def claim_bus() -> socket.socket | None:
-  """One modeld per bus: an abstract unix socket named for OPENPILOT_PREFIX, held while this process lives (the kernel drops it on any
-  exit, so nothing is left behind). None if another modeld holds it: msgq would let the newcomer take the topics and kill the first."""
-  sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-  try: sock.bind(f"\0sunnypilot_modeld_v2:{os.environ.get('OPENPILOT_PREFIX', '')}")
-  except OSError:
-    sock.close()
-    return None
-  return sock
-
-delay_arg = finite_float(0.0, DELAY_MAX)  # --lat-delay / --long-delay: seconds, by the rule liveDelay's estimates are checked by
 
 @interruptible("modeld")
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,7 @@ def _sample(plane: np.ndarray, m: np.ndarray, out_w: int, out_h: int) -> np.ndar
 def warp_planes(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray) -> np.ndarray:
   """One camera buffer (camerad's NV12 layout) through M_inv (model pixel -> camera pixel) into the model's six uint8 planes (6, 128, 256)."""
   m = np.asarray(m_inv, np.float32)
-  y = buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width]
-  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width]
+  y, uv = frame.planes(buf)
   full = _sample(y, m, MODEL_W, MODEL_H)
   m_uv = m * UV_SCALE
   u, v = (_sample(uv[:, i::2], m_uv, MODEL_W // 2, MODEL_H // 2) for i in (0, 1))

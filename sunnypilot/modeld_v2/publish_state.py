@@ -51,7 +51,7 @@ class PublishState:
   def __init__(self, lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS, send_raw: bool = False,
                log: Callable[[str], None] | None = None, rules: Rules = GENERATIONS["split_09"]):
     self.lat_smooth_s, self.long_smooth_s, self.send_raw, self.rules = lat_smooth_s, long_smooth_s, send_raw, rules
-    self.log = log or logging.getLogger("modeld").warning
+    self.log = log or logging.getLogger(__name__).warning
     self.desire_helper = DesireHelper()
     self.hard_brake, self.confidence = HardBrake(), Confidence()
     self.action = Action()  # the last published action: the next one is smoothed against it

@@ -33,9 +33,9 @@ def road_scene(frame: NV12Frame, focal: float, t: float = 0.0, speed: float = 20
   rows, cols = np.mgrid[0:frame.height, 0:frame.width].astype(np.float32)
   y, _, _ = _ground(frame.width, frame.height, focal, rows, cols, t, speed)
   y = y + rng.normal(0, 3, y.shape)  # sensor noise, so flat areas are not perfectly flat
-  buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width] = np.clip(y, 0, 255).astype(np.uint8)
+  y_plane, uv = frame.planes(buf)
+  y_plane[:] = np.clip(y, 0, 255).astype(np.uint8)
   rows, cols = np.mgrid[0:frame.height // 2, 0:frame.width // 2].astype(np.float32) * 2 + 0.5
   _, u, v = _ground(frame.width, frame.height, focal, rows, cols, t, speed)
-  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)
   uv[:, 0:frame.width:2], uv[:, 1:frame.width:2] = u.astype(np.uint8), v.astype(np.uint8)
   return buf

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import logging
 import os
 import queue
 import shutil
@@ -35,9 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import add_model_flags, finite_float, model_files, positive_int
+from sunnypilot.modeld_v2.cli import add_model_flags, delay_arg, finite_float, model_files, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
-from sunnypilot.modeld_v2.modeld import delay_arg
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
 
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
@@ -46,7 +46,7 @@ TOLERANCE = {"float32": 1e-3, "float16": 1e-2}  # per output dtype of the refere
 NOT_COMPARED = ("modelExecutionTime", "rawPredictions")  # timing, and the raw vector compared head by head
 MODELD_START_S, FRAME_TIMEOUT_S = 600.0, 60.0  # modeld's first start fuses and caches the bundle; a frame takes milliseconds
 
-def log(msg: str) -> None: print(f"route_replay: {msg}", file=sys.stderr, flush=True)
+log = logging.getLogger(__name__)
 
 class LogState:
   """What modeld's SubMaster holds after the events published so far: the latest struct per service and which were seen."""
@@ -285,8 +285,8 @@ class Result:
 
 def artifacts_warp(artifacts: str, segment: Segment) -> str:
   """The artifacts' warp bundle for the segment's camera layout, --split-frames first."""
-  from sunnypilot.modeld_v2.modeld import warp_bundles
-  matches = sorted((not meta.get("split_frames"), path) for path, meta in warp_bundles(artifacts, report=log) if meta["frame"] == segment.frame.spec)
+  from sunnypilot.modeld_v2.artifacts import warp_bundles
+  matches = sorted((not meta.get("split_frames"), path) for path, meta in warp_bundles(artifacts, report=log.warning) if meta["frame"] == segment.frame.spec)
   if not matches: raise RouteError(f"no warp bundle in {artifacts} for {segment.frame.width}x{segment.frame.height} frames "
                                    f"(build one: compile_warp --frame {segment.frame.spec} --warp-to 512x256 --split-frames)")
   return matches[0][1]
@@ -304,7 +304,7 @@ def make_reference(args, artifacts: str, segment: Segment):
   except Exception as e: raise RouteError(f"the reference does not load: {type(e).__name__}: {e}") from None  # onnxruntime's own errors
   return None
 
-def replay_segment(folder: str, args, report: Callable[[str], None] = log) -> Result:
+def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) -> Result:
   """Replay one segment with a modeld of its own (this process's OPENPILOT_PREFIX); writes OUT/<segment>/ and returns what happened."""
   from sunnypilot.modeld_v2.bundle import read_bundle
   from sunnypilot.modeld_v2.camera_replay import CameraReplay
@@ -431,7 +431,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
     if not os.path.isfile(path): fail(p, f"{path}: no such file")
-  from sunnypilot.modeld_v2.modeld import check_artifacts
+  from sunnypilot.modeld_v2.artifacts import check_artifacts
   if problem := check_artifacts(args.artifacts): fail(p, problem)
 
 def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
@@ -450,9 +450,11 @@ def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
 def interrupted(*_) -> None: raise KeyboardInterrupt
 
 def main(argv: list[str] | None = None) -> int:
+  from sunnypilot.modeld_v2.logs import setup
   argv = sys.argv[1:] if argv is None else argv
   p = parser()
   args = p.parse_args(argv)
+  setup("route_replay")
   check_args(p, args)
   try: folders = [f for s in args.segments for f in segment_folders(s)]
   except RouteError as e: fail(p, str(e))

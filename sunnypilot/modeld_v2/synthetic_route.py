@@ -9,6 +9,7 @@ through openpilot_logging's save_log.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
@@ -21,11 +22,11 @@ from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
 T0, FIRST_ID = 10**9, 100
 
+log = logging.getLogger(__name__)
+
 def visible_nv12(buf: np.ndarray, frame: NV12Frame) -> np.ndarray:
   """A camerad buffer's visible Y rows then UV rows, (h * 3/2, w): what an NV12 video frame holds."""
-  y = buf[:frame.stride * frame.height].reshape(frame.height, frame.stride)[:, :frame.width]
-  uv = buf[frame.uv_offset:frame.uv_offset + frame.stride * (frame.height // 2)].reshape(frame.height // 2, frame.stride)[:, :frame.width]
-  return np.concatenate([y, uv])
+  return np.concatenate(frame.planes(buf))
 
 def encode_hevc(path: str, pictures: list[np.ndarray], width: int, height: int) -> None:
   """NV12 pictures (h * 3/2, w) as a raw HEVC stream, as comma's encoder writes fcamera.hevc."""
@@ -96,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
   folder = os.path.abspath(args.folder)
   if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)): parser.error(f"{args.folder} exists and is not an empty folder")
   if not os.path.isdir(os.path.dirname(folder)): parser.error(f"the folder {os.path.dirname(folder)} does not exist")
-  print(f"synthetic_route: rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...", file=sys.stderr, flush=True)
+  log.info(f"rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...")
   tmp = f"{folder}.tmp{os.getpid()}"  # the segment appears whole or not at all
   try:
     write_segment(tmp, args.camera, args.frames, args.distinct)
     if os.path.isdir(folder): os.rmdir(folder)
     os.rename(tmp, folder)
   finally: shutil.rmtree(tmp, ignore_errors=True)
-  print(f"synthetic_route: wrote {args.folder}", file=sys.stderr)
+  log.info(f"wrote {args.folder}")
   return 0
 
 if __name__ == "__main__":

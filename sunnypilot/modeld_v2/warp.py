@@ -43,6 +43,12 @@ class NV12Frame:
   @property
   def spec(self) -> str: return f"{self.width},{self.height},{self.stride},{self.y_height},{self.uv_height},{self.size}"
 
+  def planes(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Views of a buffer's visible planes: Y (height, width) and interleaved UV (height/2, width); writing them writes `buf`."""
+    y = buf[:self.stride * self.height].reshape(self.height, self.stride)[:, :self.width]
+    uv = buf[self.uv_offset:self.uv_offset + self.stride * (self.height // 2)].reshape(self.height // 2, self.stride)[:, :self.width]
+    return y, uv
+
 def camerad_frame(width: int, height: int) -> NV12Frame:
   """openpilot camerad's padded VENUS NV12 layout for a sensor size (1928x1208 -> 2048,1216,608,4804608)."""
   stride, y_height, uv_height = align(width, 128), align(height, 32), align(height // 2, 16)

@@ -1,0 +1,89 @@
+"""Finding and checking the daemon's artifacts: the model bundle and the warp bundles in an --artifacts folder. Every header field that
+discovery, the live frame match and fusion read is checked here, before use: a stale or crafted file is skipped with one line, never a
+crash when the camera connects."""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
+from sunnypilot.modeld_v2.warp import NV12Frame, parse_frame
+
+log = logging.getLogger(__name__)
+
+def spec_shape(spec: Any) -> list | None:
+  """The shape of a header's tensor spec ([shape, dtype, device]), or None if it is not one."""
+  return spec[0] if isinstance(spec, list) and spec and isinstance(spec[0], list) else None
+
+def warp_problem(extras: dict, new_img: list | None) -> str | None:
+  """Why a warp bundle's extras cannot serve a model taking `new_img` planes, or None."""
+  meta, inputs, outputs = extras.get("metadata"), extras.get("input_specs"), extras.get("output_specs")
+  if not (isinstance(meta, dict) and isinstance(inputs, dict) and isinstance(outputs, dict)): return "no metadata, input_specs or output_specs"
+  if not isinstance(meta.get("frame"), str): return f"metadata frame {meta.get('frame')!r} is not a frame spec"
+  try: frame = parse_frame(meta["frame"])
+  except ValueError as e: return f"metadata frame: {e}"
+  if not isinstance(split := meta.get("split_frames"), bool): return f"metadata split_frames {split!r} is not true or false"
+  frames = {"frame": [frame.size], "big_frame": [frame.size]} if split else {"input_frame": [2, frame.size]}
+  if (got := {name: spec_shape(inputs.get(name)) for name in frames}) != frames: return f"its frame inputs {got} do not hold {frame.spec} frames"
+  if new_img is not None and (made := spec_shape(outputs.get("warped"))) != new_img: return f"it makes {made} planes, the model takes new_img {new_img}"
+  return None
+
+def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning,
+                 new_img: list | None = None) -> list[tuple[str, dict]]:
+  """(path, metadata) of every warp bundle in `artifacts` this process can load for a model taking `new_img` planes (any, if None); each
+  unreadable, foreign or unfit bundle is skipped with a line."""
+  out = []
+  for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != "model.bin"):  # the model is big: not a warp
+    if not os.path.isfile(path):  # a FIFO or device would block or never end the read
+      report(f"skipping {path}: not a regular file")
+      continue
+    try:
+      head, _ = read_bundle(path)
+      meta = head["extras"]["metadata"]
+      if meta.get("kind") != "warp": continue
+      check_provenance(head["provenance"], device, path)
+      if (problem := warp_problem(head["extras"], new_img)) is None: out.append((path, meta))
+      else: report(f"skipping {path}: {problem}")
+    except ArtifactError as e: report(f"skipping {e}")
+    except Exception as e:  # any file in the folder may be damaged or crafted (deep JSON, huge numbers): skipped with its reason, never a crash
+      report(f"skipping {path}: unusable header ({type(e).__name__}: {str(e)[:160]})")
+  return out
+
+def model_planes(head: dict) -> list | None:
+  """The new_img shape in a model bundle's header: what a warp must make for it."""
+  return spec_shape(head["extras"].get("input_specs", {}).get("new_img"))
+
+def find_warp(artifacts: str, main: NV12Frame, extra: NV12Frame | None, device: str | None = None, report: Callable[[str], None] = log.warning,
+              new_img: list | None = None, refused: set[str] | frozenset[str] = frozenset()) -> str | None:
+  """The warp bundle in `artifacts` built for the live `main` buffer layout (and fitting in the `extra` stream's buffers, if one is used)
+  and a model taking `new_img` planes, split-frames first, none of `refused`; None (with a line saying what to build) if none."""
+  matches, seen = [], []
+  for path, meta in warp_bundles(artifacts, device, report, new_img):
+    if path in refused: continue
+    frame = parse_frame(meta["frame"])
+    seen.append(meta["frame"])
+    if (frame.width, frame.height, frame.stride, frame.uv_offset) == (main.width, main.height, main.stride, main.uv_offset) \
+       and frame.size <= main.size and (extra is None or frame.size <= extra.size):
+      matches.append((not meta.get("split_frames"), path))
+  if not matches:
+    report(f"no warp bundle in {artifacts} for {main.width}x{main.height} frames (stride {main.stride}, uv_offset {main.uv_offset}, {main.size} "
+           f"bytes); have {seen}. Waiting; build one: python -m sunnypilot.modeld_v2.compile_warp --frame "
+           f"{main.width},{main.height},{main.stride},{main.y_height},<uv_height>,{main.size} --warp-to 512x256 --split-frames --output ...")
+    return None
+  return min(matches)[1]
+
+def check_artifacts(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning) -> str | None:
+  """Before waiting for camerad: the problem with the artifacts folder in one line (no model for this device, no warp at all), or None."""
+  model = os.path.join(artifacts, "model.bin")
+  if not os.path.isfile(model): return f"{model} not found (build it with compile_modeld)"
+  try:
+    head, _ = read_bundle(model)
+    check_provenance(head["provenance"], device, model)
+    if head["extras"].get("metadata", {}).get("kind") != "model": return f"{model} is not a driving model bundle"
+  except ArtifactError as e: return str(e)
+  if not warp_bundles(artifacts, device, report, model_planes(head)):
+    return f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)"
+  return None

@@ -1,0 +1,26 @@
+"""The package's one logger configuration. Every module logs through `logging.getLogger(__name__)`; a command line calls `setup(prog)`
+once, and its diagnostics read `prog: message` on stderr, whichever module wrote them. Results (tables, inspect output) stay on stdout."""
+from __future__ import annotations
+
+import logging
+import sys
+
+class _Stderr(logging.StreamHandler):
+  """Writes to sys.stderr as it is when a line is logged (as logging's own last-resort handler does), so a redirect made after setup, such
+  as a test's capture, gets the line and a closed earlier one is never written."""
+  def __init__(self):
+    logging.Handler.__init__(self)  # StreamHandler's would bind one stream for good
+
+  @property
+  def stream(self): return sys.stderr  # type: ignore[override]
+
+def setup(prog: str) -> None:
+  """The process's log lines to stderr as `prog: message`: this package's from INFO up (`__main__` is the CLI module run with -m), other
+  libraries' from WARNING up. Called again (a second CLI in one process), it replaces the first setup."""
+  handler = _Stderr()
+  handler.setFormatter(logging.Formatter(f"{prog}: %(message)s"))
+  root = logging.getLogger()
+  for old in [h for h in root.handlers if isinstance(h, _Stderr)]: root.removeHandler(old)
+  root.addHandler(handler)
+  root.setLevel(logging.WARNING)
+  for name in ("sunnypilot", "__main__"): logging.getLogger(name).setLevel(logging.INFO)
