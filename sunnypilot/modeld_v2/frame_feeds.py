@@ -23,13 +23,13 @@ def frame_bytes(buf: Any, size: int) -> np.ndarray:
   return np.frombuffer(buf.data if is_camera_buffer(buf) else buf, dtype=np.uint8, count=size)
 
 class FrameFeed:
-  """One way of feeding frames. `inputs`: the part's frame inputs now (none when the frames travel in the host buffer)."""
+  """One way of feeding frames. `inputs`: the part's frame inputs now (none when the frames travel in the host buffer); `tensors`: every
+  frame tensor made so far, whose bindings the replay drops (Replay.forget) before drop() lets them go (camerad restarted, warmup over)."""
   def __init__(self) -> None: self.inputs: dict[str, Tensor] = {}
   def feed(self, key: str, buf: Any) -> None: raise NotImplementedError
-  def drop(self) -> list[Tensor]:
-    """Forget every frame tensor (camerad restarted, warmup over); returns them, for the replay to drop their bindings."""
-    self.inputs.clear()
-    return []
+  @property
+  def tensors(self) -> list[Tensor]: return []
+  def drop(self) -> None: self.inputs.clear()
   @property
   def reads_in_place(self) -> bool: return False
   @property
@@ -58,10 +58,12 @@ class UploadFrames(FrameFeed):
     write_tensor(self.uploads[name], frame_bytes(buf, self.frame_size))
     self.inputs[name] = self.uploads[name]
 
-  def drop(self) -> list[Tensor]:
-    dropped = [*self.uploads.values()]
+  @property
+  def tensors(self) -> list[Tensor]: return list(self.uploads.values())
+
+  def drop(self) -> None:
     self.uploads.clear()
-    return dropped + super().drop()
+    super().drop()
 
 class InPlaceFrames(UploadFrames):
   """A --split-frames warp reading the camera buffers in place: each buffer mapped once per pointer with Tensor.from_blob (on CUDA after
@@ -83,12 +85,13 @@ class InPlaceFrames(UploadFrames):
       self.camera_tensors[ptr] = Tensor.from_blob(device_ptr, (self.frame_size,), dtype="uint8", device=self.device)
     self.inputs[FRAME_INPUTS[key]] = self.camera_tensors[ptr]
 
-  def drop(self) -> list[Tensor]:
-    dropped = [*self.camera_tensors.values()]
+  @property
+  def tensors(self) -> list[Tensor]: return [*self.camera_tensors.values(), *super().tensors]
+
+  def drop(self) -> None:
     self.camera_tensors.clear()
-    dropped += super().drop()
+    super().drop()
     if self.cuda: self.cuda.unmap_all()
-    return dropped
 
   @property
   def reads_in_place(self) -> bool:

@@ -96,7 +96,8 @@ class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
 
   def drop_camera_buffers(self) -> None:
     """Forget every camera mapping and the bindings made with them (camerad restarted: its old buffers are gone)."""
-    self.replay.forget(self.frame_feed.drop())
+    self.replay.forget(self.frame_feed.tensors)
+    self.frame_feed.drop()
 
   def close(self) -> None:
     """Let go of the camera buffers and, on CUDA, of the registered host inputs and outputs (the adapter is being replaced)."""
