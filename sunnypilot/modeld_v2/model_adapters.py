@@ -16,8 +16,6 @@ from sunnypilot.modeld_v2.loader import FusedLayout, load_device, load_fused
 from sunnypilot.modeld_v2.output_readbacks import CopiedOutput, OutputReadback, PinnedOutput, ViewedOutput
 from sunnypilot.modeld_v2.replay import write_tensor
 
-__all__ = ["VISION_INPUTS", "BaseModelAdapter", "NativeTinygradAdapter"]
-
 log = logging.getLogger("modeld_v2")
 MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
 
