@@ -1,4 +1,4 @@
-"""Output files of every CLI and of the load cache: a device node, a FIFO, a folder or an input is never replaced, and it is refused before
+"""Output files of every CLI: a device node, a FIFO, a folder or an input is never replaced, and it is refused before
 any work; writes are atomic and all-or-nothing; temporary files go on every exit path (an error, a full disk, Ctrl-C), and those of
 killed runs are removed by the next run."""
 import errno
