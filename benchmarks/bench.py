@@ -86,15 +86,15 @@ class Unfused:
     from tinygrad import Tensor
 
     from sunnypilot.modeld_v2.bundle import state_names
-    from sunnypilot.modeld_v2.loader import load_model
-    self.warp, self.model = load_model(warp_path), load_model(model_path)
+    from sunnypilot.modeld_v2.loader import load_bundle
+    self.warp, self.model = load_bundle(warp_path), load_bundle(model_path)
     zeros = lambda spec: Tensor(np.zeros(spec.shape, spec.dtype)).realize()
-    self.frames = zeros(self.warp["input_specs"]["input_frame"])
-    self.tfm = zeros(self.warp["input_specs"]["M_inv"])
-    states = state_names(self.model["input_specs"], self.model["output_specs"])
-    self.tensors = {n: zeros(s) for n, s in self.model["input_specs"].items() if n != "new_img"}
-    self.outputs = {n: self.tensors[n[5:]] if n[5:] in states else zeros(s) for n, s in self.model["output_specs"].items()}
-    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s.shape, np.float32) for n, s in self.model["input_specs"].items()
+    self.frames = zeros(self.warp.input_specs["input_frame"])
+    self.tfm = zeros(self.warp.input_specs["M_inv"])
+    states = state_names(self.model.input_specs, self.model.output_specs)
+    self.tensors = {n: zeros(s) for n, s in self.model.input_specs.items() if n != "new_img"}
+    self.outputs = {n: self.tensors[n[5:]] if n[5:] in states else zeros(s) for n, s in self.model.output_specs.items()}
+    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s.shape, np.float32) for n, s in self.model.input_specs.items()
                                                                        if n not in states and n != "new_img"}
 
   def copy_frames(self, bufs: dict) -> None:
@@ -106,17 +106,15 @@ class Unfused:
     write_tensor(self.tfm, self.numpy_inputs["tfm"])
     for n, v in self.numpy_inputs.items():
       if n != "tfm": write_tensor(self.tensors[n], v)
-    new_img = self.warp["run"](input_frame=self.frames, M_inv=self.tfm)
-    self.model["run"](new_img=new_img, **self.tensors, output_buffers=self.outputs)
+    new_img = self.warp.run(input_frame=self.frames, M_inv=self.tfm)
+    self.model.run(new_img=new_img, **self.tensors, output_buffers=self.outputs)
 
   def output_array(self) -> np.ndarray: return self.outputs["outputs"].numpy()
 
 def reads_in_place(adapter) -> bool | None:
-  """Whether this frame's warp inputs are the camera buffers' own memory (mapped once, bound by pointer), checked on the adapter's objects;
-  None for paths with no camera tensors (they copy by construction)."""
-  if not hasattr(adapter, "camera_tensors"): return None
-  mapped = list(adapter.camera_tensors.values())
-  return bool(adapter.frame_inputs) and all(any(t is m for m in mapped) for t in adapter.frame_inputs.values())
+  """Whether this frame's warp inputs are the camera buffers' own memory (mapped once, bound by pointer), checked on the adapter's frame feed;
+  None for paths without one (they copy by construction)."""
+  return adapter.frame_feed.reads_in_place if hasattr(adapter, "frame_feed") else None
 
 def numpy_warp(buf: np.ndarray, frame, m_inv: np.ndarray, w: int = 512, h: int = 256) -> np.ndarray:
   """The warp in numpy, for the onnxruntime peer: the six (h/2, w/2) planes of one NV12 buffer."""
@@ -195,8 +193,8 @@ def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
   from tinygrad import Device
   times = []
   for _ in range(rounds):
-    Device[adapter.run_model.device].synchronize()
-    times.append(adapter.run_model.run_bound(wait=True) * 1e3)
+    Device[adapter.replay.device].synchronize()
+    times.append(adapter.replay.run_bound(wait=True) * 1e3)
   return times
 
 def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple | None, log, peers: bool, torch_modes: list[str]) -> dict:
@@ -208,10 +206,10 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
   warps, dev = built["warps"][size], Device.DEFAULT
   bufs = synthetic_buffers(warps["frame"])
   m_inv = warp_matrices(sensor_for_size(*size))
-  adapters = {"fused split": NativeTinygradAdapter(built["model"], warps[True], cache=False),
-              "fused split, one buffer pair": NativeTinygradAdapter(built["model"], warps[True], cache=False),
-              "fused split upload": NativeTinygradAdapter(built["model"], warps[True], cache=False, map_camera_buffers=False),
-              "fused packed": NativeTinygradAdapter(built["model"], warps[False], cache=False),
+  adapters = {"fused split": NativeTinygradAdapter(built["model"], warps[True]),
+              "fused split, one buffer pair": NativeTinygradAdapter(built["model"], warps[True]),
+              "fused split upload": NativeTinygradAdapter(built["model"], warps[True], map_camera_buffers=False),
+              "fused packed": NativeTinygradAdapter(built["model"], warps[False]),
               "unfused": Unfused(built["model"], warps[False])} | ({"legacy": LegacyModelAdapter(*legacy_pickles)} if legacy_pickles else {})
   if peers: adapters |= make_peers(built["files"], warps["frame"], torch_modes, log)
   from tinygrad.helpers import GlobalCounters
@@ -244,13 +242,13 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
       in_place[path] = reads_in_place(adapter)
       if step < 20: continue
       times[path].append((t3 - t0) * 1e3)
-      if path in kernels: kernels[path].append(adapter.run_model.replay_s * 1e3)
+      if path in kernels: kernels[path].append(adapter.replay.replay_s * 1e3)
       if path == "fused split":
         for stage, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3))): stages[stage].append((b - a) * 1e3)
     for path, out in outputs.items(): max_diff[path] = max(max_diff[path], float(np.abs(out - outputs["fused split"]).max()))
   alone = {name: run_alone(adapters["fused split"], bufs, m_inv, pick, frames) for name, pick in
            (("18 rotating buffers", lambda i: i % CAMERA_BUFFERS), ("one buffer pair", lambda i: 0))}
-  split_run = adapters["fused split"].run_model
+  split_run = adapters["fused split"].replay
   if split_run.outputs_in_place: floors, floor_how = kernels["fused split"], "the fused split part's kernel calls, timed inside each call"
   else: floors, floor_how = device_floor_ms(adapters["fused split"]), "the fused split part's graph run back to back with wait=True"
   floor = float(np.percentile(floors, 50))
@@ -263,7 +261,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
     rows[path] = {"p10": float(np.percentile(t, 10)), "p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95)),
                   "p99": float(np.percentile(t, 99)), "x_floor": float(np.percentile(t, 50)) / floor,
                   "host_overhead_ms": float(np.percentile(overhead, 50)) if ours else None, "camera_frames_in_place": in_place.get(path),
-                  "bindings_made": adapters[path].run_model.bindings_made if path.startswith("fused") else None,
+                  "bindings_made": adapters[path].replay.bindings_made if path.startswith("fused") else None,
                   "max_abs_diff_vs_fused_split": max_diff[path]}
   for adapter in adapters.values():
     if hasattr(adapter, "close"): adapter.close()  # unregister the camera buffers and pinned memory before they are freed
@@ -298,8 +296,7 @@ LOAD_SCRIPT = """
 import json, sys, time
 from tinygrad import Device
 Device[Device.DEFAULT]
-kind, model, warp, cache = sys.argv[1:5]
-import os; os.environ["MODELD_V2_CACHE"] = cache
+kind, model, warp = sys.argv[1:4]
 from sunnypilot.modeld_v2.loader import load_fused
 from sunnypilot.modeld_v2.bundle import tinygrad_version
 tinygrad_version()
@@ -308,10 +305,10 @@ if kind == "legacy":
   from benchmarks.legacy import LegacyModelAdapter
   with open(model, "rb") as f: pickles = f.read()
   with open(warp, "rb") as f: warp_pickle = f.read()
-  spec = json.loads(sys.argv[5])
+  spec = json.loads(sys.argv[4])
   LegacyModelAdapter(warp_pickle, pickles, spec)
 else:
-  load_fused(model, warp, cache=kind == "cached")
+  load_fused(model, warp)
 print(json.dumps({"ms": (time.perf_counter() - t) * 1e3}))
 """
 
@@ -321,13 +318,11 @@ def bench_load(built: dict, size: tuple[int, int], legacy_pickles: tuple, workdi
   with open(legacy_model, "wb") as f: f.write(legacy_pickles[1])
   with open(legacy_warp, "wb") as f: f.write(legacy_pickles[0])
   spec = json.dumps(legacy_pickles[2], default=list)
-  cache = os.path.join(workdir, "load_cache")
   def fresh(kind: str, *paths: str) -> float:
-    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, kind, *paths, cache, spec], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, kind, *paths, spec], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["ms"]
-  fresh("cached", built["model"], warps[True])  # fill the cache once
   med = lambda kind, *p: statistics.median(fresh(kind, *p) for _ in range(runs))
-  return {"bundle cold (read + fuse)": med("cold", built["model"], warps[True]), "bundle, load cache hit": med("cached", built["model"], warps[True]),
+  return {"bundle (read + fuse)": med("bundle", built["model"], warps[True]),
           "unpickle legacy TinyJits": med("legacy", legacy_model, legacy_warp), "recompile from ONNX": built["compile_s"] * 1e3}
 
 def table(results: list[dict], loads: dict) -> str:

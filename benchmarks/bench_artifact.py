@@ -1,6 +1,11 @@
-"""Benchmark plain artifacts against pickled TinyJits: load, first call, and per-call host overhead on the same kernels.
+"""Benchmark plain artifacts against pickled TinyJits: load, first call, and per-call host overhead on the same kernels; and where the time
+of a fused load goes (the question a disk cache of fused parts would answer).
 
-  python -m benchmarks.bench_artifact [--calls 3000] [--loads 5] [--json out/bench_artifact.json]
+  python -m benchmarks.bench_artifact [--calls 3000] [--loads 5] [--fused-load full] [--json out/bench_artifact.json]
+
+The fused load runs in fresh processes, interleaved: the loader's way (read the model and the warp bundles, fuse in memory, build the
+replay) against reading one bundle that already holds the fused part (what any disk cache of fused parts would read at the least, with
+no check of the source files) and building the same replay.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from tinygrad import Device, Tensor, dtypes
 from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2.bundle import write_bundle
 from sunnypilot.modeld_v2.capture import capture
-from sunnypilot.modeld_v2.replay import PlainJit
+from sunnypilot.modeld_v2.compat import PlainJit
 
 def small_kernels(n: int = 13):
   """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""
@@ -45,7 +50,7 @@ Device[Device.DEFAULT]
 kind, path, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 inputs = {name: Tensor(np.zeros(shape, dtype)).realize() for name, (shape, dtype) in names.items()}
 from sunnypilot.modeld_v2.bundle import read_parts, tinygrad_version
-from sunnypilot.modeld_v2.replay import PlainJit
+from sunnypilot.modeld_v2.compat import PlainJit
 tinygrad_version()  # both sides start with their code imported and tinygrad's metadata read
 t0 = time.perf_counter()
 if kind == "bundle":
@@ -96,6 +101,59 @@ def bench_case(name: str, make_case, calls: int, loads: int, tmp: str) -> dict:
           "per_call_us": {"tinyjit": tinyjit_us, "bundle": plain_us, "kernel_floor": floor_us},
           "host_overhead_us": {"tinyjit": tinyjit_us - floor_us, "bundle": plain_us - floor_us}}
 
+FUSED_LOAD = """
+import json, sys, time
+from tinygrad import Device
+Device[Device.DEFAULT]
+from sunnypilot.modeld_v2.bundle import read_parts, tinygrad_version
+from sunnypilot.modeld_v2.frame_fusion import fuse
+from sunnypilot.modeld_v2.loader import load_device, loaded
+tinygrad_version()
+kind, model, warp, fused = sys.argv[1:5]
+dev = load_device()
+t = [time.perf_counter()]
+if kind == "fuse":
+  bundles = read_parts(model, dev), read_parts(warp, dev)
+  t.append(time.perf_counter())
+  parts, extras = fuse(*bundles, "warp.bin")
+else:
+  parts, extras = read_parts(fused, dev)
+  t.append(time.perf_counter())
+t.append(time.perf_counter())
+loaded(parts, extras, dev)
+t.append(time.perf_counter())
+print(json.dumps({k: (b - a) * 1e3 for k, a, b in zip(("read", "fuse", "replay"), t, t[1:])} | {"total": (t[-1] - t[0]) * 1e3}))
+"""
+FUSED_LOAD_KINDS = {"fuse": "model + warp bundles, fused in memory (load_fused)", "cached": "one bundle holding the fused part (a cache hit at best)"}
+
+def bench_fused_load(size: str, loads: int, tmp: str) -> dict:
+  """Median stage times of a fused load (native stand-in of `size`, 1928x1208 split warp) in fresh processes, the two kinds interleaved."""
+  from sunnypilot.modeld_v2 import stand_in_models
+  from sunnypilot.modeld_v2.bundle import read_parts
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.compile_warp import compile_warp
+  from sunnypilot.modeld_v2.frame_fusion import fuse
+  from sunnypilot.modeld_v2.warp import camerad_frame
+  model, warp, fused = (os.path.join(tmp, f) for f in ("model.bin", "warp.bin", "fused.bin"))
+  compile_model(model, **stand_in_models.write("native", size, os.path.join(tmp, "native.onnx"))["files"], log=lambda s: None)
+  compile_warp(camerad_frame(1928, 1208).spec, "512x256", warp, split_frames=True, log=lambda s: None)
+  write_bundle(fused, *fuse(read_parts(model), read_parts(warp), "warp.bin"))
+  runs: dict[str, list[dict]] = {kind: [] for kind in FUSED_LOAD_KINDS}
+  for i in range(loads):
+    for kind in list(runs)[i % 2:] + list(runs)[:i % 2]:  # each round starts with the other kind
+      out = subprocess.run([sys.executable, "-c", FUSED_LOAD, kind, model, warp, fused], capture_output=True, text=True, check=True)
+      runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+  return {"model": f"native {size}", "device": Device.DEFAULT, "loads": loads,
+          "bytes": {"model": os.path.getsize(model), "warp": os.path.getsize(warp), "fused": os.path.getsize(fused)},
+          "ms": {kind: {stage: statistics.median(r[stage] for r in rows) for stage in rows[0]} for kind, rows in runs.items()}}
+
+def fused_load_table(r: dict) -> str:
+  lines = [f"fused load, {r['model']} stand-in ({r['bytes']['model'] / 1e6:.1f} MB) + 1928x1208 split warp on {r['device']}, fresh processes, "
+           f"median of {r['loads']} (interleaved)", "", "| load | read ms | fuse ms | build replay ms | total ms |", "|---|---|---|---|---|"]
+  for kind, ms in r["ms"].items():
+    lines.append(f"| {FUSED_LOAD_KINDS[kind]} | {ms['read']:.2f} | {ms['fuse']:.2f} | {ms['replay']:.2f} | {ms['total']:.2f} |")
+  return "\n".join(lines)
+
 def ratio(legacy: float, ours: float) -> str:
   return f"{legacy / ours:.0f}x" if ours >= 0.5 else f">{legacy / 0.5:.0f}x (ours within timing noise of the floor)"
 
@@ -114,16 +172,21 @@ def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--calls", type=int, default=3000, help="calls per timing round (median of batches of 100)")
   parser.add_argument("--loads", type=int, default=5, help="fresh processes per load measurement")
+  parser.add_argument("--fused-load", default="full", choices=("tiny", "full", "none"), help="stand-in model size for the fused load (none: skip)")
   parser.add_argument("--json", help="also write the results here")
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
-  rows = []
+  rows, fused = [], None
   with tempfile.TemporaryDirectory() as tmp:
     for name, make_case in CASES.items():
       print(f"benchmarking {name} on {Device.DEFAULT} ...", file=sys.stderr, flush=True)
       rows.append(bench_case(name, make_case, args.calls, args.loads, tmp))
+    if args.fused_load != "none":
+      print(f"benchmarking a fused load ({args.fused_load} stand-in) on {Device.DEFAULT} ...", file=sys.stderr, flush=True)
+      fused = bench_fused_load(args.fused_load, args.loads, tmp)
   print(table(rows))
-  write_json(args.json, rows)
+  if fused: print("\n" + fused_load_table(fused))
+  write_json(args.json, {"cases": rows, "fused_load": fused})
 
 if __name__ == "__main__":
   main()

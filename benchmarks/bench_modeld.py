@@ -22,19 +22,19 @@ from tinygrad import Device, Tensor
 from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 
 def step_ms(path: str, steps: int) -> list[float]:
   """Per-step times of the loaded bundle with states written in place, as modeld runs it."""
-  model = load_model(path)
+  model = load_bundle(path)
   rng = np.random.default_rng(0)
   tensor = lambda shape, dtype: Tensor(rng.integers(0, 256, shape).astype(dtype) if np.dtype(dtype) == np.uint8 else np.zeros(shape, dtype)).realize()
-  inputs = {k: tensor(s, d) for k, (s, d, _) in model["input_specs"].items()}
-  outs = {k: inputs[k[5:]] if k.startswith("next_") else tensor(s, d) for k, (s, d, _) in model["output_specs"].items()}
+  inputs = {k: tensor(s, d) for k, (s, d, _) in model.input_specs.items()}
+  outs = {k: inputs[k[5:]] if k.startswith("next_") else tensor(s, d) for k, (s, d, _) in model.output_specs.items()}
   times = []
   for i in range(steps + 5):
     t = time.perf_counter()
-    model["run"](**inputs, output_buffers=outs)
+    model.run(**inputs, output_buffers=outs)
     Device[Device.DEFAULT].synchronize()
     if i >= 5: times.append((time.perf_counter() - t) * 1e3)
   return times
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
           summary = compile_model(out, **stand_in["files"], log=lambda s: None, **variant_options(variant))
           times = step_ms(out, args.steps)
           rows.append({"generation": generation, "variant": variant, "size": size, "device": Device.DEFAULT, "gflops": stand_in["flops"] / 1e9,
-                       "mparams": stand_in["params"] / 1e6, "frame_skip": load_model(out)["metadata"]["frame_skip"], "compile_s": summary["compile_s"],
+                       "mparams": stand_in["params"] / 1e6, "frame_skip": load_bundle(out).metadata["frame_skip"], "compile_s": summary["compile_s"],
                        "kernels": summary["kernels"], "bundle_mb": summary["bytes"] / 1e6, "step_ms_median": statistics.median(times),
                        "step_ms_p10": float(np.percentile(times, 10)), "step_ms_p95": float(np.percentile(times, 95))})
   print("| generation (random-weight stand-in) | variant | size | device | GFLOPs/step | M params | frame_skip | compile s | kernels | bundle MB "

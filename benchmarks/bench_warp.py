@@ -16,7 +16,7 @@ from tinygrad import Device, Tensor
 
 from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2.compile_warp import compile_warp
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
       t0 = time.perf_counter()
       summary = compile_warp(frame.spec, "512x256", path, split_frames=split, beam=beam, log=lambda s: None)
       compile_s = time.perf_counter() - t0
-      run = load_model(path)["run"]
+      run = load_bundle(path).run
       rng = np.random.default_rng(0)
       bufs = rng.integers(0, 256, (2, frame.size), dtype=np.uint8)
       m_inv = Tensor(np.stack([np.eye(3, dtype=np.float32)] * 2)).realize()

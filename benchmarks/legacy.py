@@ -12,7 +12,8 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
 from sunnypilot.modeld_v2.bundle import state_names
-from sunnypilot.modeld_v2.model_adapters import VISION_INPUTS, BaseModelAdapter
+from sunnypilot.modeld_v2.frame_feeds import VISION_INPUTS
+from sunnypilot.modeld_v2.model_adapters import BaseModelAdapter
 
 def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
   """Capture the legacy warp and model TinyJits as old modeld shipped them (host inputs uploaded inside the JIT), pickled. `onnx_paths`:

@@ -60,8 +60,8 @@ bufs, m = np.load({str(folder / 'bufs.npy')!r}), np.load({str(folder / 'm.npy')!
 frame, big, m_inv = Tensor(bufs[0]).realize(), Tensor(bufs[1]).realize(), Tensor(m).realize()
 Device[Device.DEFAULT]
 {NO_COMPILE}
-from sunnypilot.modeld_v2.loader import load_model
-out = load_model({path!r})["run"](frame=frame, big_frame=big, M_inv=m_inv)
+from sunnypilot.modeld_v2.loader import load_bundle
+out = load_bundle({path!r}).run(frame=frame, big_frame=big, M_inv=m_inv)
 np.save({str(folder / 'out.npy')!r}, np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.uint8))
 """)
   return np.load(folder / "out.npy")
@@ -71,11 +71,6 @@ import tinygrad.engine.realize as realize, tinygrad.device as device
 def _forbidden(*a, **k): raise AssertionError("compile or schedule after the device was opened")
 realize.compile_linear = realize.lower_and_compile = realize.to_program = device.Compiler.compile = device.Compiler.compile_cached = _forbidden
 """
-
-@pytest.fixture(autouse=True, scope="session")
-def private_load_cache(tmp_path_factory):
-  """The load cache of every test (and the processes they start) lives in a temporary folder, not in ~/.cache."""
-  os.environ["MODELD_V2_CACHE"] = str(tmp_path_factory.mktemp("load_cache"))
 
 @pytest.fixture(scope="session")
 def native_artifacts(tmp_path_factory) -> str:

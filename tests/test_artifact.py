@@ -9,7 +9,8 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from sunnypilot.modeld_v2 import bundle, replay
 from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts, write_bundle
 from sunnypilot.modeld_v2.capture import capture
-from sunnypilot.modeld_v2.replay import InputError, PlainJit
+from sunnypilot.modeld_v2.compat import PlainJit
+from sunnypilot.modeld_v2.replay import InputError
 
 from conftest import NO_COMPILE, conv_net, realized, run_python
 
@@ -107,7 +108,7 @@ img = Tensor(np.load({tmp_bundle!r} + ".img.npy")).realize()
 Device[Device.DEFAULT]
 {NO_COMPILE}
 from sunnypilot.modeld_v2.bundle import read_parts
-from sunnypilot.modeld_v2.replay import PlainJit
+from sunnypilot.modeld_v2.compat import PlainJit
 run = PlainJit(*read_parts({tmp_bundle!r})[0]["run"])
 for _ in range(3): out = run(img=img)
 print(bytes(out.uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
@@ -134,7 +135,7 @@ img, host = Tensor(np.zeros((1, 6, 16, 16), np.uint8)).realize(), Tensor(np.zero
 Device[Device.DEFAULT]
 {NO_COMPILE}
 from sunnypilot.modeld_v2.bundle import read_parts
-from sunnypilot.modeld_v2.replay import PlainJit
+from sunnypilot.modeld_v2.compat import PlainJit
 run = PlainJit(*read_parts({path!r})[0]["run"])
 for _ in range(3): run(img=img, host=host)
 print(run.call_kinds)
@@ -401,7 +402,7 @@ def test_generic_replay_path_on_cpu():
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from sunnypilot.modeld_v2.capture import capture
-from sunnypilot.modeld_v2.replay import PlainJit
+from sunnypilot.modeld_v2.compat import PlainJit
 rng = np.random.default_rng(0)
 w = Tensor(rng.standard_normal((8, 6, 3, 3)).astype(np.float32)).realize()
 fn = lambda img, host: (img.cast(dtypes.float32) * host.to(Device.DEFAULT)[0]).conv2d(w).relu().sum(axis=(2, 3))

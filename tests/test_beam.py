@@ -78,8 +78,8 @@ inputs = {{k: Tensor(f[k]).realize() for k in f.files}}
 outs = {{"outputs": Tensor(np.zeros((1, 6), np.float32)).realize(), "next_state_q": Tensor(np.zeros((2, 4), np.float32)).realize()}}
 Device[Device.DEFAULT]
 {NO_COMPILE}
-from sunnypilot.modeld_v2.loader import load_model
-load_model({bundle!r})["run"](**inputs, output_buffers=outs)
+from sunnypilot.modeld_v2.loader import load_bundle
+load_bundle({bundle!r}).run(**inputs, output_buffers=outs)
 print(*(bytes(outs[k].uop.base.buffer.as_memoryview(force_zero_copy=True)).hex() for k in ("outputs", "next_state_q")))
 """)
   got = [np.frombuffer(bytes.fromhex(h), np.float32) for h in out.split()]

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.bundle import ArtifactError
 from sunnypilot.modeld_v2.compile_modeld import compile_model, main
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.model_plan import QueuedPlan, plan_model
 from sunnypilot.modeld_v2.onnx_model import ModelError, read_output_slices
 
@@ -205,7 +205,7 @@ def supercombo(onnx_files, tmp_path_factory) -> dict:
   return compile_model(str(tmp_path_factory.mktemp("bundle") / "supercombo.bin"), **onnx_files["supercombo_action"], log=quiet)
 
 def test_metadata_says_roles_slices_and_frame_skip(supercombo, onnx_files):
-  meta = load_model(supercombo["output"])["metadata"]
+  meta = load_bundle(supercombo["output"]).metadata
   slices, width = onnx_slices(onnx_files["supercombo_action"]["onnx"])
   assert meta["layout"] == "supercombo" and meta["frame_skip"] == 4 and meta["output_slices"] == slices
   assert meta["output_shapes"]["outputs"] == [1, width] and meta["output_shapes"]["next_feat_q"] == [93, 512]
@@ -218,26 +218,26 @@ def test_metadata_says_roles_slices_and_frame_skip(supercombo, onnx_files):
 
 def test_fresh_process_without_compiler(supercombo, tmp_path):
   """The bundle replays in a new process with the compiler forbidden, on the inputs the capture was self-checked with."""
-  from sunnypilot.modeld_v2.replay import PlainJit
+  from sunnypilot.modeld_v2.compat import PlainJit
   rng = np.random.default_rng(5)
-  model = load_model(supercombo["output"])
+  model = load_bundle(supercombo["output"])
   values = {n: rng.integers(0, 256, s.shape).astype(s.dtype) if s.dtype == "|u1" else rng.standard_normal(s.shape).astype(s.dtype)
-            for n, s in model["input_specs"].items()}
+            for n, s in model.input_specs.items()}
   states = {n: realized(v) for n, v in values.items() if n.endswith("_q")}
-  outs = {"outputs": realized(np.zeros(model["output_specs"]["outputs"].shape, np.float32))} | {f"next_{n}": t for n, t in states.items()}
+  outs = {"outputs": realized(np.zeros(model.output_specs["outputs"].shape, np.float32))} | {f"next_{n}": t for n, t in states.items()}
   np.savez(tmp_path / "inputs.npz", **values)
   PlainJit(*supercombo["part"])(**{n: realized(v) for n, v in values.items() if n not in states}, **states, output_buffers=outs)
   expected = outs["outputs"].numpy()
   out = run_python(f"""
 import numpy as np
 from tinygrad import Tensor, Device
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 d = np.load({str(tmp_path / 'inputs.npz')!r})
 inputs = {{k: Tensor(d[k]).realize() for k in d.files}}
 outs = {{"outputs": Tensor(np.zeros({list(expected.shape)}, np.float32)).realize()}} | {{f"next_{{k}}": v for k, v in inputs.items() if k.endswith("_q")}}
 Device[Device.DEFAULT]
 {NO_COMPILE}
-load_model({supercombo['output']!r})["run"](**inputs, output_buffers=outs)
+load_bundle({supercombo['output']!r}).run(**inputs, output_buffers=outs)
 print(bytes(outs["outputs"].uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
 """)
   assert np.frombuffer(bytes.fromhex(out.strip()), np.float32).tobytes() == expected.tobytes()
@@ -250,7 +250,7 @@ def test_a_model_no_generation_fits_needs_generation(tmp_path, capsys):
   code, err = cli(capsys, ["--onnx", path, "--output", str(tmp_path / "x.bin")])
   assert code == 2 and "fits no known generation: give --generation" in err and err.count("\n") == 1 and not (tmp_path / "x.bin").exists(), err
   assert main(["--onnx", path, "--output", str(tmp_path / "x.bin"), "--generation", "supercombo_action"]) == 0
-  meta = load_model(str(tmp_path / "x.bin"))["metadata"]
+  meta = load_bundle(str(tmp_path / "x.bin")).metadata
   assert (meta["generation"], meta["generation_source"]) == ("supercombo_action", "--generation")
   code, err = cli(capsys, ["--onnx", path, "--output", str(tmp_path / "y.bin"), "--generation", "split_11"])
   assert code == 2 and "invalid choice" in err

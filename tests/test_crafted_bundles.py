@@ -1,5 +1,5 @@
 """Bundles crafted with a valid content hash (write_bundle recomputes it) over a hostile header or blob: every one is an ArtifactError in
-`inspect`, `verify` and `load_model` (one line, exit 2 from the CLI), never another exception, a hang, a runaway allocation or a segfault."""
+`inspect`, `verify` and `load_bundle` (one line, exit 2 from the CLI), never another exception, a hang, a runaway allocation or a segfault."""
 import copy
 import hashlib
 import json
@@ -14,7 +14,7 @@ from sunnypilot.modeld_v2 import bundle
 from sunnypilot.modeld_v2.bundle import MAX_BUFFER_BYTES, MAX_CPU_CORES, ArtifactError, read_parts
 from sunnypilot.modeld_v2.capture import capture, verify_part
 from sunnypilot.modeld_v2.inspect_bundle import main as inspect_main
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 
 from conftest import conv_net
 
@@ -24,12 +24,12 @@ def part():
   return capture(fn, make).part
 
 def rejected_everywhere(path: str, capsys, message: str) -> None:
-  """inspect and verify exit 2 with one line naming the problem; load_model raises an ArtifactError."""
+  """inspect and verify exit 2 with one line naming the problem; load_bundle raises an ArtifactError."""
   for command in ("inspect", "verify"):
     assert inspect_main([command, path]) == 2, command
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err, f"{command}: {err}"
-  with pytest.raises(ArtifactError, match=re.escape(message)): load_model(path)
+  with pytest.raises(ArtifactError, match=re.escape(message)): load_bundle(path)
 
 def crafted(path: str, header: dict, blob: bytes, extras: dict | None = None) -> str:
   """A bundle of one part with a recomputed content hash, whatever its header holds (written byte by byte, as an attacker would)."""
@@ -195,7 +195,7 @@ def test_every_metadata_field_mutated_is_an_artifact_error_or_still_works(native
         dst = with_metadata(src, str(tmp_path / f"{which}.bin"), path, bad)
         try:
           describe(dst)
-          load_fused(*((dst, warp) if which == "model" else (model, dst)), cache=False)
+          load_fused(*((dst, warp) if which == "model" else (model, dst)))
         except ArtifactError: rejected += 1
         except Exception as e: pytest.fail(f"{which} metadata{''.join(f'[{k!r}]' for k in path)} = {bad!r:.40}: {type(e).__name__}: {e}")
   assert rejected > 50

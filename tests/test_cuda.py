@@ -7,9 +7,9 @@ from tinygrad import Device
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.capture import capture
+from sunnypilot.modeld_v2.compat import PlainJit
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp
-from sunnypilot.modeld_v2.replay import PlainJit
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 from conftest import conv_net
@@ -46,8 +46,8 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, 
   stand_in_models.write("native", "tiny", str(tmp_path / "m.onnx"), seed=5)
   compile_model(str(tmp_path / "m.bin"), onnx=str(tmp_path / "m.onnx"), log=lambda s: None)
   compile_warp(frame.spec, "512x256", str(tmp_path / "w.bin"), split_frames=True)
-  registered = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), cache=False)
-  uploaded = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), cache=False, map_camera_buffers=False)
+  registered = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"))
+  uploaded = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False)
   assert registered.in_place and registered.registered_camera_buffers == 0 and not uploaded.in_place
   rng = np.random.default_rng(0)
   bufs = [{k: Buf(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]
@@ -61,8 +61,8 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, 
       outs.append(adapter.output_array().tobytes())
     assert outs[0] == outs[1], f"step {step}: registered camera buffers differ from uploaded frames"
   assert registered.registered_camera_buffers == 10, "each camera buffer registered once"
-  batches = registered.run_model.call_kinds.count("graph")
-  assert min(instances, 5) <= registered.run_model.graph_instances <= min(instances, 5) * batches, "a graph per buffer pair, up to the cap"
+  batches = registered.replay.call_kinds.count("graph")
+  assert min(instances, 5) <= registered.replay.graph_instances <= min(instances, 5) * batches, "a graph per buffer pair, up to the cap"
   registered.reset_warmup_buffers()
-  assert registered.registered_camera_buffers == 0 and registered.camera_tensors == {}
-  assert registered.run_model.graph_instances <= batches, "the instances built on camera buffers go with them"
+  assert registered.registered_camera_buffers == 0 and registered.frame_feed.camera_tensors == {}
+  assert registered.replay.graph_instances <= batches, "the instances built on camera buffers go with them"

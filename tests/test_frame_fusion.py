@@ -7,7 +7,7 @@ import pytest
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.frame_fusion import _Blobs, pack_layout
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
 
@@ -50,27 +50,27 @@ def test_blobs_are_one_address_space():
 
 @pytest.mark.parametrize("layout", ["native", "supercombo"])
 def test_fused_equals_warp_then_model(bundles, layout):
-  adapter = NativeTinygradAdapter(bundles[layout], bundles["packed"], cache=False)
-  warp, model = load_model(bundles["packed"])["run"], load_model(bundles[layout])
-  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in model["input_specs"].items() if f"next_{n}" in model["output_specs"]}
-  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
-  header = adapter.run_model.header
+  adapter = NativeTinygradAdapter(bundles[layout], bundles["packed"])
+  warp, model = load_bundle(bundles["packed"]).run, load_bundle(bundles[layout])
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in model.input_specs.items() if f"next_{n}" in model.output_specs}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model.output_specs.items()}
+  header = adapter.replay.header
   assert [c["kind"] for c in header["calls"]].count("copy") == 1 and header["calls"][0]["kind"] == "copy", "one host upload, first"
   rng = np.random.default_rng(0)
   for step in range(5):
     expected = drive(adapter, rng, 1)[0]
     n = adapter.numpy_inputs
-    new_img = warp(input_frame=realized(adapter.frames.copy()), M_inv=realized(n["tfm"].copy()))
-    model["run"](new_img=new_img, desire=realized(n["desire"].copy()), traffic_convention=realized(n["traffic_convention"].copy()),
+    new_img = warp(input_frame=realized(adapter.frame_feed.frames.copy()), M_inv=realized(n["tfm"].copy()))
+    model.run(new_img=new_img, desire=realized(n["desire"].copy()), traffic_convention=realized(n["traffic_convention"].copy()),
                  action_t=realized(n["action_t"].copy()), **({"prepare_only": realized(n["prepare_only"].copy())} if "prepare_only" in n else {}),
                  **states, output_buffers=outs)
     assert outs["outputs"].numpy().tobytes() == expected, f"step {step}: fused differs from the warp bundle then the model bundle"
 
 @pytest.mark.parametrize("layout", ["native", "supercombo"])
 def test_split_frames_equal_packed_over_30_steps(bundles, layout):
-  packed = NativeTinygradAdapter(bundles[layout], bundles["packed"], cache=False)
-  split = NativeTinygradAdapter(bundles[layout], bundles["split"], cache=False)
-  assert split.run_model.input_names == sorted(["big_frame", "frame", "host", *split.input_queues])
+  packed = NativeTinygradAdapter(bundles[layout], bundles["packed"])
+  split = NativeTinygradAdapter(bundles[layout], bundles["split"])
+  assert split.replay.input_names == sorted(["big_frame", "frame", "host", *split.states])
   assert split.packed_input.nbytes <= 1024 and packed.packed_input.nbytes > 2 * FRAME.size, "split uploads inputs only, packed both frames too"
   a, b = drive(packed, np.random.default_rng(1), 30), drive(split, np.random.default_rng(1), 30)
   assert a == b and len(set(a)) == 30
@@ -93,26 +93,26 @@ def test_visionipc_buffers_read_in_place_and_bound_once_each(bundles, openpilot_
       out[key] = client.recv(1000)
       assert out[key] is not None and np.frombuffer(out[key].data, np.uint8)[:FRAME.size].tobytes() == frame.tobytes()
     return out
-  split = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
-  packed = NativeTinygradAdapter(bundles["native"], bundles["packed"], cache=False)
+  split = NativeTinygradAdapter(bundles["native"], bundles["split"])
+  packed = NativeTinygradAdapter(bundles["native"], bundles["packed"])
   expected = drive(packed, np.random.default_rng(2), 100)
   assert drive(split, np.random.default_rng(2), 100, serve) == expected, "in-place camera buffers give the packed result"
-  assert len(split.camera_tensors) == 36, "each of 18 buffers per stream mapped once"
-  fixed_slots = len(split.run_model.inputs) - 2
-  assert split.run_model.bindings_made == fixed_slots + 36, "host, states and outputs bound once; each camera buffer once"
+  assert len(split.frame_feed.camera_tensors) == 36, "each of 18 buffers per stream mapped once"
+  fixed_slots = len(split.replay.inputs) - 2
+  assert split.replay.bindings_made == fixed_slots + 36, "host, states and outputs bound once; each camera buffer once"
   last = serve(99, np.zeros((2, FRAME.size), np.uint8))
   split.copy_frames(last)
   ptr = np.frombuffer(last["img"].data, np.uint8).ctypes.data
-  assert split.frame_inputs["frame"].uop.base.buffer._buf.va_addr == ptr, "the warp reads the visionipc buffer itself, not a copy"
+  assert split.frame_feed.inputs["frame"].uop.base.buffer._buf.va_addr == ptr, "the warp reads the visionipc buffer itself, not a copy"
   split.reset_warmup_buffers()
-  assert split.camera_tensors == {} and split.frame_inputs == {} and split.run_model.bindings == fixed_slots, "camera bindings go with the buffers"
-  assert not split.input_queues["state_feat_q"].numpy().any()
+  assert split.frame_feed.camera_tensors == {} and split.frame_feed.inputs == {} and split.replay.bindings == fixed_slots, "camera bindings go with the buffers"
+  assert not split.states["state_feat_q"].numpy().any()
   packed.reset_warmup_buffers()
   assert drive(split, np.random.default_rng(3), 5, serve) == drive(packed, np.random.default_rng(3), 5), "correct again after the reset"
 
 
 def test_misaligned_or_short_camera_buffer_is_rejected(bundles):
-  split = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
+  split = NativeTinygradAdapter(bundles["native"], bundles["split"])
   raw = np.zeros(FRAME.size + 64, np.uint8)
   start = (-raw.ctypes.data) % 64
   Buf = type("Buf", (), {})
@@ -123,16 +123,16 @@ def test_misaligned_or_short_camera_buffer_is_rejected(bundles):
 
 def test_numpy_frames_are_copied_never_read_in_place(bundles):
   """numpy arrays have .data too: they are still uploaded (modeld's warm-up frames are freed right after copy_frames)."""
-  split = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
+  split = NativeTinygradAdapter(bundles["native"], bundles["split"])
   frames = np.random.default_rng(5).integers(0, 256, (2, FRAME.size), dtype=np.uint8)
   split.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
   split.copy_frames({"img": frames[0], "big_img": frames[1]})
   frames[:] = 0  # the caller reuses (or frees) its arrays after copy_frames
   split.run()
   got = split.output_array().tobytes()
-  fresh = NativeTinygradAdapter(bundles["native"], bundles["split"], cache=False)
+  fresh = NativeTinygradAdapter(bundles["native"], bundles["split"])
   fresh.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
   kept = np.random.default_rng(5).integers(0, 256, (2, FRAME.size), dtype=np.uint8)
   fresh.copy_frames({"img": kept[0], "big_img": kept[1]})
   fresh.run()
-  assert got == fresh.output_array().tobytes() and split.camera_tensors == {}, "the frames as they were at copy_frames, not the array now"
+  assert got == fresh.output_array().tobytes() and split.frame_feed.camera_tensors == {}, "the frames as they were at copy_frames, not the array now"

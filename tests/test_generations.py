@@ -14,7 +14,7 @@ import pytest
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
 
@@ -130,10 +130,10 @@ def integer_transform(rng) -> np.ndarray:
 def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
   files, summary = built(generation)
   reference = Openpilot(files)
-  model = load_model(summary["output"])
-  specs = model["input_specs"]
-  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model["output_specs"]}
-  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
+  model = load_bundle(summary["output"])
+  specs = model.input_specs
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model.output_specs}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model.output_specs.items()}
   jit_states = {n: realized(np.zeros(t.shape, t.dtype.fmt)) for n, t in states.items()}
   jit_outs = {n: realized(np.zeros(t.shape, t.dtype.fmt)) for n, t in summary["inputs"]["output_buffers"].items()}  # in the capture's order
   rng = np.random.default_rng(11)
@@ -142,7 +142,7 @@ def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
     desire, host = step_inputs(rng, step, reference.host, reference)
     expected = reference.step(new_img, desire, host)
     inputs = {n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | GATE | host).items() if n in specs}
-    model["run"](**inputs, **states, output_buffers=outs)
+    model.run(**inputs, **states, output_buffers=outs)
     summary["jit"](**inputs, **jit_states, output_buffers=jit_outs)
     for n, t in jit_states.items(): t.assign(jit_outs[f"next_{n}"]).realize()
     got = outs["outputs"].numpy()
@@ -155,7 +155,7 @@ def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
 def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(built, native_artifacts, generation):
   files, summary = built(generation)
   reference = Openpilot(files)
-  adapter = NativeTinygradAdapter(summary["output"], f"{native_artifacts}/warp_split.bin", cache=False)
+  adapter = NativeTinygradAdapter(summary["output"], f"{native_artifacts}/warp_split.bin")
   assert adapter.in_place, "VisionIPC-shaped buffers are read in place"
   cameras = [[CameraBuffer(FRAME.size) for _ in range(3)] for _ in range(2)]  # a few rotating buffers per stream, as camerad's
   rng = np.random.default_rng(12)
@@ -174,20 +174,20 @@ def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(built, nativ
     adapter.copy_frames({"img": bufs[0], "big_img": bufs[1]})
     adapter.run()
     np.testing.assert_allclose(adapter.output_array(), expected, rtol=1e-4, atol=1e-5, err_msg=f"{generation} step {step}: fused vs onnxruntime")
-  assert len(adapter.camera_tensors) == 6, "each camera buffer mapped once"
+  assert len(adapter.frame_feed.camera_tensors) == 6, "each camera buffer mapped once"
   adapter.drop_camera_buffers()
 
 def drive_bundle(path: str, reference: Openpilot, rng, steps: int = STEPS) -> None:
   """`steps` random frames through the bundle (states written in place, as modeld runs it) and through the reference."""
-  model = load_model(path)
-  specs = model["input_specs"]
-  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model["output_specs"]}
-  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
+  model = load_bundle(path)
+  specs = model.input_specs
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model.output_specs}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model.output_specs.items()}
   for step in range(steps):
     new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
     desire, host = step_inputs(rng, step, reference.host, reference)
     expected = reference.step(new_img, desire, host)
-    model["run"](**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | GATE | host).items() if n in specs}, **states,
+    model.run(**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | GATE | host).items() if n in specs}, **states,
                  output_buffers=outs)
     np.testing.assert_allclose(outs["outputs"].numpy(), expected, rtol=1e-4, atol=1e-5, err_msg=f"{path} step {step} vs onnxruntime")
 
@@ -196,7 +196,7 @@ def test_native_model_with_its_own_host_inputs(tmp_path):
   model, _ = stand_in_models.build_native("tiny", seed=3, host={"desire": (1, 8), "traffic_convention": (1, 2), "driving_style": (1, 12)})
   onnx.save(model, path := str(tmp_path / "native.onnx"))
   summary = compile_model(str(tmp_path / "native.bin"), onnx=path, log=lambda s: None)
-  meta = load_model(summary["output"])["metadata"]
+  meta = load_bundle(summary["output"]).metadata
   assert meta["input_roles"] == {"new_img": "frames", "desire": "host", "traffic_convention": "host", "driving_style": "host", "state_feat_q": "state"}
   drive_bundle(summary["output"], Openpilot({"onnx": path}), np.random.default_rng(5))
 
@@ -231,19 +231,19 @@ def exact_float16_pair(folder) -> dict[str, str]:
 def test_float16_pair_is_exact_and_takes_frame_skip_from_the_onnx(tmp_path):
   files = exact_float16_pair(tmp_path)
   summary = compile_model(str(tmp_path / "pair.bin"), **files, log=lambda s: None)
-  model = load_model(summary["output"])
-  assert model["metadata"]["frame_skip"] == 2 and model["input_specs"]["driving_style"].dtype == "<f4" and model["output_specs"]["outputs"].shape == (1, 132)
-  assert {n: s.shape for n, s in model["input_specs"].items() if n.endswith("_q")} == {"img_q": (3, 6, 128, 256), "big_img_q": (3, 6, 128, 256),
+  model = load_bundle(summary["output"])
+  assert model.metadata["frame_skip"] == 2 and model.input_specs["driving_style"].dtype == "<f4" and model.output_specs["outputs"].shape == (1, 132)
+  assert {n: s.shape for n, s in model.input_specs.items() if n.endswith("_q")} == {"img_q": (3, 6, 128, 256), "big_img_q": (3, 6, 128, 256),
                                                                                          "desire_q": (6, 8), "feat_q": (5, 24)}
   reference, rng = Openpilot(files, frame_skip=2), np.random.default_rng(6)
-  specs = model["input_specs"]
+  specs = model.input_specs
   states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if n.endswith("_q")}
   outs = {"outputs": realized(np.zeros((1, 132), np.float32))} | {f"next_{n}": t for n, t in states.items()}
   for step in range(8):
     new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
     desire, host = step_inputs(rng, step, reference.host, reference)
     expected = reference.step(new_img, desire, host)
-    model["run"](new_img=realized(new_img), desire=realized(desire), **{n: realized(v) for n, v in (host | GATE).items()}, **states, output_buffers=outs)
+    model.run(new_img=realized(new_img), desire=realized(desire), **{n: realized(v) for n, v in (host | GATE).items()}, **states, output_buffers=outs)
     assert outs["outputs"].numpy().tobytes() == expected.tobytes(), f"step {step}: float16 values must round the same on both sides"
 
 # What openpilot pushes on a prepare-only frame (the one after a drop), written out: the 0.9.x modeld.py (@00731a68, @6c6be47b) pushes the
@@ -263,11 +263,11 @@ def test_prepare_only_frames_push_what_the_generation_pushes(built, generation):
   """Frames after a drop run with the gate on: afterwards the desire and feature queues hold what openpilot's buffers hold, and every
   later frame's outputs equal onnxruntime fed openpilot's inputs."""
   files, summary = built(generation)
-  reference, model = Openpilot(files), load_model(summary["output"])
-  specs = model["input_specs"]
-  assert model["metadata"]["generation"] == generation and model["metadata"]["input_roles"]["prepare_only"] == "gate"
-  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model["output_specs"]}
-  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
+  reference, model = Openpilot(files), load_bundle(summary["output"])
+  specs = model.input_specs
+  assert model.metadata["generation"] == generation and model.metadata["input_roles"]["prepare_only"] == "gate"
+  states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in specs.items() if f"next_{n}" in model.output_specs}
+  outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model.output_specs.items()}
   rng = np.random.default_rng(13)
   for step in range(STEPS):
     new_img = rng.integers(0, 256, (2, 6, 128, 256), dtype=np.uint8)
@@ -275,7 +275,7 @@ def test_prepare_only_frames_push_what_the_generation_pushes(built, generation):
     desire[0, 1 + step % 7] = 1  # a pulse on every frame: a dropped desire push shows
     skip = step in PREPARE_ONLY_STEPS
     gate = {"prepare_only": np.full((1, 1), float(skip), np.float32)}
-    model["run"](**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | gate | host).items() if n in specs}, **states,
+    model.run(**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | gate | host).items() if n in specs}, **states,
                  output_buffers=outs)
     if skip: prepare_only(reference, generation, new_img, desire)
     else: np.testing.assert_allclose(outs["outputs"].numpy(), reference.step(new_img, desire, host), rtol=1e-4, atol=1e-5,

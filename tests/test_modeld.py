@@ -137,7 +137,7 @@ def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "wa
               long_delay: float = LONG_DELAY, prepare_only: tuple[int, ...] = ()) -> list[bytes]:
   """The adapter run directly on the same frames, from fresh states, with the inputs modeld derives when cameras, calibration and carState
   (vEgo, no blinkers, no lateral control: no desire) are published."""
-  adapter = NativeTinygradAdapter(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp), cache=False)
+  adapter = NativeTinygradAdapter(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp))
   road, wide = SENSOR_CAMERAS[sensor]
   # openpilot's inputs: action_t = [lat + 1.5 DT, long + LONG_SMOOTH_SECONDS 0.3 + 1.5 DT] and 0.9.x's lateral_control_params [vEgo, lat],
   # each delay once; the prepare_only gate off
@@ -172,8 +172,8 @@ def check_fields(msgs: dict, slices: dict) -> None:
   np.testing.assert_allclose(list(d.path.yCoefficients), coeffs, rtol=1e-3, atol=1e-4)
 
 def test_100_frames_in_100_frames_out(artifacts, openpilot_prefix):
-  from sunnypilot.modeld_v2.loader import load_model
-  slices = load_model(os.path.join(artifacts, "model.bin"))["metadata"]["output_slices"]
+  from sunnypilot.modeld_v2.loader import load_bundle
+  slices = load_bundle(os.path.join(artifacts, "model.bin")).metadata["output_slices"]
   daemon = Daemon(artifacts)
   assert any("skipping" in line and "notes.bin" in line for line in daemon.lines), "the truncated unrelated bundle is skipped with one line"
   for frame_id in range(100):
@@ -190,8 +190,8 @@ def test_100_frames_in_100_frames_out(artifacts, openpilot_prefix):
 
 def test_split_09_frames_in_messages_out(split_09, openpilot_prefix):
   """A 0.9.x vision+policy pair end to end: every frame published, host inputs filled by name as openpilot did, fields from its heads."""
-  from sunnypilot.modeld_v2.loader import load_model
-  slices = load_model(os.path.join(split_09, "model.bin"))["metadata"]["output_slices"]
+  from sunnypilot.modeld_v2.loader import load_bundle
+  slices = load_bundle(os.path.join(split_09, "model.bin")).metadata["output_slices"]
   daemon = Daemon(split_09)
   for frame_id in range(30):
     daemon.send(frame_id)
@@ -420,8 +420,8 @@ class Expected:
 
 def test_todays_layout_every_field_from_raw_predictions(split_current, openpilot_prefix):
   """openpilot's current vision + policy layout end to end: every published field equals the reference computed from rawPredictions."""
-  from sunnypilot.modeld_v2.loader import load_model
-  meta = load_model(os.path.join(split_current, "model.bin"))["metadata"]
+  from sunnypilot.modeld_v2.loader import load_bundle
+  meta = load_bundle(os.path.join(split_current, "model.bin")).metadata
   assert (meta["generation"], meta["generation_source"]) == ("split_current", "onnx")
   daemon, expected = Daemon(split_current), Expected(meta["output_slices"], LAT_DELAY + 1.5 * DT_MDL)
   for frame_id in range(45):  # past frame 40: a confidence update
@@ -451,9 +451,9 @@ def test_each_delay_counts_once(split_action, split_09, openpilot_prefix, tmp_pa
   f32 = lambda x: float(np.float32(x))  # CarParams holds float32s
   lat, long = (0.41, 0.27) if source == "flags" else (f32(0.17) + 0.2, f32(0.33))
   args, env = (("--lat-delay", "0.41", "--long-delay", "0.27"), None) if source == "flags" else ((), fake_openpilot_params(tmp_path, 0.17, 0.33))
-  from sunnypilot.modeld_v2.loader import load_model
+  from sunnypilot.modeld_v2.loader import load_bundle
   for folder in (split_action, split_09):
-    slices = load_model(os.path.join(folder, "model.bin"))["metadata"]["output_slices"]
+    slices = load_bundle(os.path.join(folder, "model.bin")).metadata["output_slices"]
     daemon = Daemon(folder, args=args, env=env)
     assert any(f"delays from {'--lat-delay/--long-delay' if source == 'flags' else 'CarParams'}: lateral {lat:.3f} s" in line for line in daemon.lines)
     for frame_id in range(12):

@@ -1,4 +1,4 @@
-"""Output files of every CLI and of the load cache: a device node, a FIFO, a folder or an input is never replaced, and it is refused before
+"""Output files of every CLI: a device node, a FIFO, a folder or an input is never replaced, and it is refused before
 any work; writes are atomic and all-or-nothing; temporary files go on every exit path (an error, a full disk, Ctrl-C), and those of
 killed runs are removed by the next run."""
 import errno
@@ -51,7 +51,7 @@ def no_work(monkeypatch):
   """Any capture, ONNX read, model load or stand-in build fails the test: the output check must come first."""
   def forbidden(*args, **kwargs): raise AssertionError("work started before the output was checked")
   from sunnypilot.modeld_v2 import capture, loader
-  for module, name in ((capture, "capture"), (compile_modeld, "plan_model"), (loader, "load_model"), (stand_in_models, "build")):
+  for module, name in ((capture, "capture"), (compile_modeld, "plan_model"), (loader, "load_bundle"), (stand_in_models, "build")):
     monkeypatch.setattr(module, name, forbidden)
 
 def cli_cases(tmp_path, native_artifacts) -> dict:
@@ -111,20 +111,6 @@ def test_write_bundle_refuses_a_fifo_that_appears_during_the_work(tmp_path):
   with pytest.raises(ArtifactError, match="a FIFO, not a regular file"):
     write_bundle(path, {"run": ({"device": "CPU"}, b"")}, {})
   assert stat.S_ISFIFO(os.lstat(path).st_mode) and os.listdir(tmp_path) == ["out.bin"]
-
-def test_load_cache_entry_that_is_a_fifo_or_device(native_artifacts, tmp_path, monkeypatch, caplog):
-  """A FIFO (or device node) planted where a cache entry goes is neither read (that would block) nor replaced: the load goes on."""
-  from sunnypilot.modeld_v2 import loader
-  cache = str(tmp_path / "cache")
-  monkeypatch.setenv("MODELD_V2_CACHE", cache)
-  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
-  key = loader.fused_key(bundle.read_verified(model)[2], bundle.read_verified(warp)[2], "CPU")
-  os.makedirs(cache, mode=0o700)
-  os.mkfifo(entry := loader.cache_entry(cache, key))
-  assert loader.load_fused(model, warp)["run"].call_kinds[0] == "COPY"
-  err = caplog.text
-  assert "is a FIFO, not a regular file" in err and "cannot write the load cache" in err
-  assert stat.S_ISFIFO(os.lstat(entry).st_mode) and os.listdir(cache) == [os.path.basename(entry)]
 
 def dead_pid() -> int:
   proc = subprocess.Popen([sys.executable, "-c", ""])

@@ -26,7 +26,7 @@ class Buf:
 def test_onnxruntime_peer_matches_the_fused_adapter(native_artifacts, tmp_path, generation):
   files = stand_in_models.write(generation, "tiny", str(tmp_path / f"{generation}.onnx"), seed=3)["files"]
   compile_model(str(tmp_path / "model.bin"), **files, log=lambda s: None)
-  adapter = NativeTinygradAdapter(str(tmp_path / "model.bin"), f"{native_artifacts}/warp_split.bin", cache=False)
+  adapter = NativeTinygradAdapter(str(tmp_path / "model.bin"), f"{native_artifacts}/warp_split.bin")
   peer = PeerAdapter(OrtPeer(files, FRAME))
   rng = np.random.default_rng(5)
   m_inv = np.array([[2, 0, 40], [0, 2, 60], [0, 0, 1]], np.float32)  # integer source coordinates: no rounding ties between the two warps

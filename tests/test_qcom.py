@@ -59,8 +59,8 @@ def test_mock_qcom_replays_on_null_without_compiling(bundles):
   out = run_python(f"""
 import numpy as np
 from tinygrad import Device, Tensor
-from sunnypilot.modeld_v2.loader import load_fused, load_model
-specs = load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", cache=False, allow_device=True)["input_specs"]  # buffers made before the check
+from sunnypilot.modeld_v2.loader import load_bundle, load_fused
+specs = load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", allow_device=True).input_specs  # buffers made before the check
 frame, big = (Tensor(np.zeros({FRAME.size}, np.uint8)).realize() for _ in range(2))
 m = Tensor(np.zeros((2, 3, 3), np.float32)).realize()
 states = {{k: Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in specs.items() if k.startswith("state")}}
@@ -68,12 +68,12 @@ outs = {{"outputs": Tensor(np.zeros((1, 6499), np.float32)).realize()}} | {{f"ne
 host = Tensor(np.zeros(specs["host"].shape, np.uint8), device="NPY")
 Device[Device.DEFAULT]
 {NO_COMPILE}
-warp = load_model({bundles['split']!r}, device="NULL", allow_device=True)["run"]
+warp = load_bundle({bundles['split']!r}, device="NULL", allow_device=True).run
 for _ in range(3): warp(frame=frame, big_frame=big, M_inv=m)
 print("warp", warp.call_kinds)
-fused = load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", cache=False, allow_device=True)
-for _ in range(3): fused["run"](host=host, frame=frame, big_frame=big, **states, output_buffers=outs)
-print("fused", fused["run"].call_kinds)
+fused = load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", allow_device=True)
+for _ in range(3): fused.run(host=host, frame=frame, big_frame=big, **states, output_buffers=outs)
+print("fused", fused.run.call_kinds)
 """, env={"DEV": "NULL", "JIT_BATCH_SIZE": "0"})
   lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
   assert lines["warp"] == "['graph']", out

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2.compile_warp import compile_warp, main
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame, parse_frame, parse_size, unpadded_frame
 
 from conftest import realized, reference_warp, warp_in_fresh_process
@@ -66,15 +66,15 @@ def test_bad_flags_are_friendly(capsys, tmp_path):
 @pytest.mark.parametrize("camera", ["camerad 1928x1208", "camerad 1344x760", "unpadded 1344x760"])
 def test_warp_matches_the_numpy_reference(bundles, camera):
   frame, paths = bundles[camera]
-  packed, split = load_model(paths[False]), load_model(paths[True])
-  assert packed["metadata"]["frame"] == frame.spec and packed["output_specs"]["warped"].shape == (2, 6, MODEL_H // 2, MODEL_W // 2)
+  packed, split = load_bundle(paths[False]), load_bundle(paths[True])
+  assert packed.metadata["frame"] == frame.spec and packed.output_specs["warped"].shape == (2, 6, MODEL_H // 2, MODEL_W // 2)
   rng = np.random.default_rng(0)
   items = list(transforms(frame, rng).items())
   for (name_a, m_a), (name_b, m_b) in zip(items, items[1:] + items[:1]):
     bufs = rng.integers(0, 256, (2, frame.size), dtype=np.uint8)
     m_inv = np.stack([m_a, m_b])
-    out = packed["run"](input_frame=realized(bufs), M_inv=realized(m_inv)).numpy()
-    out_split = split["run"](frame=realized(bufs[0]), big_frame=realized(bufs[1]), M_inv=realized(m_inv)).numpy()
+    out = packed.run(input_frame=realized(bufs), M_inv=realized(m_inv)).numpy()
+    out_split = split.run(frame=realized(bufs[0]), big_frame=realized(bufs[1]), M_inv=realized(m_inv)).numpy()
     assert out.shape == (2, 6, MODEL_H // 2, MODEL_W // 2) and out.dtype == np.uint8
     assert out.tobytes() == out_split.tobytes(), f"split-frames differs from packed for {name_a}/{name_b}"
     for cam, name in ((0, name_a), (1, name_b)):
@@ -121,7 +121,7 @@ def test_any_transform_reads_inside_the_frame(bundles):
   """A zero, NaN, infinite or huge M_inv (a broken calibration) is defined: a non-finite coordinate reads pixel 0 of its plane, an infinite
   or huge one clamps to the image. Before, NaN coordinates became int32 INT_MIN gather indices."""
   frame, paths = bundles["camerad 1344x760"]
-  run = load_model(paths[True])["run"]
+  run = load_bundle(paths[True]).run
   bufs = np.random.default_rng(4).integers(0, 256, (2, frame.size), dtype=np.uint8)
   for m in (np.zeros((3, 3)), np.full((3, 3), np.nan), np.full((3, 3), np.inf), np.full((3, 3), -np.inf), np.full((3, 3), 1e30),
             np.array([[1e30, 0, 0], [0, -1e30, 0], [0, 0, 1]]), np.array([[1, 0, 0], [0, 1, 0], [0, 0, np.nan]])):
@@ -146,9 +146,9 @@ def test_preview_errors_are_one_line_and_write_nothing(bundles, tmp_path, capsys
   corrupt.write_bytes(open(paths[True], "rb").read()[:-10])
   short.write_bytes(b"\x00" * 1000)
   from sunnypilot.modeld_v2.bundle import write_bundle
-  from sunnypilot.modeld_v2.loader import load_model
-  warp = load_model(paths[True])
-  write_bundle(str(model), {"run": (warp["run"].header, bytes(warp["run"].blob))}, {"metadata": {"kind": "model"}})
+  from sunnypilot.modeld_v2.loader import load_bundle
+  warp = load_bundle(paths[True])
+  write_bundle(str(model), {"run": (warp.run.header, bytes(warp.run.blob))}, {"metadata": {"kind": "model"}})
   out = tmp_path / "p.png"
   cases = {"missing": (["--warp", str(tmp_path / "none.bin")], "cannot read"), "corrupt": (["--warp", str(corrupt)], "truncated"),
            "model": (["--warp", str(model)], "not a warp bundle"), "short frames": (["--warp", paths[True], "--road", str(short), "--wide", str(short)],

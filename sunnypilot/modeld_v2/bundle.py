@@ -245,17 +245,12 @@ def check_provenance(prov: dict, device: str | None = None, path: str = "bundle"
 def read_parts(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[dict, memoryview]], dict]:
   """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch.
   The extras' `input_specs` and `output_specs` come back as {name: TensorSpec}."""
-  parts, extras, _ = read_parts_hashed(path, device, allow_device)
-  return parts, extras
-
-def read_parts_hashed(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[dict, memoryview]], dict, str]:
-  """`read_parts`, with the content hash of the bytes the parts came from (see read_verified)."""
-  head, blob, digest = read_verified(path)
+  head, blob, _ = read_verified(path)
   check_provenance(head["provenance"], device, path, allow_device)
   check_parts(head, blob, path)
   parts = {name: (p["header"], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}
   extras = head["extras"] | {k: {n: TensorSpec.of(s) for n, s in head["extras"].get(k, {}).items()} for k in ("input_specs", "output_specs")}
-  return parts, extras, digest
+  return parts, extras
 
 def check_parts(head: dict, blob: Any, path: str = "bundle") -> None:
   """Validate every part of a read bundle (see validate_part) and the model metadata the runtime reads."""

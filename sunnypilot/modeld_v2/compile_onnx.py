@@ -3,7 +3,7 @@
   python -m sunnypilot.modeld_v2.compile_onnx --onnx dmonitoring.onnx --output dmonitoring.bin
   python -m sunnypilot.modeld_v2.compile_onnx --onnx model.onnx --shape input=1x3x224x224 --output model.bin   # fix a dynamic dimension
 
-The bundle runs as `load_model(path)["run"](**{input name: Tensor})` -> {output name: Tensor}, or with numpy arrays through
+The bundle runs as `load_bundle(path).run(**{input name: Tensor})` -> {output name: Tensor}, or with numpy arrays through
 `numpy_runner.NumpyRunner(path)(**{input name: array})` -> {output name: array}. Inputs keep the ONNX's dtypes and shapes (after --shape);
 the returned tensors are the bundle's own buffers, overwritten by the next call. Every ONNX input must have a fixed shape: a dynamic one
 is refused, naming its dimensions, unless --shape gives it. Set tinygrad's flags (DEV, FLOAT16=1, IMAGE=1, ...) in the environment as for

@@ -16,7 +16,6 @@ from sunnypilot.modeld_v2.bundle import ArtifactError, TensorSpec, np_dtype, rea
 SPLIT_FRAMES = ("big_frame", "frame")  # a --split-frames warp: one input per camera, bound by pointer, not packed into host
 HOST_ALIGN = 64  # every slot of the packed host buffer starts on a cache line, so float views are aligned on any device
 TFM = ("tfm", (2, 3, 3))  # the warp's M_inv (road, wide), first in the host buffer
-FUSION_VERSION = 1  # bump when the fused part's layout changes: load caches key on it
 
 def pack_layout(shapes: dict[str, tuple], frame_size: int) -> tuple[dict[str, int], int]:
   """Byte offsets of `tfm` and each float32 host input in the packed host buffer, then `frames` (two camera frames) if frame_size.

@@ -1,5 +1,4 @@
-"""The seed's import path: `from sunnypilot.modeld_v2.helpers import load_model`. Loading lives in loader.py, replay in replay.py."""
-from sunnypilot.modeld_v2.loader import load_model
-from sunnypilot.modeld_v2.replay import PlainJit, _Jit
+"""The seed's import path: `from sunnypilot.modeld_v2.helpers import load_model`. The seed's names live in compat.py."""
+from sunnypilot.modeld_v2.compat import PlainJit, _Jit, load_model
 
 __all__ = ["PlainJit", "_Jit", "load_model"]

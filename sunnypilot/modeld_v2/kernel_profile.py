@@ -26,16 +26,16 @@ def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str
   was loaded, in words."""
   from tinygrad import Device, Tensor
   if warp_path is None:
-    from sunnypilot.modeld_v2.loader import load_model
-    model = load_model(model_path)
-    specs = model["input_specs"]
+    from sunnypilot.modeld_v2.loader import load_bundle
+    model = load_bundle(model_path)
+    specs = model.input_specs
     inputs = random_inputs(specs, Device.DEFAULT)
-    states = {next_name(name): name for name in state_names(inputs, model["output_specs"])}
-    outs = {k: inputs[states[k]] if k in states else Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in model["output_specs"].items()}
-    model["run"](**inputs, **({"output_buffers": outs} if "output_buffers" in model["run"].kwargs else {}))
-    return model["run"], "the model bundle alone"
+    states = {next_name(name): name for name in state_names(inputs, model.output_specs)}
+    outs = {k: inputs[states[k]] if k in states else Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in model.output_specs.items()}
+    model.run(**inputs, **({"output_buffers": outs} if "output_buffers" in model.run.kwargs else {}))
+    return model.run, "the model bundle alone"
   from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
-  adapter = NativeTinygradAdapter(model_path, warp_path, cache=False, map_camera_buffers=False)
+  adapter = NativeTinygradAdapter(model_path, warp_path, map_camera_buffers=False)
   rng = np.random.default_rng(0)
   for v in adapter.numpy_inputs.values(): v[...] = rng.uniform(-1, 1, v.shape)
   adapter.numpy_inputs["tfm"][:] = np.eye(3, dtype=np.float32) * [[2], [2], [1]]  # a valid transform: a 2x downscale
@@ -43,7 +43,7 @@ def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str
   adapter.copy_frames({"img": frames[0], "big_img": frames[1]})
   adapter.run()
   adapter.output_array()
-  return adapter.run_model, "the warp fused in front of the model (frames uploaded)"
+  return adapter.replay, "the warp fused in front of the model (frames uploaded)"
 
 def profile(replay: Any, rounds: int = 20, peak_flops: float | None = None, peak_bytes: float | None = None) -> dict:
   """Per call: name, launch sizes, FLOPs, bytes, median time, achieved FLOP/s and B/s, share of the calls' summed time, roofline bound;

@@ -1,29 +1,58 @@
-"""Loading bundles for the runtime: one bundle (`load_model`), or a model with a warp fused in front (`load_fused`), whose fused part is
-cached on disk under an explicit key: both content hashes, the fusion version, the tinygrad version and the device.
+"""Loading bundles for the runtime: one bundle (`load_bundle`), or a model with a warp fused in front (`load_fused`), each as a
+`LoadedBundle`: the 'run' part as a Replay, typed specs and the metadata (with the fused part's host layout as a `FusedLayout`).
 
-The cache folder must belong to this user and be writable by no one else (its entries hold native code); otherwise it is skipped. An entry
-is used only when it records the key it was built for; anything unreadable or mismatched is rebuilt. Every load, a cache hit included,
-reads and checks the model and warp bundles whole, once each, and keys on the hash of exactly the bytes it read.
+Every load reads and checks each bundle whole, and fuses in memory: fusing is a pure data transform that costs well under a millisecond,
+less than reading any file that could hold its result, so nothing is cached on disk (benchmarks/bench_artifact.py measures both).
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import json
 import logging
 import os
-import stat
+from dataclasses import dataclass
 from typing import Any
 
-from sunnypilot.modeld_v2.bundle import FORMAT_VERSION, ArtifactError, read_parts, read_parts_hashed, tinygrad_version, write_bundle
-from sunnypilot.modeld_v2.frame_fusion import FUSION_VERSION, frame_part, fuse
-from sunnypilot.modeld_v2.replay import replay_part
-
-MAX_CACHE_ENTRIES = 8  # fused parts of the last few model/warp combinations; older ones are removed
-CACHE_SUFFIX = ".fused.bin"
+from sunnypilot.modeld_v2.bundle import ArtifactError, TensorSpec, read_parts, state_names
+from sunnypilot.modeld_v2.frame_fusion import fuse
+from sunnypilot.modeld_v2.replay import Replay, replay_part
 
 log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class FusedLayout:
+  """What a fused part records under metadata["fused"] (frame_fusion.fuse): where each float32 host input sits in the packed host buffer."""
+  warp: str  # the warp bundle's file name
+  frame: str  # the NV12 geometry the warp reads: "width,height,stride,y_height,uv_height,buffer_size"
+  split_frames: bool  # frames are inputs bound by pointer (True) or packed into the host buffer (False)
+  host_layout: dict[str, int]  # name -> byte offset in the host buffer; `frames` (two camera frames) too when packed
+  host_bytes: int
+  host_shapes: dict[str, tuple[int, ...]]  # every float32 host input, `tfm` first
+  frame_size: int  # bytes the warp reads of one camera frame
+
+  @staticmethod
+  def from_json(fused: Any) -> FusedLayout:
+    try:
+      return FusedLayout(str(fused["warp"]), str(fused["frame"]), bool(fused["split_frames"]), {k: int(v) for k, v in fused["host_layout"].items()},
+                         int(fused["host_bytes"]), {k: tuple(int(d) for d in v) for k, v in fused["host_shapes"].items()}, int(fused["frame_size"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as e: raise ArtifactError(f"the fused part's layout is malformed: {e!r}") from None
+
+SEED_KEYS = ("run", "input_specs", "output_specs", "metadata")
+
+@dataclass(frozen=True)
+class LoadedBundle:
+  """A bundle read for a device. `bundle["run"]` (and "input_specs", "output_specs", "metadata") is the seed's interface: its
+  load_model returned a dict with those keys, and code written against it indexes the result."""
+  run: Replay
+  input_specs: dict[str, TensorSpec]
+  output_specs: dict[str, TensorSpec]
+  metadata: dict[str, Any]
+  fused: FusedLayout | None  # a fused part's host layout; None for a bundle that is not one
+
+  @property
+  def state_names(self) -> list[str]: return state_names(self.input_specs, self.output_specs)
+
+  def __getitem__(self, key: str) -> Any:
+    if key not in SEED_KEYS: raise KeyError(key)
+    return getattr(self, key)
 
 def load_device(device: str | None = None) -> str:
   """The device to load on, opened. Opening it may compile tinygrad's own helper kernels, which tinygrad caches under ~/.cache: with a
@@ -39,84 +68,21 @@ def load_device(device: str | None = None) -> str:
     helpers.CACHELEVEL.value = 0
   return Device.canonicalize(device)
 
-def cache_dir() -> str:
-  """Where fused parts are cached: $MODELD_V2_CACHE, else ~/.cache/sunnypilot_modeld_v2."""
-  return os.environ.get("MODELD_V2_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sunnypilot_modeld_v2")
-
-def fused_key(model_hash: str, warp_hash: str, device: str) -> dict[str, Any]:
-  """Everything a fused part depends on: the content hashes of the model and warp bundles as read, and what reads them."""
-  return {"model": model_hash, "warp": warp_hash, "fusion": FUSION_VERSION, "format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": device}
-
-def cache_entry(folder: str, key: dict[str, Any]) -> str:
-  """The one file name a key's fused part may have in the cache folder (nothing else there is ever read)."""
-  return os.path.join(folder, hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32] + CACHE_SUFFIX)
-
-def private_folder(folder: str) -> bool:
-  """Create the cache folder for this user alone, or check an existing one: ours, and not writable by group or others."""
-  try:
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    st = os.stat(folder)
-  except OSError as e:
-    log.warning(f"cannot use the load cache {folder} ({e.strerror or e}); loading without it")
-    return False
-  if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-    log.warning(f"not using the load cache {folder}: it must belong to this user and be writable by no one else (owner uid {st.st_uid}, "
-        f"mode {stat.filemode(st.st_mode)}); loading without it")
-    return False
-  return True
-
-def _cached(path: str, key: dict, device: str, allow_device: bool) -> tuple[dict, dict] | None:
-  if not os.path.lexists(path): return None
-  try: parts, extras = read_parts(path, device, allow_device)
-  except ArtifactError as e:
-    log.warning(f"ignoring a bad cache entry: {e}")
-    return None
-  if extras.get("metadata", {}).get("fused", {}).get("key") != key:
-    log.warning(f"ignoring cache entry {path}: it was not built from these bundles")
-    return None
-  return parts, extras
-
-def _store(folder: str, path: str, parts: dict, extras: dict) -> None:
-  try:
-    write_bundle(path, parts, extras)
-    entries = sorted((e for e in os.scandir(folder) if e.name.endswith(CACHE_SUFFIX) and e.is_file()), key=lambda e: e.stat().st_mtime, reverse=True)
-    for e in entries[MAX_CACHE_ENTRIES:]: os.remove(e.path)
-  except OSError as e: log.warning(f"cannot write the load cache ({e.strerror or e}); continuing without it")
-  except ArtifactError as e: log.warning(f"cannot write the load cache ({e}); continuing without it")
-
-def load_fused(model_path: str, warp_path: str, device: str | None = None, cache: bool = True, allow_device: bool = False,
-               mapped: tuple[str, ...] = ()) -> dict[str, Any]:
-  """A model bundle with a warp bundle fused in front (see frame_fusion), read for `device`; cached on disk by content unless cache=False.
-  `allow_device` loads bundles built for another device anyway: mock execution of QCOM bundles on NULL. `mapped`: see Replay."""
+def load_fused(model_path: str, warp_path: str, device: str | None = None, allow_device: bool = False, mapped: tuple[str, ...] = ()) -> LoadedBundle:
+  """A model bundle with a warp bundle fused in front (see frame_fusion), both read for `device`. `allow_device` loads bundles built for
+  another device anyway: mock execution of QCOM bundles on NULL. `mapped`: see Replay."""
   dev = load_device(device)
-  # each file is read and checked whole, once, on every load (a cache hit too): the key is the hash of the very bytes read, so a file
-  # replaced or truncated at any moment is either what gets fused or an error, never a stale entry under a new key
-  *model, model_hash = read_parts_hashed(model_path, dev, allow_device)
-  *warp, warp_hash = read_parts_hashed(warp_path, dev, allow_device)
-  key = fused_key(model_hash, warp_hash, dev)
-  folder = cache_dir()
-  entry = cache_entry(folder, key)
-  use_cache = cache and private_folder(folder)
-  if not use_cache or (hit := _cached(entry, key, dev, allow_device)) is None:
-    parts, extras = fuse(tuple(model), tuple(warp), os.path.basename(warp_path))
-    extras["metadata"]["fused"]["key"] = key
-    if use_cache: _store(folder, entry, parts, extras)
-  else:
-    parts, extras = hit
-    with contextlib.suppress(OSError): os.utime(entry)  # the cache keeps the most recently used entries
-  return loaded(parts, extras, dev, mapped)
+  model, warp = read_parts(model_path, dev, allow_device), read_parts(warp_path, dev, allow_device)
+  return loaded(*fuse(model, warp, os.path.basename(warp_path)), dev, mapped)
 
-def load_model(path: str, cache: bool = True, extend: Any = None, device: str | None = None, allow_device: bool = False) -> dict[str, Any]:
-  """Read a bundle for `device`: `{"run": Replay, "input_specs", "output_specs", "metadata"}`. The seed's spelling of a fused load,
-  `extend=functools.partial(frame_part, warp_path)`, is `load_fused(path, warp_path, ...)`."""
-  if extend is not None:
-    if not (isinstance(extend, functools.partial) and extend.func is frame_part and len(extend.args) == 1 and not extend.keywords):
-      raise TypeError("extend takes functools.partial(frame_part, warp_path): fusing a warp is the one extension")
-    return load_fused(path, extend.args[0], device, cache, allow_device)
+def load_bundle(path: str, device: str | None = None, allow_device: bool = False) -> LoadedBundle:
+  """Read a bundle for `device` (`allow_device`: as for load_fused)."""
   dev = load_device(device)
   return loaded(*read_parts(path, dev, allow_device), dev)
 
-def loaded(parts: dict, extras: dict, device: str, mapped: tuple[str, ...] = ()) -> dict[str, Any]:
+def loaded(parts: dict, extras: dict, device: str, mapped: tuple[str, ...] = ()) -> LoadedBundle:
+  """A read (or fused) bundle's parts and extras as a LoadedBundle for `device`."""
   if "run" not in parts: raise ArtifactError(f"the bundle has no 'run' part (parts: {sorted(parts)})")
-  return {"run": replay_part(*parts["run"], device=device, mapped=mapped, name="the bundle's 'run' part"), "input_specs": extras.get("input_specs", {}),
-          "output_specs": extras.get("output_specs", {}), "metadata": extras.get("metadata", {})}
+  meta = extras.get("metadata", {})
+  return LoadedBundle(replay_part(*parts["run"], device=device, mapped=mapped, name="the bundle's 'run' part"), extras.get("input_specs", {}),
+                      extras.get("output_specs", {}), meta, FusedLayout.from_json(meta["fused"]) if "fused" in meta else None)

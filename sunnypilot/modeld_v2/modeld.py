@@ -37,7 +37,7 @@ from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.cli import delay_arg, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.drive_helpers import action_times
-from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
+from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.messaging import claim_bus
 from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.model_outputs import parse_outputs
@@ -145,8 +145,8 @@ class ModelD:
       if warp is not None: self.refused.add(warp)
       self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting for another camera geometry (or a restart)")
       return False
-    self.slices = self.adapter.jits["metadata"]["output_slices"]
-    generation, source = of_bundle(self.adapter.jits["metadata"])
+    self.slices = self.adapter.output_slices
+    generation, source = self.adapter.generation
     self.publish_state.rules = GENERATIONS[generation]
     self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
     if "prepare_only" not in self.adapter.numpy_inputs:

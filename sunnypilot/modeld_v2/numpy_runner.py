@@ -10,16 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.replay import InputError, write_tensor
 
 class NumpyRunner:
   """A bundle's `run` on numpy arrays. The input tensors are allocated once, from the bundle's input specs, and overwritten each call, so
   the bundle binds them once; outputs come back as numpy copies, safe to keep across calls."""
   def __init__(self, path: str, device: str | None = None, allow_device: bool = False):
-    """`allow_device`: as for load_model (mock execution of a QCOM bundle on NULL)."""
-    model = load_model(path, device=device, allow_device=allow_device)
-    self.run, self.input_specs, self.output_specs, self.metadata = model["run"], model["input_specs"], model["output_specs"], model["metadata"]
+    """`allow_device`: as for load_bundle (mock execution of a QCOM bundle on NULL)."""
+    model = load_bundle(path, device=device, allow_device=allow_device)
+    self.run, self.input_specs, self.output_specs, self.metadata = model.run, model.input_specs, model.output_specs, model.metadata
     self.inputs = {name: _allocated(self.run.device, spec.shape, spec.dtype) for name, spec in self.input_specs.items()}
 
   def __call__(self, **arrays: Any) -> dict[str, np.ndarray]:

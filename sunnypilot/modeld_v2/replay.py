@@ -192,7 +192,7 @@ class _Graph:
 
 class Replay:
   """Replays a part. Called with the keyword inputs of the captured function (Tensors and dicts of Tensors such as `output_buffers`);
-  returns what it returned. `_Jit` and `PlainJit` are this class under the seed's names.
+  returns what it returned. `_Jit` and `PlainJit` (compat.py) are this class under the seed's names.
 
   `mapped`: names of host (NPY) inputs the caller passes as tensors on the device, over host memory it mapped into the device (CUDA: pinned
   and registered): their upload becomes a device copy inside the device's graph, so a frame is one submission."""
@@ -370,5 +370,3 @@ def replay_part(header: dict, blob: Any, device: str | None = None, mapped: tupl
   except (ArtifactError, InputError): raise
   except (AssertionError, LookupError, MemoryError, NotImplementedError, OverflowError, RuntimeError, TypeError, ValueError) as e:
     raise ArtifactError(f"{name} cannot be replayed here: {type(e).__name__}: {str(e)[:200]}") from None
-
-_Jit = PlainJit = Replay  # the seed's names
