@@ -369,7 +369,7 @@ class ModelD:
 
   def run(self, max_frames: int | None = None) -> int:
     from sunnypilot.modeld_v2.device_params import camera_offset, device_params, read_car_params
-    from sunnypilot.modeld_v2.messaging import new_message, pub_master, sub_master
+    from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     params = device_params()
     delays = self.flag_delays if params is None else read_car_params(params)
     log(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
@@ -416,12 +416,10 @@ class ModelD:
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
-                        bool(sm.seen.get("liveCalibration")), lat_t, long_t)
-      msgs = {s: new_message(s) for s in SERVICES}
-      self.publish_state.fill(msgs, filled, self.slices, frame, car, lateral_active(sm), parsed)
-      for msg in msgs.values(): msg.valid = msg.valid and finite
+                        bool(sm.seen.get("liveCalibration")), lat_t, long_t, finite)
+      values = self.publish_state.fill(None, filled, self.slices, frame, car, lateral_active(sm), parsed)
       t_fill = time.monotonic_ns()
-      data = {service: msg.to_bytes() for service, msg in msgs.items()}
+      data = self.publish_state.serialize(values, frame)
       t_serialize = time.monotonic_ns()
       for service, raw in data.items(): pm.send(service, raw)
       if self.timings is not None:
