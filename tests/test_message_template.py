@@ -5,16 +5,9 @@ import pytest
 
 from sunnypilot.modeld_v2.message_template import Serializer
 from sunnypilot.modeld_v2.messaging import log, new_message
-from sunnypilot.modeld_v2.model_constants import POLICY_SLICES, VISION_SLICES, slices_of
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
-from sunnypilot.modeld_v2.stand_in_models import GENERATIONS, NAMES
-from tests.test_model_outputs import car
-
-def layout(generation: str) -> dict[str, list[int]]:
-  """A generation's heads, its parts' outputs one after another, as a fused bundle's output_slices."""
-  sizes = VISION_SLICES | POLICY_SLICES if generation == "native" else {}
-  for part in GENERATIONS.get(generation, {}).values(): sizes |= part.heads
-  return {name: [s.start, s.stop] for name, s in slices_of(sizes).items()}
+from sunnypilot.modeld_v2.stand_in_models import NAMES
+from tests.test_model_outputs import car, layout
 
 def decoded(raw: bytes) -> str:
   """Every field of the Event, NaN included (repr), logMonoTime and valid too."""

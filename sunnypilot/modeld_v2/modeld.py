@@ -37,7 +37,6 @@ from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUAT
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
 from sunnypilot.modeld_v2.model_constants import DT_MDL
-from sunnypilot.modeld_v2.model_outputs import parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
@@ -412,7 +411,7 @@ class ModelD:
         continue
       self.episodes.ended("drops", "frame ids jumped on consecutive frames")
       filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in the action history
-      parsed = parse_outputs(filled, self.slices)
+      parsed = self.publish_state.parser(self.slices)(filled)
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,

@@ -30,7 +30,7 @@ from sunnypilot.modeld_v2.generations import GENERATIONS, Rules
 from sunnypilot.modeld_v2.message_template import Serializer
 from sunnypilot.modeld_v2.messaging import set_fields
 from sunnypilot.modeld_v2.model_constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, T_IDXS
-from sunnypilot.modeld_v2.model_outputs import parse_outputs
+from sunnypilot.modeld_v2.model_outputs import OutputParser
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 
@@ -68,6 +68,7 @@ class PublishState:
     self.lat_planner_state = np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32)  # the lat_planner_state input of models that have one
     self.reported: set[str] = set()
     self.serializer = Serializer()  # a byte template per service: serialize()
+    self._parser: tuple[tuple, OutputParser] | None = None  # (layout, its parser): parser()
 
   def desire_input(self) -> np.ndarray:
     """The model's desire input for this frame: DesireHelper's desire one-hot, index 0 (none) zeroed, and only on its rising edge (the
@@ -84,7 +85,7 @@ class PublishState:
     vector and its `output_slices` (or `parsed`, the daemon's parse_outputs of them), advancing the action, FCW, confidence, lane-change
     and lat_planner_state by one frame. `car_state`: carState (a reader or any CarStateLike); `lateral_active`: carControl.latActive.
     Returns the values written, {service: {field path: value}}, including fields this schema lacks."""
-    if parsed is None: parsed = parse_outputs(outputs, slices)
+    if parsed is None: parsed = self.parser(slices)(outputs)
     if "plan" in parsed:
       self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0), self.rules,
                                self.lat_smooth_s, self.long_smooth_s)
@@ -124,6 +125,12 @@ class PublishState:
     return out
 
   def _report_skipped(self, path: str) -> None: self._report_once(f"{path} is not published: this cereal schema has no such field")
+
+  def parser(self, slices: dict[str, Sequence[int]]) -> OutputParser:
+    """The OutputParser of this layout, planned on the first frame that has it."""
+    key = tuple((name, tuple(span)) for name, span in slices.items())
+    if self._parser is None or self._parser[0] != key: self._parser = (key, OutputParser(slices))
+    return self._parser[1]
 
   def _update_lane_change(self, parsed: dict[str, np.ndarray], car_state: CarStateLike, lateral_active: bool) -> dict[str, int]:
     """DesireHelper sees the lane-change probability the model just published (0 without a desire_state head)."""
