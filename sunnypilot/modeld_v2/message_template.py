@@ -33,7 +33,7 @@ def _pointer(seg: bytes, word: int) -> tuple[int, int, int, int]:
   target = word + 1 + offset
   return (kind, target, (w >> 32) & 0xFFFF, w >> 48) if kind == 0 else (kind, target, (w >> 32) & 7, w >> 35)
 
-SEQUENCES = (list, tuple, np.ndarray, bytes, str)
+SEQUENCES = (list, tuple, np.ndarray, bytes)  # a str is one value: an enum's name
 
 def _signature(values: dict[str, Any], sig: list, flat: list) -> None:
   """Depth-first: every key into `sig` (with its length for lists, bytes and arrays; a struct's between its key and None), every leaf
@@ -69,13 +69,17 @@ class EventTemplate:
     self.enums: dict[int, dict[str, int]] = {}  # flat index of an enum leaf -> its enumerants (values may be names or numbers)
     _, root, dw, _pw = _pointer(self.body, 0)
     self._walk(event, values, root, dw, "")
-    self.groups: dict[str, tuple[list[tuple[int, int]], np.ndarray]] = {}  # dtype -> ([(flat index, SCALAR|SEQUENCE|ENUM)], element indices)
+    # dtype -> (flat indices of array leaves, their element indices, [(flat index, SCALAR|SEQUENCE|ENUM)] of the others, their element indices):
+    # arrays go through one concatenate, Python numbers through one conversion
+    groups: dict[str, tuple[list, list, list, list]] = {}
     for i, leaf in enumerate(self.leaves):
       if leaf is None or leaf[0] in ("bool", "data"): continue
-      idx, dest = self.groups.setdefault(leaf[0], ([], []))
-      idx.append((i, ENUM if i in self.enums else SEQUENCE if type(flat[i]) in SEQUENCES else SCALAR))
-      dest.extend(range(leaf[1], leaf[1] + leaf[2]))
-    self.groups = {k: (idx, np.asarray(dest, np.int64)) for k, (idx, dest) in self.groups.items()}
+      arrays, array_dest, others, other_dest = groups.setdefault(leaf[0], ([], [], [], []))
+      if type(flat[i]) is np.ndarray and i not in self.enums: arrays.append(i); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+      else:
+        others.append((i, ENUM if i in self.enums else SEQUENCE if type(flat[i]) in SEQUENCES else SCALAR))
+        other_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+    self.groups = {k: (a, np.asarray(ad, np.int64), o, np.asarray(od, np.int64)) for k, (a, ad, o, od) in groups.items()}
     self.bools = [(i, leaf[1]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "bool"]
     self.data = [(i, leaf[1], leaf[2]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "data"]
 
@@ -137,13 +141,16 @@ class EventTemplate:
   def serialize(self, flat: list[Any]) -> bytes:
     """The Event with `flat` (values in _signature's order, of a frame whose signature is this template's) written in."""
     body = bytearray(self.body)
-    for dtype, (idx, dest) in self.groups.items():
-      out: list = []
-      for i, kind in idx:
-        if kind == SEQUENCE: out.extend(flat[i])
-        elif kind == SCALAR: out.append(flat[i])
-        else: out.append(self.enums[i][flat[i]] if isinstance(flat[i], str) else flat[i])
-      np.frombuffer(body, DTYPES[dtype])[dest] = np.asarray(out, DTYPES[dtype])
+    for dtype, (arrays, array_dest, others, other_dest) in self.groups.items():
+      view = np.frombuffer(body, DTYPES[dtype])
+      if arrays: view[array_dest] = np.concatenate([flat[i] for i in arrays])
+      if others:
+        values: list = []
+        for i, kind in others:
+          if kind == SEQUENCE: values.extend(flat[i])
+          elif kind == SCALAR: values.append(flat[i])
+          else: values.append(self.enums[i].get(flat[i], flat[i]))
+        view[other_dest] = values
     for i, bit in self.bools:
       xor, bit = (True, -bit - 1) if bit < 0 else (False, bit)
       if bool(flat[i]) != xor: body[bit >> 3] |= 1 << (bit & 7)
