@@ -9,9 +9,9 @@ separate process with --timings. Latency is from the frame's last VisionIPC send
 a frame with no modelV2 is a drop. modeld's CPU time per frame comes from /proc over the timed frames. modeld's own stamps split each
 published frame: VisionIPC delivery (send returned -> modeld's receive returned), inputs, copy, run, readback, parse+fill, serialize, send.
 modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback, its modelExecutionTime).
-camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last table times
-parse_outputs, PublishState.fill and serialization in this process on the bundle's output layout (the parse/fill split modeld's stamps
-cannot make). Times on a shared machine are noisy: read medians and p10.
+camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last line times modeld's
+parse, fill and serialize (byte templates) in this process on the bundle's output layout (the parse/fill split modeld's stamps cannot
+make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read medians and p10.
 """
 from __future__ import annotations
 
@@ -124,30 +124,34 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
           "modeld_log_tail": lines[-3:]}
 
 def publish_split(model_path: str, runs: int = 300) -> dict:
-  """parse_outputs, PublishState.fill (parse included) and serializing the three messages, in this process, on random outputs of the
-  bundle's layout: the parse/fill split modeld's stamps cannot make."""
+  """modeld's parse (OutputParser), fill (the field values) and serialize (the byte templates) of the three messages, in this process, on
+  random outputs of the bundle's layout: the split modeld's stamps cannot make; and, for comparison, the pycapnp path the templates
+  replaced (fill into Event builders, then to_bytes)."""
   from sunnypilot.modeld_v2.bundle import read_bundle
   from sunnypilot.modeld_v2.messaging import new_message
-  from sunnypilot.modeld_v2.model_outputs import parse_outputs
   from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
   extras = read_bundle(model_path)[0]["extras"]
   slices, width = extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
-  rng, state = np.random.default_rng(0), PublishState(log=lambda s: None)
+  rng, state, reference = np.random.default_rng(0), PublishState(log=lambda s: None), PublishState(log=lambda s: None)
   car = new_message("carState").carState
-  times: dict[str, list[float]] = {"parse_outputs": [], "fill (parse included)": [], "serialize": []}
+  times: dict[str, list[float]] = {"parse": [], "fill": [], "serialize": [], "parse+fill+serialize": [], "pycapnp fill+to_bytes (parse included)": []}
   for i in range(runs + 20):
     outputs = rng.standard_normal((1, width)).astype(np.float32)
-    msgs = {s: new_message(s) for s in SERVICES}
     frame = FrameInfo(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
     t0 = time.perf_counter()
-    parse_outputs(outputs, slices)
+    parsed = state.parser(slices)(outputs)
     t1 = time.perf_counter()
-    state.fill(msgs, outputs, slices, frame, car, False)
+    values = state.fill(None, outputs, slices, frame, car, False, parsed)
     t2 = time.perf_counter()
-    for msg in msgs.values(): msg.to_bytes()
+    state.serialize(values, frame)
     t3 = time.perf_counter()
+    msgs = {s: new_message(s) for s in SERVICES}
+    t4 = time.perf_counter()
+    reference.fill(msgs, outputs, slices, frame, car, False)
+    for msg in msgs.values(): msg.to_bytes()
+    t5 = time.perf_counter()
     if i >= 20:
-      for k, (a, b) in zip(times, ((t0, t1), (t1, t2), (t2, t3))): times[k].append((b - a) * 1e3)
+      for k, (a, b) in zip(times, ((t0, t1), (t1, t2), (t2, t3), (t0, t3), (t4, t5)), strict=True): times[k].append((b - a) * 1e3)
   return {k: percentiles(v) for k, v in times.items()}
 
 def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
