@@ -126,7 +126,7 @@ class EventTemplate:
         if slot.defaultValue.bool: self.leaves.append(("bool", -(64 * at + slot.offset) - 1, 1))  # stored XORed with a true default
         else: self.leaves.append(("bool", 64 * at + slot.offset, 1))
       elif kind in DTYPES:
-        if kind != "enum" and getattr(slot.defaultValue, kind): raise Unsupported(f"{prefix}{path} has a default value")
+        if getattr(slot.defaultValue, kind): raise Unsupported(f"{prefix}{path} has a default value")  # stored XORed with it
         if kind == "enum": self.enums[len(self.leaves)] = dict(f.schema.enumerants)
         width = np.dtype(DTYPES[kind]).itemsize
         self.leaves.append((kind, 8 * at // width + slot.offset, 1))
@@ -161,7 +161,9 @@ class EventTemplate:
 class Serializer:
   """Event bytes per service from Event-level values, through a template per service; a frame whose fields or list lengths differ from
   its template's builds a new one, and a message the template cannot place is built by pycapnp every frame."""
-  def __init__(self): self.templates: dict[str, EventTemplate | None] = {}
+  def __init__(self):
+    self.templates: dict[str, EventTemplate] = {}
+    self.unsupported: dict[str, list] = {}  # service -> the signature no template could be built for
 
   def serialize(self, service: str, values: dict[str, Any]) -> tuple[bytes, list[str]]:
     """(bytes, paths this schema lacks: non-empty only on frames that built a template or went through pycapnp)."""
@@ -170,11 +172,12 @@ class Serializer:
     _signature(values, sig, flat)
     template = self.templates.get(service)
     if template is not None and template.signature == sig: return template.serialize(flat), []
-    try:
-      self.templates[service] = template = EventTemplate(service, values)
-      return template.serialize(flat), template.skipped
-    except Unsupported:
-      self.templates[service] = None
-      msg = new_message(service)
-      skipped = set_fields(msg, values)
-      return msg.to_bytes(), skipped
+    if self.unsupported.get(service) != sig:
+      try:
+        self.templates[service] = template = EventTemplate(service, values)
+        return template.serialize(flat), template.skipped
+      except Unsupported:
+        self.unsupported[service] = sig
+    msg = new_message(service)
+    skipped = set_fields(msg, values)
+    return msg.to_bytes(), skipped
