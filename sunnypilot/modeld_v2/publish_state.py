@@ -68,7 +68,7 @@ class PublishState:
     self.lat_planner_state = np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32)  # the lat_planner_state input of models that have one
     self.reported: set[str] = set()
     self.serializer = Serializer()  # a byte template per service: serialize()
-    self._parser: tuple[tuple, OutputParser] | None = None  # (layout, its parser): parser()
+    self._parser: tuple[dict, tuple, OutputParser] | None = None  # (the slices last asked for, their layout, its parser): parser()
 
   def desire_input(self) -> np.ndarray:
     """The model's desire input for this frame: DesireHelper's desire one-hot, index 0 (none) zeroed, and only on its rising edge (the
@@ -127,10 +127,12 @@ class PublishState:
   def _report_skipped(self, path: str) -> None: self._report_once(f"{path} is not published: this cereal schema has no such field")
 
   def parser(self, slices: dict[str, Sequence[int]]) -> OutputParser:
-    """The OutputParser of this layout, planned on the first frame that has it."""
+    """The OutputParser of this layout, planned on the first frame that has it (the same dict again: no comparison at all)."""
+    if self._parser is not None and self._parser[0] is slices: return self._parser[2]
     key = tuple((name, tuple(span)) for name, span in slices.items())
-    if self._parser is None or self._parser[0] != key: self._parser = (key, OutputParser(slices))
-    return self._parser[1]
+    if self._parser is None or self._parser[1] != key: self._parser = (slices, key, OutputParser(slices))
+    else: self._parser = (slices, key, self._parser[2])
+    return self._parser[2]
 
   def _update_lane_change(self, parsed: dict[str, np.ndarray], car_state: CarStateLike, lateral_active: bool) -> dict[str, int]:
     """DesireHelper sees the lane-change probability the model just published (0 without a desire_state head)."""
