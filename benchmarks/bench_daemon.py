@@ -20,10 +20,8 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 
@@ -31,7 +29,6 @@ import numpy as np
 
 from benchmarks.bench import build, write_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -65,6 +62,7 @@ class Receiver:
 def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
   """One modeld process, `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep frames."""
   from sunnypilot.modeld_v2.camera_replay import CameraReplay, synthetic_frames
+  from sunnypilot.modeld_v2.route_replay import Modeld
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
@@ -72,15 +70,9 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
   timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
   replay = CameraReplay(frame)
   receiver = Receiver()
-  proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--timings", timings], cwd=ROOT,
-                          stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
-  lines: list[str] = []
-  threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+  modeld = Modeld(artifacts, ["--timings", timings], echo=False)
   try:
-    deadline = time.monotonic() + 300
-    while not any("running:" in line for line in lines):
-      if proc.poll() is not None or time.monotonic() > deadline: raise RuntimeError(f"modeld did not start: {''.join(lines)}")
-      time.sleep(0.05)
+    modeld.wait_running(300)
     sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
     def send(frame_id: int) -> None:
       t = time.monotonic_ns()
@@ -91,7 +83,7 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
       send(frame_id)
       receiver.wait(time.monotonic_ns() + 2_000_000_000, frame_id)
     for frame_id in range(WARMUP): lockstep(frame_id)
-    cpu0, start = cpu_seconds(proc.pid), time.monotonic_ns()
+    cpu0, start = cpu_seconds(modeld.proc.pid), time.monotonic_ns()
     timed = range(WARMUP, WARMUP + frames)
     for i, frame_id in enumerate(timed):
       if rate: receiver.wait(start + int(i * 1e9 / rate))
@@ -99,10 +91,9 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
       else: lockstep(frame_id)
     elapsed_s = (time.monotonic_ns() - start) / 1e9  # the frames' span: the achieved rate
     receiver.wait(time.monotonic_ns() + 500_000_000)  # the last frames' messages
-    cpu_s = cpu_seconds(proc.pid) - cpu0
+    cpu_s = cpu_seconds(modeld.proc.pid) - cpu0
   finally:
-    proc.terminate()
-    proc.wait(timeout=60)
+    modeld.stop()  # SIGTERM: modeld writes its timings on the way out
     replay.close()
     shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
   with open(timings) as f: stamps = {row[0]: row[1:] for row in json.load(f)["frames"]}
@@ -121,7 +112,7 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
           "stages_ms": {name: stage(i, i + 1) for i, name in enumerate(names)},
           "bus_ms": percentiles([ms(receiver.arrived[f] - stamps[f][7]) for f in own]),
           "camera_replay_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
-          "modeld_log_tail": lines[-3:]}
+          "modeld_log_tail": modeld.lines[-3:]}
 
 def publish_split(model_path: str, runs: int = 300) -> dict:
   """modeld's parse (OutputParser), fill (the field values) and serialize (the byte templates) of the three messages, in this process, on
