@@ -9,9 +9,9 @@ separate process with --timings. Latency is from the frame's last VisionIPC send
 a frame with no modelV2 is a drop. modeld's CPU time per frame comes from /proc over the timed frames. modeld's own stamps split each
 published frame: VisionIPC delivery (send returned -> modeld's receive returned), inputs, copy, run, readback, parse+fill, serialize, send.
 modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback, its modelExecutionTime).
-camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last table times
-parse_outputs, PublishState.fill and serialization in this process on the bundle's output layout (the parse/fill split modeld's stamps
-cannot make). Times on a shared machine are noisy: read medians and p10.
+camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last line times modeld's
+parse, fill and serialize (byte templates) in this process on the bundle's output layout (the parse/fill split modeld's stamps cannot
+make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read medians and p10.
 """
 from __future__ import annotations
 
@@ -20,10 +20,8 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 
@@ -31,7 +29,6 @@ import numpy as np
 
 from benchmarks.bench import build, write_json
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -65,6 +62,7 @@ class Receiver:
 def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
   """One modeld process, `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep frames."""
   from sunnypilot.modeld_v2.camera_replay import CameraReplay, synthetic_frames
+  from sunnypilot.modeld_v2.route_replay import Modeld
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
@@ -72,15 +70,9 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
   timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
   replay = CameraReplay(frame)
   receiver = Receiver()
-  proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--timings", timings], cwd=ROOT,
-                          stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
-  lines: list[str] = []
-  threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True).start()
+  modeld = Modeld(artifacts, ["--timings", timings], echo=False)
   try:
-    deadline = time.monotonic() + 300
-    while not any("running:" in line for line in lines):
-      if proc.poll() is not None or time.monotonic() > deadline: raise RuntimeError(f"modeld did not start: {''.join(lines)}")
-      time.sleep(0.05)
+    modeld.wait_running(300)
     sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
     def send(frame_id: int) -> None:
       t = time.monotonic_ns()
@@ -91,7 +83,7 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
       send(frame_id)
       receiver.wait(time.monotonic_ns() + 2_000_000_000, frame_id)
     for frame_id in range(WARMUP): lockstep(frame_id)
-    cpu0, start = cpu_seconds(proc.pid), time.monotonic_ns()
+    cpu0, start = cpu_seconds(modeld.proc.pid), time.monotonic_ns()
     timed = range(WARMUP, WARMUP + frames)
     for i, frame_id in enumerate(timed):
       if rate: receiver.wait(start + int(i * 1e9 / rate))
@@ -99,10 +91,9 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
       else: lockstep(frame_id)
     elapsed_s = (time.monotonic_ns() - start) / 1e9  # the frames' span: the achieved rate
     receiver.wait(time.monotonic_ns() + 500_000_000)  # the last frames' messages
-    cpu_s = cpu_seconds(proc.pid) - cpu0
+    cpu_s = cpu_seconds(modeld.proc.pid) - cpu0
   finally:
-    proc.terminate()
-    proc.wait(timeout=60)
+    modeld.stop()  # SIGTERM: modeld writes its timings on the way out
     replay.close()
     shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
   with open(timings) as f: stamps = {row[0]: row[1:] for row in json.load(f)["frames"]}
@@ -121,33 +112,37 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
           "stages_ms": {name: stage(i, i + 1) for i, name in enumerate(names)},
           "bus_ms": percentiles([ms(receiver.arrived[f] - stamps[f][7]) for f in own]),
           "camera_replay_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
-          "modeld_log_tail": lines[-3:]}
+          "modeld_log_tail": modeld.lines[-3:]}
 
 def publish_split(model_path: str, runs: int = 300) -> dict:
-  """parse_outputs, PublishState.fill (parse included) and serializing the three messages, in this process, on random outputs of the
-  bundle's layout: the parse/fill split modeld's stamps cannot make."""
+  """modeld's parse (OutputParser), fill (the field values) and serialize (the byte templates) of the three messages, in this process, on
+  random outputs of the bundle's layout: the split modeld's stamps cannot make; and, for comparison, the pycapnp path the templates
+  replaced (fill into Event builders, then to_bytes)."""
   from sunnypilot.modeld_v2.bundle import read_bundle
   from sunnypilot.modeld_v2.messaging import new_message
-  from sunnypilot.modeld_v2.model_outputs import parse_outputs
   from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
   extras = read_bundle(model_path)[0]["extras"]
   slices, width = extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
-  rng, state = np.random.default_rng(0), PublishState(log=lambda s: None)
+  rng, state, reference = np.random.default_rng(0), PublishState(log=lambda s: None), PublishState(log=lambda s: None)
   car = new_message("carState").carState
-  times: dict[str, list[float]] = {"parse_outputs": [], "fill (parse included)": [], "serialize": []}
+  times: dict[str, list[float]] = {"parse": [], "fill": [], "serialize": [], "parse+fill+serialize": [], "pycapnp fill+to_bytes (parse included)": []}
   for i in range(runs + 20):
     outputs = rng.standard_normal((1, width)).astype(np.float32)
-    msgs = {s: new_message(s) for s in SERVICES}
     frame = FrameInfo(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
     t0 = time.perf_counter()
-    parse_outputs(outputs, slices)
+    parsed = state.parser(slices)(outputs)
     t1 = time.perf_counter()
-    state.fill(msgs, outputs, slices, frame, car, False)
+    values = state.fill(None, outputs, slices, frame, car, False, parsed)
     t2 = time.perf_counter()
-    for msg in msgs.values(): msg.to_bytes()
+    state.serialize(values, frame)
     t3 = time.perf_counter()
+    msgs = {s: new_message(s) for s in SERVICES}
+    t4 = time.perf_counter()
+    reference.fill(msgs, outputs, slices, frame, car, False)
+    for msg in msgs.values(): msg.to_bytes()
+    t5 = time.perf_counter()
     if i >= 20:
-      for k, (a, b) in zip(times, ((t0, t1), (t1, t2), (t2, t3))): times[k].append((b - a) * 1e3)
+      for k, (a, b) in zip(times, ((t0, t1), (t1, t2), (t2, t3), (t0, t3), (t4, t5)), strict=True): times[k].append((b - a) * 1e3)
   return {k: percentiles(v) for k, v in times.items()}
 
 def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"

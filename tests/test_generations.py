@@ -106,7 +106,7 @@ class Openpilot:
       out = np.concatenate([vision, *policies.values()], axis=1)
       curv_from = next((o[0, self.slices[k]["desired_curvature"]] for k, o in policies.items() if "desired_curvature" in self.slices[k]), None)
     if models == ["onnx"] and "features_buffer" in self.full: self.push("features_buffer", hidden)
-    if self.curv_key: self.push(self.curv_key, curv_from[:self.inputs[self.curv_key][0][2]])  # the head's mean, as parse_mdn gives it
+    if self.curv_key: self.push(self.curv_key, curv_from[:self.inputs[self.curv_key][0][2]])  # the head's mean, as OutputParser gives it
     return out
 
 def step_inputs(rng, step: int, host_names: list[str], reference: Openpilot) -> tuple[np.ndarray, dict[str, np.ndarray]]:

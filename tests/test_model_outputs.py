@@ -12,8 +12,11 @@ from sunnypilot.modeld_v2 import messaging
 from sunnypilot.modeld_v2.desire_helper import DesireHelper
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.messaging import new_message
-from sunnypilot.modeld_v2.model_outputs import parse_outputs
+from sunnypilot.modeld_v2.model_constants import POLICY_SLICES, VISION_SLICES, slices_of
+from sunnypilot.modeld_v2.model_outputs import OutputParser, parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
+from sunnypilot.modeld_v2.stand_in_models import GENERATIONS as STAND_INS
+from sunnypilot.modeld_v2.stand_in_models import NAMES
 
 # openpilot's constants, written out
 T = np.array([10.0 * (i / 32) ** 2 for i in range(33)])
@@ -140,6 +143,51 @@ def test_safe_exp_clips_float16_overflow():
   close(p["plan_std"], np.full((33, 15), np.exp(11.0)), rtol=1e-6)
   close(p["meta"], np.full(55, 1 / (1 + np.exp(11.0))), rtol=1e-5)
   close(p["desire_state"], [1.0, 0, 0, 0, 0, 0, 0, 0], atol=1e-7)
+
+def layout(generation: str) -> dict[str, list[int]]:
+  """A stand-in generation's heads, its parts' outputs one after another, as a fused bundle's output_slices."""
+  sizes = VISION_SLICES | POLICY_SLICES if generation == "native" else {}
+  for part in STAND_INS.get(generation, {}).values(): sizes |= part.heads
+  return {name: [s.start, s.stop] for name, s in slices_of(sizes).items()}
+
+def per_head_parse(vec: np.ndarray, slices: dict[str, list[int]]) -> dict[str, np.ndarray]:
+  """openpilot's parse_model_outputs.py one head at a time, in float32 (parse_mdn, sigmoid, softmax with exponents clipped at 11)."""
+  def exp(x): return np.exp(np.minimum(x, 11.0))
+  def softmax(x, axis=-1):
+    e = exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+  raw, out = {name: vec[a:b] for name, (a, b) in slices.items()}, {}
+  mdn = {"plan": ((33, 15), 5, 1), "planplus": ((33, 15), 1, 0), "lane_lines": ((4, 33, 2), 1, 0), "road_edges": ((2, 33, 2), 1, 0),
+         "pose": ((6,), 1, 0), "road_transform": ((6,), 1, 0), "sim_pose": ((6,), 1, 0), "wide_from_device_euler": ((3,), 1, 0),
+         "lead": ((6, 4), 2, 3), "desired_curvature": ((1,), 1, 0), "lat_planner_solution": ((33, 4), 1, 0)}
+  for name, (shape, hyps, sels) in mdn.items():
+    if name not in raw: continue
+    if name in ("plan", "lead") and raw[name].size == 2 * int(np.prod(shape)) * max(sels, 1): shape, hyps, sels = (shape if sels == 1 else (sels, *shape)), 1, 0
+    rows = raw[name].reshape(hyps, -1)
+    n = (rows.shape[1] - sels) // 2
+    mean, std = rows[:, :n], exp(rows[:, n:2 * n])
+    if hyps == 1: out[name], out[f"{name}_std"] = mean.reshape(shape), std.reshape(shape)
+    else:
+      picks = [int(np.argsort(softmax(rows[:, 2 * n + k], axis=0))[-1]) for k in range(sels)]
+      shape = shape if sels == 1 else (sels, *shape)
+      out[name], out[f"{name}_std"] = mean[picks].reshape(shape), std[picks].reshape(shape)
+  if "planplus" in out: out["plan"] = out["plan"] + out["planplus"]
+  out |= {name: 1.0 / (1.0 + exp(-raw[name])) for name in ("lead_prob", "lane_lines_prob", "meta") if name in raw}
+  out |= {name: softmax(raw[name].reshape(shape)) for name, shape in (("desire_state", (8,)), ("desire_pred", (4, 8))) if name in raw}
+  return out | ({"hidden_state": raw["hidden_state"]} if "hidden_state" in raw else {})
+
+@pytest.mark.parametrize("generation", NAMES)
+def test_one_parse_plan_per_layout_gives_the_per_head_parse_bit_for_bit(generation):
+  """OutputParser (one safe_exp over every std, one sigmoid over every binary head) equals a per-head parse exactly, ties in the
+  hypothesis logits included (openpilot picks the last of them)."""
+  slices, rng = layout(generation), np.random.default_rng(len(generation))
+  parser = OutputParser(slices)
+  for i in range(20):
+    vec = (rng.standard_normal(max(b for _, b in slices.values())) * (1 + 10 * (i % 3))).astype(np.float32)
+    if i % 4 == 0 and "plan" in slices and slices["plan"][1] - slices["plan"][0] > 990: vec[slices["plan"][0] + 990::991][:5] = 1.5  # tied logits
+    got, want = parser(vec[None]), per_head_parse(vec, slices)
+    assert got.keys() == want.keys()
+    for name in want: np.testing.assert_array_equal(got[name], want[name], err_msg=f"{generation} {name}")
 
 def test_planplus_is_added_to_the_plan_and_lat_planner_solution_is_parsed():
   """sunnypilot's split runner: plan = plan + planplus (means); lat_planner_solution a single (33, 4) mean/std pair."""

@@ -7,7 +7,8 @@ the meta layout has them). commaai's later fill_model_msg.py (@b8f90a7a) publish
 @d671ce18 keeps the plan times (models/helpers.py plan_x_idxs_helper @13ce8664), and so does this.
 
 Values are plain, {dotted field path: value} with a struct as a dict and a struct list as a list of dicts, so they can be checked
-without a schema; messaging.set_fields writes them.
+without a schema; a list field is a numpy array or a list (arrays are not converted to Python floats: the byte template takes them as
+they are); messaging.set_fields writes them.
 """
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ class Fields:
 Floats = np.ndarray | list[float]
 
 def xyzt(t: Floats, x: Floats, y: Floats, z: Floats, x_std: Floats | None = None, y_std: Floats | None = None,
-         z_std: Floats | None = None) -> dict[str, list[float]]:
-  out = {"t": list(t), "x": np.asarray(x).tolist(), "y": np.asarray(y).tolist(), "z": np.asarray(z).tolist()}
-  if x_std is not None: out |= {"xStd": np.asarray(x_std).tolist(), "yStd": np.asarray(y_std).tolist(), "zStd": np.asarray(z_std).tolist()}
+         z_std: Floats | None = None) -> dict[str, Floats]:
+  out = {"t": t, "x": x, "y": y, "z": z}
+  if x_std is not None: out |= {"xStd": x_std, "yStd": y_std, "zStd": z_std}
   return out
 
 def plan_t_idxs(plan_x: np.ndarray) -> list[float]:
@@ -78,10 +79,19 @@ def plan_t_idxs(plan_x: np.ndarray) -> list[float]:
     t[xi] = p * T_IDXS[ti + 1] + (1 - p) * T_IDXS[ti]
   return t
 
-def poly_path(position: np.ndarray) -> dict[str, list[float]]:
-  """The plan's (33, 3) position as degree-4 polynomials of time, lowest power first (numpy.polynomial, as openpilot)."""
-  coeffs = np.polynomial.polynomial.polyfit(T_IDXS, position, deg=POLY_PATH_DEGREE)
-  return {"xCoefficients": coeffs[:, 0].tolist(), "yCoefficients": coeffs[:, 1].tolist(), "zCoefficients": coeffs[:, 2].tolist()}
+def _poly_fit_matrix() -> np.ndarray:
+  """numpy.polynomial's polyfit on the fixed T_IDXS as one matrix: the least-squares solve of its column-scaled Vandermonde matrix (the
+  pseudo-inverse with polyfit's rcond), then its scaling undone, so a fit is one product instead of an SVD per frame."""
+  vander = np.polynomial.polynomial.polyvander(np.asarray(T_IDXS, np.float64), POLY_PATH_DEGREE)
+  scale = np.sqrt(np.square(vander).sum(0))
+  return np.linalg.pinv(vander / scale, rcond=len(T_IDXS) * np.finfo(np.float64).eps) / scale[:, None]
+
+POLY_FIT = _poly_fit_matrix()
+
+def poly_path(position: np.ndarray) -> dict[str, np.ndarray]:
+  """The plan's (33, 3) position as degree-4 polynomials of time, lowest power first (numpy.polynomial's polyfit, as openpilot)."""
+  coeffs = POLY_FIT @ np.asarray(position, np.float64)
+  return {"xCoefficients": coeffs[:, 0], "yCoefficients": coeffs[:, 1], "zCoefficients": coeffs[:, 2]}
 
 class HardBrake:
   """FCW: hard braking is predicted when the 5 m/s2 probability (2 s ahead) stayed above its thresholds over the last 5 frames and the
@@ -137,25 +147,25 @@ def _plan(p: dict[str, np.ndarray]) -> dict[str, Any]:
 def _temporal_pose(p: dict[str, np.ndarray]) -> dict[str, Any]:
   if "sim_pose" in p:
     pose, std = p["sim_pose"], p["sim_pose_std"]
-    return {"temporalPose": {"trans": pose[:3].tolist(), "transStd": std[:3].tolist(), "rot": pose[3:].tolist(), "rotStd": std[3:].tolist()}}
+    return {"temporalPose": {"trans": pose[:3], "transStd": std[:3], "rot": pose[3:], "rotStd": std[3:]}}
   now, std = p["plan"][0], p["plan_std"][0]  # without a sim_pose head: the plan's velocity and orientation rate at t=0
-  return {"temporalPose": {"trans": now[Plan.VELOCITY].tolist(), "transStd": std[Plan.VELOCITY].tolist(),
-                           "rot": now[Plan.ORIENTATION_RATE].tolist(), "rotStd": std[Plan.ORIENTATION_RATE].tolist()}}
+  return {"temporalPose": {"trans": now[Plan.VELOCITY], "transStd": std[Plan.VELOCITY], "rot": now[Plan.ORIENTATION_RATE],
+                           "rotStd": std[Plan.ORIENTATION_RATE]}}
 
-def _lines(p: dict[str, np.ndarray], name: str, count: int, t: list[float]) -> list[dict[str, list[float]]]:
+def _lines(p: dict[str, np.ndarray], name: str, count: int, t: list[float]) -> list[dict[str, Floats]]:
   return [xyzt(t, X_IDXS, p[name][i, :, 0], p[name][i, :, 1]) for i in range(count)]
 
 def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
   leads = []
   for i in range(LEAD_MHP_SELECTION):
     (x, y, v, a), (xs, ys, vs, as_) = p["lead"][i].T, p["lead_std"][i].T
-    leads.append({"t": LEAD_T_IDXS, "x": x.tolist(), "y": y.tolist(), "v": v.tolist(), "a": a.tolist(), "xStd": xs.tolist(), "yStd": ys.tolist(),
-                  "vStd": vs.tolist(), "aStd": as_.tolist(), "prob": float(p["lead_prob"][i]), "probTime": LEAD_T_OFFSETS[i]})
+    leads.append({"t": LEAD_T_IDXS, "x": x, "y": y, "v": v, "a": a, "xStd": xs, "yStd": ys, "vStd": vs, "aStd": as_,
+                  "prob": float(p["lead_prob"][i]), "probTime": LEAD_T_OFFSETS[i]})
   return leads
 
 def _meta(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
   probs = {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
-  out: dict[str, Any] = {f"meta.disengagePredictions.{field}": values.tolist() for field, values in probs.items()}
+  out: dict[str, Any] = {f"meta.disengagePredictions.{field}": values for field, values in probs.items()}
   out["meta.disengagePredictions.t"] = META_T_IDXS
   out["meta.engagedProb"] = float(meta[layout.engaged][0])
   out["meta.hardBrakePredicted"] = hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0])
@@ -172,13 +182,13 @@ def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake:
   f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p))
   f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
   f.part(("lane_lines", "plan"), ("laneLines", "laneLineStds"),
-         lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t), "laneLineStds": p["lane_lines_std"][:, 0, 0].tolist()})
-  f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p).tolist()})
+         lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t), "laneLineStds": p["lane_lines_std"][:, 0, 0]})
+  f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p)})
   f.part(("road_edges", "plan"), ("roadEdges", "roadEdgeStds"),
-         lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t), "roadEdgeStds": p["road_edges_std"][:, 0, 0].tolist()})
+         lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t), "roadEdgeStds": p["road_edges_std"][:, 0, 0]})
   f.part(("lead", "lead_prob"), ("leadsV3",), lambda: {"leadsV3": _leads(p)})
-  f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"].tolist()})
-  f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1).tolist()})
+  f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"]})
+  f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1)})
   layout = META_LAYOUTS.get(len(p["meta"])) if "meta" in p else None
   if "meta" in p and layout is None: f.skip(meta_fields(None), f"no known layout for a meta head of {len(p['meta'])} entries")
   else: f.part(("meta",), meta_fields(layout), lambda: _meta(p["meta"], layout, hard_brake, confidence, frame_id))
@@ -198,10 +208,10 @@ def driving_model_data_fields(p: dict[str, np.ndarray], action: Action | None) -
 
 def camera_odometry_fields(p: dict[str, np.ndarray]) -> Fields:
   f = Fields(p)
-  f.part(("pose",), ("trans", "rot", "transStd", "rotStd"), lambda: {"trans": p["pose"][:3].tolist(), "rot": p["pose"][3:].tolist(),
-                                                                   "transStd": p["pose_std"][:3].tolist(), "rotStd": p["pose_std"][3:].tolist()})
+  f.part(("pose",), ("trans", "rot", "transStd", "rotStd"), lambda: {"trans": p["pose"][:3], "rot": p["pose"][3:],
+                                                                   "transStd": p["pose_std"][:3], "rotStd": p["pose_std"][3:]})
   f.part(("wide_from_device_euler",), ("wideFromDeviceEuler", "wideFromDeviceEulerStd"),
-         lambda: {"wideFromDeviceEuler": p["wide_from_device_euler"].tolist(), "wideFromDeviceEulerStd": p["wide_from_device_euler_std"].tolist()})
+         lambda: {"wideFromDeviceEuler": p["wide_from_device_euler"], "wideFromDeviceEulerStd": p["wide_from_device_euler_std"]})
   f.part(("road_transform",), ("roadTransformTrans", "roadTransformTransStd"),
-         lambda: {"roadTransformTrans": p["road_transform"][:3].tolist(), "roadTransformTransStd": p["road_transform_std"][:3].tolist()})
+         lambda: {"roadTransformTrans": p["road_transform"][:3], "roadTransformTransStd": p["road_transform_std"][:3]})
   return f

@@ -9,6 +9,8 @@ import socket
 import time
 from typing import Any
 
+import numpy as np
+
 try:  # on a device with openpilot
   from cereal import log  # type: ignore[import-not-found]
   from cereal import messaging as _openpilot_messaging  # type: ignore[import-not-found]
@@ -23,7 +25,7 @@ def ensure_prefix_dir() -> None:
 def has_service(name: str) -> bool: return name in log.Event.schema.union_fields
 
 def set_fields(builder: Any, values: dict[str, Any], prefix: str = "") -> list[str]:
-  """Write {dotted field path: value} into a capnp struct builder (a dict fills a struct, a list of dicts a struct list), setting only
+  """Write {dotted field path: value} into a capnp struct builder (a dict fills a struct, a list of dicts a struct list, an array a list), setting only
   fields this schema has: openpilot's cereal and the bundled one differ. Returns the paths it skipped. Each struct on the way is looked
   up, and its field names read, once per call (modeld fills ~130 fields per frame, many under the same parents)."""
   skipped = []
@@ -42,7 +44,7 @@ def set_fields(builder: Any, values: dict[str, Any], prefix: str = "") -> list[s
     elif isinstance(value, list) and value and isinstance(value[0], dict):
       items = up[0].init(leaf, len(value))
       for i, item in enumerate(value): skipped += set_fields(items[i], item, f"{prefix}{path}[].")
-    else: setattr(up[0], leaf, value)
+    else: setattr(up[0], leaf, value.tolist() if isinstance(value, np.ndarray) else value)
   return skipped
 
 def lateral_delay(sm: Any, fallback: float) -> float:

@@ -48,19 +48,6 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
   e = safe_exp(x - np.max(x, axis=axis, keepdims=True))
   return e / np.sum(e, axis=axis, keepdims=True)
 
-def parse_mdn(raw: np.ndarray, shape: tuple[int, ...], hypotheses: int = 1, selections: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """(mean, std) of a mixture-density head: per hypothesis the means, then log-stds, then `selections` logits. With several
-  hypotheses, selection k takes the hypothesis whose logit k has the largest softmax weight; the result is (selections, *shape),
-  or `shape` for a single selection."""
-  rows = raw.reshape(hypotheses, -1)
-  n = (rows.shape[1] - selections) // 2
-  mean, std = rows[:, :n], safe_exp(rows[:, n:2 * n])
-  if hypotheses == 1: return mean.reshape(shape), std.reshape(shape)
-  # openpilot sorts the softmax weights and takes the first of the descending order: the last index of an ascending argsort
-  picks = [int(np.argsort(softmax(rows[:, 2 * n + k], axis=0))[-1]) for k in range(selections)]
-  out_shape = shape if selections == 1 else (selections, *shape)
-  return mean[picks].reshape(out_shape), std[picks].reshape(out_shape)
-
 # name -> (shape of one selection, hypotheses, selections) for the mixture-density heads; a MHP_HEADS head of exactly one mean/std pair of
 # its selections is read without hypotheses (openpilot's is_mhp)
 MDN_HEADS = {
@@ -108,17 +95,47 @@ def check_output_slices(slices: object, n: int) -> None:
     if (sizes := head_sizes(name)) is not None and span[1] - span[0] not in sizes:
       raise ValueError(f"{name} has {span[1] - span[0]} values, openpilot's layouts have {' or '.join(map(str, sizes))}")
 
+class OutputParser:
+  """parse_outputs for one `output_slices` layout, planned once. A mixture-density head holds per hypothesis the means, then log-stds,
+  then `selections` logits; with several hypotheses, selection k takes the hypothesis whose logit k has the largest softmax weight (the
+  result is (selections, *shape), or `shape` for one selection). Every std of every such head goes through one safe_exp and every binary
+  head through one sigmoid: both are elementwise, so each value is what a per-head call gives."""
+  def __init__(self, slices: dict[str, Sequence[int]]):
+    self.raw = {name: (int(start), int(stop)) for name, (start, stop) in slices.items()}
+    self.mdn, std_idx, offset = [], [], 0  # mdn: (name, start, stop, shape, hypotheses, selections, values per half, its std offset)
+    for name in MDN_HEADS:
+      if name not in self.raw: continue
+      start, stop = self.raw[name]
+      shape, hypotheses, selections = mdn_layout(name, stop - start)
+      n = ((stop - start) // hypotheses - selections) // 2
+      self.mdn.append((name, start, stop, shape, hypotheses, selections, n, offset))
+      std_idx += [start + h * (stop - start) // hypotheses + n + i for h in range(hypotheses) for i in range(n)]
+      offset += hypotheses * n
+    self.std_idx = np.asarray(std_idx, np.int64)
+    self.binary = [(name, *self.raw[name]) for name in BINARY_HEADS if name in self.raw]
+    self.binary_idx = np.asarray([i for _, start, stop in self.binary for i in range(start, stop)], np.int64)
+
+  def __call__(self, outputs: np.ndarray) -> dict[str, np.ndarray]:
+    """The model's (1, N) output vector -> named arrays after openpilot's activations."""
+    vec = np.asarray(outputs, np.float32).reshape(-1)
+    stds, out = safe_exp(vec[self.std_idx]), {}
+    for name, start, stop, shape, hypotheses, selections, n, offset in self.mdn:
+      rows, std = vec[start:stop].reshape(hypotheses, -1), stds[offset:offset + hypotheses * n].reshape(hypotheses, n)
+      if hypotheses == 1: out[name], out[f"{name}_std"] = rows[:, :n].reshape(shape), std.reshape(shape)
+      else:  # openpilot sorts the softmax weights and takes the first of the descending order: the last of an ascending argsort
+        picks = np.argsort(softmax(rows[:, 2 * n:2 * n + selections], axis=0), axis=0)[-1]
+        out_shape = shape if selections == 1 else (selections, *shape)
+        out[name], out[f"{name}_std"] = rows[picks, :n].reshape(out_shape), std[picks].reshape(out_shape)
+    if "plan" in out and "planplus" in out: out["plan"] = out["plan"] + out["planplus"]
+    if self.binary:
+      probs, at = sigmoid(vec[self.binary_idx]), 0
+      for name, start, stop in self.binary: out[name], at = probs[at:at + stop - start], at + stop - start
+    for name, shape in CATEGORICAL_HEADS.items():
+      if name in self.raw: out[name] = softmax(vec[slice(*self.raw[name])].reshape(shape))
+    if "hidden_state" in self.raw: out["hidden_state"] = vec[slice(*self.raw["hidden_state"])]
+    return out
+
 def parse_outputs(outputs: np.ndarray, slices: dict[str, Sequence[int]]) -> dict[str, np.ndarray]:
-  """The model's (1, N) output vector and its `output_slices` ({name: (start, stop)}) -> named arrays after openpilot's activations."""
-  vec = np.asarray(outputs, np.float32).reshape(-1)
-  raw = {name: vec[start:stop] for name, (start, stop) in slices.items()}
-  out: dict[str, np.ndarray] = {}
-  for name in MDN_HEADS:
-    if name in raw: out[name], out[f"{name}_std"] = parse_mdn(raw[name], *mdn_layout(name, raw[name].size))
-  if "plan" in out and "planplus" in out: out["plan"] = out["plan"] + out["planplus"]
-  for name in BINARY_HEADS:
-    if name in raw: out[name] = sigmoid(raw[name])
-  for name, shape in CATEGORICAL_HEADS.items():
-    if name in raw: out[name] = softmax(raw[name].reshape(shape))
-  if "hidden_state" in raw: out["hidden_state"] = raw["hidden_state"]
-  return out
+  """The model's (1, N) output vector and its `output_slices` ({name: (start, stop)}) -> named arrays after openpilot's activations.
+  A daemon parsing every frame keeps an OutputParser of its layout instead."""
+  return OutputParser(slices)(outputs)

@@ -40,7 +40,6 @@ from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.messaging import claim_bus
 from sunnypilot.modeld_v2.model_constants import DT_MDL
-from sunnypilot.modeld_v2.model_outputs import parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
@@ -200,7 +199,7 @@ class ModelD:
 
   def run(self, max_frames: int | None = None) -> int:
     from sunnypilot.modeld_v2.device_params import camera_offset, device_params, read_car_params
-    from sunnypilot.modeld_v2.messaging import new_message, pub_master, sub_master
+    from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     params = device_params()
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
@@ -243,16 +242,14 @@ class ModelD:
         continue
       self.episodes.ended("drops", "frame ids jumped on consecutive frames")
       filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in the action history
-      parsed = parse_outputs(filled, self.slices)
+      parsed = self.publish_state.parser(self.slices)(filled)
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
-                        bool(sm.seen.get("liveCalibration")), lat_t, long_t)
-      msgs = {s: new_message(s) for s in SERVICES}
-      self.publish_state.fill(msgs, filled, self.slices, frame, car, lateral_active(sm), parsed)
-      for msg in msgs.values(): msg.valid = msg.valid and finite
+                        bool(sm.seen.get("liveCalibration")), lat_t, long_t, finite)
+      values = self.publish_state.fill(None, filled, self.slices, frame, car, lateral_active(sm), parsed)
       t_fill = time.monotonic_ns()
-      data = {service: msg.to_bytes() for service, msg in msgs.items()}
+      data = self.publish_state.serialize(values, frame)
       t_serialize = time.monotonic_ns()
       for service, raw in data.items(): pm.send(service, raw)
       if self.timings is not None:

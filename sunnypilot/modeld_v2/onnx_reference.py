@@ -117,5 +117,5 @@ class OnnxReference:
       outs |= {k: self._run(k, feeds)[0] for k in self.models[1:]}
     if self.curv_name:
       curv = next(o[0, self.slices[k]["desired_curvature"]] for k, o in outs.items() if "desired_curvature" in self.slices[k])
-      self._push(self.curv_name, curv[:self.inputs[self.curv_name][0][2]])  # the head's mean, as parse_mdn gives it
+      self._push(self.curv_name, curv[:self.inputs[self.curv_name][0][2]])  # the head's mean, as OutputParser gives it
     return np.concatenate([outs[k] for k in self.models], axis=1).astype(np.float32)

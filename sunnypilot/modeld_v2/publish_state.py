@@ -8,6 +8,7 @@ frame's plan, messages filled, then DesireHelper updated from the desire state j
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +27,10 @@ from sunnypilot.modeld_v2.fill_model_msg import (
   model_v2_fields,
 )
 from sunnypilot.modeld_v2.generations import GENERATIONS, Rules
+from sunnypilot.modeld_v2.message_template import Serializer
 from sunnypilot.modeld_v2.messaging import set_fields
 from sunnypilot.modeld_v2.model_constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, T_IDXS
-from sunnypilot.modeld_v2.model_outputs import parse_outputs
+from sunnypilot.modeld_v2.model_outputs import OutputParser
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 
@@ -45,6 +47,13 @@ class FrameInfo:
   live_calib_seen: bool  # every message is invalid until a calibration arrived
   lat_action_t: float  # drive_helpers.action_times: the same times as the model's action_t input
   long_action_t: float
+  outputs_finite: bool = True  # False: the model's outputs had NaN or inf (zeroed before filling), every message is invalid
+
+  @property
+  def valid(self) -> dict[str, bool]:
+    """Event.valid per service: openpilot marks cameraOdometry invalid on frames that follow dropped ones as well."""
+    ok = self.live_calib_seen and self.outputs_finite
+    return {"modelV2": ok, "drivingModelData": ok, "cameraOdometry": ok and self.dropped_frames < 1}
 
 
 class PublishState:
@@ -58,6 +67,8 @@ class PublishState:
     self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
     self.lat_planner_state = np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32)  # the lat_planner_state input of models that have one
     self.reported: set[str] = set()
+    self.serializer = Serializer()  # a byte template per service: serialize()
+    self._parser: tuple[dict, tuple, OutputParser] | None = None  # (the slices last asked for, their layout, its parser): parser()
 
   def desire_input(self) -> np.ndarray:
     """The model's desire input for this frame: DesireHelper's desire one-hot, index 0 (none) zeroed, and only on its rising edge (the
@@ -68,13 +79,13 @@ class PublishState:
     self.prev_desire = now
     return pulse
 
-  def fill(self, msgs: dict[str, Any], outputs: np.ndarray, slices: dict[str, Sequence[int]], frame: FrameInfo, car_state: CarStateLike,
+  def fill(self, msgs: dict[str, Any] | None, outputs: np.ndarray, slices: dict[str, Sequence[int]], frame: FrameInfo, car_state: CarStateLike,
            lateral_active: bool, parsed: dict[str, np.ndarray] | None = None) -> dict[str, dict[str, Any]]:
-    """Fill the Event builders msgs[s] for s in SERVICES from the raw output vector and its `output_slices` (or `parsed`, the daemon's
-    parse_outputs of them), advancing the action, FCW, confidence, lane-change and lat_planner_state by one frame. `car_state`: carState
-    (a reader or any CarStateLike); `lateral_active`: carControl.latActive. Returns the values written, {service: {field path: value}},
-    including fields this schema lacks."""
-    if parsed is None: parsed = parse_outputs(outputs, slices)
+    """Fill the Event builders msgs[s] for s in SERVICES, Event.valid included (msgs None: only return the values), from the raw output
+    vector and its `output_slices` (or `parsed`, the daemon's parse_outputs of them), advancing the action, FCW, confidence, lane-change
+    and lat_planner_state by one frame. `car_state`: carState (a reader or any CarStateLike); `lateral_active`: carControl.latActive.
+    Returns the values written, {service: {field path: value}}, including fields this schema lacks."""
+    if parsed is None: parsed = self.parser(slices)(outputs)
     if "plan" in parsed:
       self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0), self.rules,
                                self.lat_smooth_s, self.long_smooth_s)
@@ -96,14 +107,32 @@ class PublishState:
       },
       "cameraOdometry": fields["cameraOdometry"].values | {"frameId": frame.frame_id, "timestampEof": frame.timestamp_eof},
     }
-    valid = {"modelV2": frame.live_calib_seen, "drivingModelData": frame.live_calib_seen,
-             "cameraOdometry": frame.live_calib_seen and frame.dropped_frames < 1}
     for service in SERVICES:
-      msgs[service].valid = valid[service]
       self._report_missing(service, fields[service])
-      for path in set_fields(getattr(msgs[service], service), values[service]):
-        self._report_once(f"{service}.{path} is not published: this cereal schema has no such field")
+      if msgs is not None:
+        msgs[service].valid = frame.valid[service]
+        for path in set_fields(getattr(msgs[service], service), values[service]): self._report_skipped(f"{service}.{path}")
     return values
+
+  def serialize(self, values: dict[str, dict[str, Any]], frame: FrameInfo, log_mono_time: int | None = None) -> dict[str, bytes]:
+    """The Event bytes of fill's `values` per service, with frame.valid and logMonoTime (now unless given): what fill(msgs) then
+    to_bytes() gives, written into a template of each message's bytes instead of through pycapnp (message_template.py)."""
+    mono = time.monotonic_ns() if log_mono_time is None else log_mono_time
+    out = {}
+    for service in SERVICES:
+      out[service], skipped = self.serializer.serialize(service, {"logMonoTime": mono, "valid": frame.valid[service], service: values[service]})
+      for path in skipped: self._report_skipped(path)
+    return out
+
+  def _report_skipped(self, path: str) -> None: self._report_once(f"{path} is not published: this cereal schema has no such field")
+
+  def parser(self, slices: dict[str, Sequence[int]]) -> OutputParser:
+    """The OutputParser of this layout, planned on the first frame that has it (the same dict again: no comparison at all)."""
+    if self._parser is not None and self._parser[0] is slices: return self._parser[2]
+    key = tuple((name, tuple(span)) for name, span in slices.items())
+    if self._parser is None or self._parser[1] != key: self._parser = (slices, key, OutputParser(slices))
+    else: self._parser = (slices, key, self._parser[2])
+    return self._parser[2]
 
   def _update_lane_change(self, parsed: dict[str, np.ndarray], car_state: CarStateLike, lateral_active: bool) -> dict[str, int]:
     """DesireHelper sees the lane-change probability the model just published (0 without a desire_state head)."""

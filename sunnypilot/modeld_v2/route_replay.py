@@ -174,20 +174,25 @@ def difference(a: Any, b: Any) -> float:
 
 # *** modeld ***
 
+def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
+  """modeld's flags for a replay: the delays and traffic side given to route_replay, raw outputs when the reference check needs them."""
+  return ["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay)] + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw
+
 class Modeld:
-  """modeld in a subprocess in this process's msgq namespace; its log lines are passed on and kept (the last ones quoted when it fails)."""
-  def __init__(self, artifacts: str, args, send_raw: bool):
-    flags = ["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay)] + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw
+  """modeld in a subprocess in this process's msgq namespace, with `flags` after --artifacts; its log lines are kept (the last ones quoted
+  when it fails) and, with `echo`, passed on. route_replay and benchmarks.bench_daemon run modeld through it."""
+  def __init__(self, artifacts: str, flags: list[str], echo: bool = True):
     self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, *flags], stderr=subprocess.PIPE,
                                  text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
     self.lines: list[str] = []
+    self.echo = echo
     self.thread = threading.Thread(target=self._read, daemon=True)
     self.thread.start()
 
   def _read(self) -> None:
     for line in iter(self.proc.stderr.readline, ""):
       self.lines.append(line)
-      if "reconnected to camerad" not in line: sys.stderr.write(line)  # it says what it could not use (a host input with no source, ...)
+      if self.echo and "reconnected to camerad" not in line: sys.stderr.write(line)  # it says what it could not use (a host input with no source, ...)
 
   def check(self) -> None:
     if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
@@ -324,7 +329,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) 
          + (f", checked against {type(reference).__name__} (tolerance {tolerance:g})" if reference is not None else ""))
   replay = CameraReplay(segment.frame, wide=True, rpy=None)
   inputs = pub_master([s for s in INPUT_SERVICES if has_service(s)])
-  published, decoder, modeld = Published(), FrameDecoder(segment), Modeld(args.artifacts, args, send_raw=check is not None)
+  published, decoder, modeld = Published(), FrameDecoder(segment), Modeld(args.artifacts, modeld_flags(args, send_raw=check is not None))
   state, result, calibrations = LogState(), Result(segment.name), {}
   try:
     modeld.wait_running()

@@ -1,0 +1,183 @@
+"""Serialize a frame's messages by writing its values into the bytes of a template Event, instead of through pycapnp's setters.
+
+modeld publishes the same three messages every frame with the same fields and list lengths; only the numbers change. The first frame
+(and any frame whose set of fields or list lengths differ) builds the Event with messaging.set_fields, copies it into one segment (so
+there are no far pointers) and walks capnp's wire format with the schema's slot offsets to find the byte (bool: bit) of every leaf value.
+Every later frame copies those bytes and writes the values with one numpy scatter per element type. Wire format: capnproto.org/encoding.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sunnypilot.modeld_v2.messaging import log, new_message, set_fields
+
+SEGMENT_WORDS = 1 << 16  # 512 KiB: the template's one segment; modelV2 with raw predictions is ~25 KB
+# capnp primitive type -> numpy dtype; enums are uint16
+DTYPES = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8, "uint16": np.uint16,
+          "uint32": np.uint32, "uint64": np.uint64, "float32": np.float32, "float64": np.float64, "enum": np.uint16}
+LIST_ELEMENT_BYTES = {2: 1, 3: 2, 4: 4, 5: 8}  # a list pointer's element size code -> bytes (0 void, 1 bit, 6 pointer, 7 composite)
+
+SCALAR, SEQUENCE, ENUM = range(3)  # how a leaf's value goes into its dtype's values
+
+class Unsupported(ValueError):
+  """A value the template cannot place (a group, a far pointer, a default to XOR, a list of bools): the message is built by pycapnp."""
+
+def _pointer(seg: bytes, word: int) -> tuple[int, int, int, int]:
+  """(kind, target word, a, b) of the pointer at `word`: a struct's (data words, pointer words), a list's (element size code, count)."""
+  w = int.from_bytes(seg[8 * word:8 * word + 8], "little")
+  kind, offset = w & 3, (w >> 2) & 0x3FFFFFFF
+  if kind not in (0, 1): raise Unsupported(f"pointer kind {kind} at word {word}")
+  offset -= (offset >> 29) << 30  # 30-bit two's complement
+  target = word + 1 + offset
+  return (kind, target, (w >> 32) & 0xFFFF, w >> 48) if kind == 0 else (kind, target, (w >> 32) & 7, w >> 35)
+
+SEQUENCES = (list, tuple, np.ndarray, bytes)  # a str is one value: an enum's name
+
+def _signature(values: dict[str, Any], sig: list, flat: list) -> None:
+  """Depth-first: every key into `sig` (with its length for lists, bytes and arrays; a struct's between its key and None), every leaf
+  value into `flat`. Two values with equal signatures have the same fields and list lengths."""
+  for path, value in values.items():
+    kind = type(value)
+    if kind is dict:
+      sig.append(path)
+      _signature(value, sig, flat)
+      sig.append(None)
+    elif kind is list and value and type(value[0]) is dict:
+      sig.append((path, len(value)))
+      for item in value:
+        _signature(item, sig, flat)
+        sig.append(None)
+    elif kind in SEQUENCES: sig.append((path, len(value))); flat.append(value)
+    else: sig.append(path); flat.append(value)
+
+class EventTemplate:
+  """One Event's bytes and where each leaf of values of this shape goes. Built from `values` (an Event-level {path: value}, the service
+  struct as a dict under its name); `skipped`: the paths this schema lacks, as set_fields reports them."""
+  def __init__(self, service: str, values: dict[str, Any]):
+    msg = new_message(service)
+    self.skipped = set_fields(msg, values)
+    with log.Event.from_bytes(msg.to_bytes()) as reader: event = reader.as_builder(num_first_segment_words=SEGMENT_WORDS)
+    segments = event.to_segments()
+    if len(segments) != 1: raise Unsupported(f"{len(segments)} segments")
+    self.head, self.body = event.to_bytes()[:8], bytes(segments[0])
+    self.signature: list = []
+    flat: list = []
+    _signature(values, self.signature, flat)
+    self.leaves: list[tuple[str, int, int] | None] = []  # per flat value: (dtype name, element index or bit, count), None if skipped
+    self.enums: dict[int, dict[str, int]] = {}  # flat index of an enum leaf -> its enumerants (values may be names or numbers)
+    _, root, dw, _pw = _pointer(self.body, 0)
+    self._walk(event, values, root, dw, "")
+    # dtype -> (flat indices of array leaves, their element indices, [(flat index, SCALAR|SEQUENCE|ENUM)] of the others, their element indices):
+    # arrays go through one concatenate, Python numbers through one conversion
+    groups: dict[str, tuple[list, list, list, list]] = {}
+    for i, leaf in enumerate(self.leaves):
+      if leaf is None or leaf[0] in ("bool", "data"): continue
+      arrays, array_dest, others, other_dest = groups.setdefault(leaf[0], ([], [], [], []))
+      if type(flat[i]) is np.ndarray and i not in self.enums: arrays.append(i); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+      else:
+        others.append((i, ENUM if i in self.enums else SEQUENCE if type(flat[i]) in SEQUENCES else SCALAR))
+        other_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+    self.groups = {k: (a, np.asarray(ad, np.int64), o, np.asarray(od, np.int64)) for k, (a, ad, o, od) in groups.items()}
+    self.bools = [(i, leaf[1]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "bool"]
+    self.data = [(i, leaf[1], leaf[2]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "data"]
+
+  def _walk(self, struct: Any, values: dict[str, Any], word: int, data_words: int, prefix: str) -> None:
+    """Record the leaves of `values` in `struct` (builder for the schema, its wire struct at `word` with `data_words`), in _signature's order."""
+    for path, value in values.items():
+      names = path.split(".")
+      node, at, dw = struct, word, data_words
+      for name in names[:-1]:  # nested structs on the way, as set_fields resolves dotted paths
+        if node is None or name not in node.schema.fieldnames: node = None; break
+        f = node.schema.fields[name].proto
+        if f.which() != "slot" or f.slot.type.which() != "struct": raise Unsupported(f"{prefix}{path}: {name} is not a struct field")
+        _, at, dw, _ = _pointer(self.body, at + dw + f.slot.offset)
+        node = getattr(node, name)
+      leaf = names[-1]
+      if node is None or leaf not in node.schema.fieldnames:
+        self._skip(value)
+        continue
+      f = node.schema.fields[leaf]
+      slot = f.proto.slot
+      if f.proto.which() != "slot": raise Unsupported(f"{prefix}{path} is a group")
+      kind = slot.type.which()
+      if isinstance(value, dict):
+        _, target, cdw, _ = _pointer(self.body, at + dw + slot.offset)
+        self._walk(getattr(node, leaf), value, target, cdw, f"{prefix}{path}.")
+      elif isinstance(value, list) and value and isinstance(value[0], dict):
+        _, target, size, _count = _pointer(self.body, at + dw + slot.offset)
+        tag = int.from_bytes(self.body[8 * target:8 * target + 8], "little")
+        n, edw, epw = (tag >> 2) & 0x3FFFFFFF, (tag >> 32) & 0xFFFF, tag >> 48
+        if size != 7 or n != len(value): raise Unsupported(f"{prefix}{path}: not a struct list of {len(value)}")
+        items = getattr(node, leaf)
+        for i, item in enumerate(value): self._walk(items[i], item, target + 1 + i * (edw + epw), edw, f"{prefix}{path}[].")
+      elif kind in ("list", "data", "text"):
+        _, target, size, count = _pointer(self.body, at + dw + slot.offset)
+        if kind == "list":
+          elem = slot.type.list.elementType.which()
+          if elem not in DTYPES or elem == "enum" or size not in LIST_ELEMENT_BYTES: raise Unsupported(f"{prefix}{path}: a list of {elem}")
+          width = LIST_ELEMENT_BYTES[size]
+          if count != len(value) or (8 * target) % width: raise Unsupported(f"{prefix}{path}: {count} elements for {len(value)} values")
+          self.leaves.append((elem, 8 * target // width, count))
+        elif kind == "data" and count == len(value): self.leaves.append(("data", 8 * target, count))
+        else: raise Unsupported(f"{prefix}{path}: {kind}")
+      elif kind == "bool":
+        if slot.defaultValue.bool: self.leaves.append(("bool", -(64 * at + slot.offset) - 1, 1))  # stored XORed with a true default
+        else: self.leaves.append(("bool", 64 * at + slot.offset, 1))
+      elif kind in DTYPES:
+        if getattr(slot.defaultValue, kind): raise Unsupported(f"{prefix}{path} has a default value")  # stored XORed with it
+        if kind == "enum": self.enums[len(self.leaves)] = dict(f.schema.enumerants)
+        width = np.dtype(DTYPES[kind]).itemsize
+        self.leaves.append((kind, 8 * at // width + slot.offset, 1))
+      else: raise Unsupported(f"{prefix}{path}: {kind}")
+
+  def _skip(self, value: Any) -> None:
+    """A field this schema lacks: its flat values (one, or all of a dict's) are written nowhere."""
+    flat: list = []
+    _signature({"": value} if not isinstance(value, dict) else value, [], flat)
+    self.leaves.extend([None] * len(flat))
+
+  def serialize(self, flat: list[Any]) -> bytes:
+    """The Event with `flat` (values in _signature's order, of a frame whose signature is this template's) written in."""
+    body = bytearray(self.body)
+    for dtype, (arrays, array_dest, others, other_dest) in self.groups.items():
+      view = np.frombuffer(body, DTYPES[dtype])
+      if arrays: view[array_dest] = np.concatenate([flat[i] for i in arrays])
+      if others:
+        values: list = []
+        for i, kind in others:
+          if kind == SEQUENCE: values.extend(flat[i])
+          elif kind == SCALAR: values.append(flat[i])
+          else: values.append(self.enums[i].get(flat[i], flat[i]))
+        view[other_dest] = values
+    for i, bit in self.bools:
+      xor, bit = (True, -bit - 1) if bit < 0 else (False, bit)
+      if bool(flat[i]) != xor: body[bit >> 3] |= 1 << (bit & 7)
+      else: body[bit >> 3] &= ~(1 << (bit & 7)) & 0xFF
+    for i, start, count in self.data: body[start:start + count] = flat[i]
+    return self.head + bytes(body)
+
+class Serializer:
+  """Event bytes per service from Event-level values, through a template per service; a frame whose fields or list lengths differ from
+  its template's builds a new one, and a message the template cannot place is built by pycapnp every frame."""
+  def __init__(self):
+    self.templates: dict[str, EventTemplate] = {}
+    self.unsupported: dict[str, list] = {}  # service -> the signature no template could be built for
+
+  def serialize(self, service: str, values: dict[str, Any]) -> tuple[bytes, list[str]]:
+    """(bytes, paths this schema lacks: non-empty only on frames that built a template or went through pycapnp)."""
+    sig: list = []
+    flat: list = []
+    _signature(values, sig, flat)
+    template = self.templates.get(service)
+    if template is not None and template.signature == sig: return template.serialize(flat), []
+    if self.unsupported.get(service) != sig:
+      try:
+        self.templates[service] = template = EventTemplate(service, values)
+        return template.serialize(flat), template.skipped
+      except Unsupported:
+        self.unsupported[service] = sig
+    msg = new_message(service)
+    skipped = set_fields(msg, values)
+    return msg.to_bytes(), skipped

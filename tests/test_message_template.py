@@ -1,0 +1,66 @@
+"""The template serializer (message_template.py) against pycapnp: for every generation's output layout, over many frames, the bytes
+PublishState.serialize writes decode to exactly the fields that fill(msgs) + to_bytes() give."""
+import numpy as np
+import pytest
+
+from sunnypilot.modeld_v2.message_template import Serializer
+from sunnypilot.modeld_v2.messaging import log, new_message
+from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
+from sunnypilot.modeld_v2.stand_in_models import NAMES
+from tests.test_model_outputs import car, layout
+
+def decoded(raw: bytes) -> str:
+  """Every field of the Event, NaN included (repr), logMonoTime and valid too."""
+  with log.Event.from_bytes(raw) as event: return repr(event.to_dict())
+
+def info(i: int, rng) -> FrameInfo:
+  return FrameInfo(frame_id=1000 + i, frame_id_extra=999 + i, timestamp_eof=10**15 + 7 * i, road_frame_id=1000 + i + int(rng.integers(0, 3)),
+                   frame_drop_perc=float(rng.random()), dropped_frames=int(rng.random() < 0.2), model_execution_time=float(rng.random()) / 50,
+                   live_calib_seen=bool(rng.random() < 0.8), lat_action_t=0.3, long_action_t=0.7, outputs_finite=bool(rng.random() < 0.9))
+
+@pytest.mark.parametrize("generation", NAMES)
+@pytest.mark.parametrize("send_raw", [False, True])
+def test_template_bytes_decode_to_what_pycapnp_writes(generation, send_raw):
+  slices, rng = layout(generation), np.random.default_rng(len(generation))
+  width = max(stop for _, stop in slices.values())
+  reference, templated = PublishState(send_raw=send_raw, log=lambda s: None), PublishState(send_raw=send_raw, log=lambda s: None)
+  for i in range(60):
+    outputs = (rng.standard_normal((1, width)) * 3).astype(np.float32)
+    frame, car_state, active = info(i, rng), car(v_ego=float(rng.uniform(0, 35)), left=i % 17 > 12), bool(i % 3)
+    msgs = {s: new_message(s) for s in SERVICES}
+    reference.fill(msgs, outputs, slices, frame, car_state, active)
+    data = templated.serialize(templated.fill(None, outputs, slices, frame, car_state, active), frame, log_mono_time=10**12 + i)
+    for service in SERVICES:
+      msgs[service].logMonoTime = 10**12 + i
+      assert decoded(data[service]) == decoded(msgs[service].to_bytes()), f"{generation} frame {i} {service}"
+  assert set(templated.serializer.templates) == set(SERVICES) and not templated.serializer.unsupported  # templates, not pycapnp's fallback
+  assert templated.reported == reference.reported  # the same fields reported missing or absent from this schema
+
+def test_a_new_shape_builds_a_new_template_and_absent_fields_are_skipped():
+  serializer = Serializer()
+  def values(n: int, extra: bool) -> dict:
+    model = {"frameId": n, "position": {"t": [0.5] * n, "x": list(range(n))}, "confidence": "yellow", "meta.laneChangeState": 2}
+    return {"logMonoTime": 5, "valid": extra, "modelV2": model | ({"noSuchField": 1.0, "meta.noSuchEither": [1.0, 2.0]} if extra else {})}
+  built = []
+  for n, extra in ((3, False), (3, False), (5, True), (5, True), (3, False)):
+    raw, skipped = serializer.serialize("modelV2", values(n, extra))
+    msg = new_message("modelV2")
+    msg.logMonoTime, msg.valid = 5, extra
+    msg.modelV2.frameId, msg.modelV2.confidence, msg.modelV2.meta.laneChangeState = n, "yellow", 2
+    msg.modelV2.position.t, msg.modelV2.position.x = [0.5] * n, list(range(n))
+    assert decoded(raw) == decoded(msg.to_bytes())
+    assert skipped == (["modelV2.noSuchField", "modelV2.meta.noSuchEither"] if extra and not built[-1][1] else [])
+    built.append((serializer.templates["modelV2"], extra))
+  assert [b[0] is built[0][0] for b in built] == [True, True, False, False, False]  # rebuilt when the shape changed, kept while it did not
+  assert built[2][0] is built[3][0]
+
+def test_what_a_template_cannot_place_goes_through_pycapnp():
+  """A text field (carParams.carFingerprint) has no fixed size: that message is built by pycapnp, and still decodes the same."""
+  serializer = Serializer()
+  for i in range(3):
+    values = {"logMonoTime": i, "valid": True, "carParams": {"carFingerprint": "CAR" * (i + 1), "mass": 1500.5 + i}}
+    raw, _ = serializer.serialize("carParams", values)
+    msg = new_message("carParams")
+    msg.logMonoTime, msg.carParams.carFingerprint, msg.carParams.mass = i, "CAR" * (i + 1), 1500.5 + i
+    assert decoded(raw) == decoded(msg.to_bytes())
+  assert "carParams" in serializer.unsupported and "carParams" not in serializer.templates
