@@ -21,46 +21,7 @@ from tinygrad.uop.ops import Ops, ProgramInfo, UOp
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, call_writes, device_kind, dtype_name, parse_dtype
 from sunnypilot.modeld_v2.replay import InputError, Replay, label, replay_part, write_tensor
-
-class Recording(list):
-  """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
-  def __init__(self):
-    super().__init__()
-    self.onetime: list[UOp] = []
-
-@contextlib.contextmanager
-def record_kernel_linear() -> Iterator[Recording]:
-  """Record the kernel LINEAR (compiled, memory planned, graph split) of each TinyJit capture that happens inside the block, and with
-  prune=True the one-time calls (weight preparation, e.g. IMAGE relayouts) that run once at capture instead of every call."""
-  import tinygrad.engine.jit as jit
-  from tinygrad.engine.realize import compile_linear
-  recorded = Recording()
-  lower, prune = jit.jit_lower, jit.prune_linear
-  def recording_lower(*args, **kwargs):
-    recorded.append(linear := lower(*args, **kwargs))
-    return linear
-  def recording_prune(*args, **kwargs):
-    kept, onetime = prune(*args, **kwargs)
-    if onetime.src: recorded.onetime.append(compile_linear(onetime))  # the capture compiles the same kernels: served from the cache
-    return kept, onetime
-  jit.jit_lower, jit.prune_linear = recording_lower, recording_prune
-  try: yield recorded
-  finally: jit.jit_lower, jit.prune_linear = lower, prune
-
-@contextlib.contextmanager
-def host_backed_null() -> Iterator[None]:
-  """While capturing on NULL (cross-compiling), keep what is copied into NULL buffers in host memory, so ONNX constants can be read and
-  weights land in the bundle. Kernels still do not run: only data copied in from the host is real."""
-  from tinygrad.runtime.ops_null import NullAllocator
-  saved = {k: NullAllocator.__dict__[k] for k in ("_alloc", "_copyin", "_copyout", "_offset")}
-  def copyin(self, dest, src: memoryview): dest[:len(src)] = src.cast("B")
-  def copyout(self, dest: memoryview, src): dest.cast("B")[:] = src[:dest.nbytes]
-  NullAllocator._alloc = lambda self, size, options: memoryview(bytearray(size))
-  NullAllocator._copyin, NullAllocator._copyout = copyin, copyout
-  NullAllocator._offset = lambda self, buf, size, offset: buf[offset:offset + size]
-  try: yield
-  finally:
-    for k, v in saved.items(): setattr(NullAllocator, k, v)
+from sunnypilot.modeld_v2.tinygrad_internals import host_backed_null, record_kernel_linear, watched_beam_search
 
 @contextlib.contextmanager
 def compile_session() -> Iterator[bool]:
@@ -85,24 +46,14 @@ def search_level(beam: int | None) -> int:
 def beam_progress(level: int, kernels: int, log: Callable[[str], None]) -> Iterator[None]:
   """BEAM=level for the block, with a line per kernel searched: i of n, its best time, elapsed. A kernel found in tinygrad's search cache
   (its disk cache, ~/.cache/tinygrad/cache.db or $CACHEDB) shows no time: rebuilding a searched bundle is fast."""
-  import tinygrad.codegen.opt.search as search
-  search_kernel, time_program = search.beam_search, search._time_program
   start, done, best = time.perf_counter(), [0], [math.inf]
-  def timed(*args, **kwargs) -> list[float]:
-    tms = time_program(*args, **kwargs)
-    best[0] = min(best[0], *tms)
-    return tms
-  def searched(s, *args, **kwargs):
-    best[0] = math.inf
-    out = search_kernel(s, *args, **kwargs)
+  def timed(tms: list[float]) -> None: best[0] = min(best[0], *tms)
+  def searched() -> None:
     done[0] += 1
     found = "from the search cache" if best[0] == math.inf else f"best {best[0] * 1e6:.1f} us"
     log(f"BEAM={level}: kernel {done[0]} of ~{kernels}: {found}, elapsed {time.perf_counter() - start:.0f} s")
-    return out
-  search.beam_search, search._time_program = searched, timed
-  try:
-    with Context(BEAM=level): yield
-  finally: search.beam_search, search._time_program = search_kernel, time_program
+    best[0] = math.inf
+  with watched_beam_search(timed, searched), Context(BEAM=level): yield
 
 class Captured(NamedTuple):
   jit: TinyJit

@@ -53,6 +53,7 @@ from sunnypilot.modeld_v2.input_queues import (
   push,
   queue_role,
 )
+from sunnypilot.modeld_v2.tinygrad_internals import onnx_ops, patched_onnx_ops
 
 __all__ = ["POLICY_INPUTS", "ModelError", "Plan", "compile_model", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues",
            "make_step", "plan_model", "read_output_slices"]
@@ -98,12 +99,11 @@ def read_onnx(path: str) -> Any:
   """The ONNX ModelProto at `path` (weights not loaded); clear errors for a missing or unreadable file, an empty graph, and ops tinygrad's
   ONNX runner lacks."""
   import onnx
-  from tinygrad.nn.onnx import onnx_ops
   if not os.path.isfile(path): raise ModelError(f"{path}: no such ONNX file")
   try: model = onnx.load(path, load_external_data=False)
   except Exception as e: raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
   if not model.graph.node: raise ModelError(f"{path}: the ONNX graph is empty (corrupt or not a model)")
-  unsupported = sorted({n.op_type for n in model.graph.node if n.op_type not in onnx_ops})
+  unsupported = sorted({n.op_type for n in model.graph.node if n.op_type not in onnx_ops()})
   if unsupported:
     hint = " (write recurrent cells with MatMul/Sigmoid/Tanh, as comma's models do)" if {"GRU", "LSTM", "RNN"} & set(unsupported) else ""
     raise ModelError(f"{path}: ops not supported by tinygrad's ONNX runner: {', '.join(unsupported)}{hint}")
@@ -363,13 +363,9 @@ def layer_boundaries(on: bool = True) -> Iterator[None]:
   """Realize the output of every convolution and matrix product while ONNX runners trace. Left free, tinygrad 0.14.0's scheduler fuses a
   convolution into the next one and recomputes it for every tap of the second (supercombo's backbones) and nests the GRU's matrix
   products the same way; a boundary per layer computes each once."""
-  import tinygrad.nn.onnx as onnx_module
-  saved = {op: onnx_module.onnx_ops[op] for op in LAYER_OPS if on}
   def realized(op):
     return functools.wraps(op)(lambda *args, **kwargs: op(*args, **kwargs).contiguous())
-  onnx_module.onnx_ops.update({name: realized(op) for name, op in saved.items()})
-  try: yield
-  finally: onnx_module.onnx_ops.update(saved)
+  with patched_onnx_ops({name: realized(onnx_ops()[name]) for name in LAYER_OPS if on}): yield
 
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
                   off_policy: str | None = None, on_policy: str | None = None, log=print, beam: int | None = None, fuse_layers: bool = False,

@@ -13,6 +13,7 @@ from sunnypilot.modeld_v2.bundle import state_names
 from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES
 from sunnypilot.modeld_v2.loader import load_device, load_fused
 from sunnypilot.modeld_v2.replay import ALIGNMENT, write_tensor
+from sunnypilot.modeld_v2.tinygrad_internals import copy_out
 
 log = logging.getLogger("modeld_v2")
 VISION_INPUTS = ("img", "big_img")  # modeld's names for the road and wide camera buffers, in the warp's order
@@ -181,5 +182,5 @@ class NativeTinygradAdapter(BaseModelAdapter):
     read back into one preallocated array (no scheduling, no allocation)."""
     if self._pinned: Device[self.model_device].synchronize()
     elif not self.run_model.outputs_in_place:
-      self._output_buffer.allocator._copyout(memoryview(self._output_view).cast("B"), self._output_buffer._buf)  # waits for the device
+      copy_out(self._output_buffer, memoryview(self._output_view).cast("B"))  # waits for the device
     return self._output_view

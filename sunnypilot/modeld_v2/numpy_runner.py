@@ -12,6 +12,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.replay import InputError, write_tensor
+from sunnypilot.modeld_v2.tinygrad_internals import copy_out, host_visible
 
 class NumpyRunner:
   """A bundle's `run` on numpy arrays. The input tensors are allocated once, from the bundle's input specs, and overwritten each call, so
@@ -35,8 +36,8 @@ class NumpyRunner:
 def _copied_out(t: Any) -> np.ndarray:
   """A numpy copy of a returned tensor's buffer, read directly (tinygrad's own copy-out schedules a COPY, and a bundle compiles nothing)."""
   buf = t.uop.base.buffer
-  if hasattr(buf.allocator, "_as_buffer"): data = bytes(buf.as_memoryview(force_zero_copy=True))
-  else: buf.allocator._copyout(data := memoryview(bytearray(buf.nbytes)), buf._buf)
+  if host_visible(buf): data = bytes(buf.as_memoryview(force_zero_copy=True))
+  else: copy_out(buf, data := memoryview(bytearray(buf.nbytes)))
   return np.frombuffer(data, np.dtype(buf.dtype.fmt)).reshape(t.shape).copy()
 
 def _allocated(device: str, shape: tuple[int, ...], dtype: str) -> Any:

@@ -20,6 +20,7 @@ from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target, getenv
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, arg_nbytes, call_writes, device_kind, dtype_name, parse_dtype
+from sunnypilot.modeld_v2.tinygrad_internals import buffer_address, copy_in, host_array, host_visible
 
 ALIGNMENT = 16  # vectorised CPU kernels fault on float pointers that are not 16-byte aligned
 MAX_BINDINGS_PER_SLOT = 64  # camerad's 18 buffers per camera fit many times over; a caller allocating per call evicts its oldest
@@ -39,20 +40,16 @@ def program_uop(program: dict, lib: bytes) -> UOp:
   return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program["name"])), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
                                UOp(Ops.BINARY, arg=lib)), arg=info)
 
-def address(buf: Buffer) -> int:
-  """Where a host-visible buffer's bytes live (CPU: its numpy array or mapping; others: the device address)."""
-  return buf._buf.ctypes.data if isinstance(buf._buf, np.ndarray) else int(buf._buf.va_addr)
-
 def copy_into(buf: Buffer, data: bytes | memoryview) -> None:
   """Copy bytes into a buffer once: host-visible memory directly, other devices through the allocator (ctypes wants a writable view)."""
-  if hasattr(buf.allocator, "_as_buffer"): np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
-  else: buf.allocator._copyin(buf._buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
+  if host_visible(buf): np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+  else: copy_in(buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
 
 def write_tensor(t: Tensor, value: np.ndarray) -> None:
   """Overwrite a realized tensor's buffer in place (NPY buffers are numpy arrays: copied into directly)."""
-  buf = t.uop.base.buffer
-  if device_kind(buf.device) == "NPY": np.copyto(buf._buf.reshape(-1).view(np.uint8)[:value.nbytes], np.ascontiguousarray(value).reshape(-1).view(np.uint8))
-  else: copy_into(buf, np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
+  buf, data = t.uop.base.buffer, np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+  if device_kind(buf.device) == "NPY": np.copyto(host_array(buf).reshape(-1).view(np.uint8)[:value.nbytes], data)
+  else: copy_into(buf, data.data)
 
 def label(name: str, key: str | None) -> str: return name if key is None else f"{name}[{key}]"
 
@@ -75,11 +72,11 @@ class _Direct:
     steps = []
     for call in calls:
       if call["kind"] == "copy":
-        steps.append((ctypes.memmove, tuple(self.void_ptrs[a["input"]] if "input" in a else address(self.replay.view(a)) for a in call["args"]) +
+        steps.append((ctypes.memmove, tuple(self.void_ptrs[a["input"]] if "input" in a else buffer_address(self.replay.view(a)) for a in call["args"]) +
                       (arg_nbytes(call["args"][0], self.replay.inputs),)))
         continue
       program, runtime = self.replay.header["programs"][call["program"]], self.runtimes[call["program"]]
-      args = [self.ptrs[a["input"]] if "input" in (a := call["args"][i]) else ctypes.c_uint64(address(self.replay.view(a))) for i in program["globals"]]
+      args = [self.ptrs[a["input"]] if "input" in (a := call["args"][i]) else ctypes.c_uint64(buffer_address(self.replay.view(a))) for i in program["globals"]]
       args += [ctypes.c_uint64(0)] * len(program["runtime_vars"])
       for core in range(int(program["global_size"][0]) if runtime.runtimevars else 1):  # as CPUProgram does: one call per core_id
         if runtime.runtimevars: args[runtime.runtimevars["core_id"]] = ctypes.c_uint64(core)
@@ -87,7 +84,7 @@ class _Direct:
     return steps
 
   def patch(self, slot: int, uop: UOp, buf: Buffer) -> None:
-    self.ptrs[slot].value = self.void_ptrs[slot].value = address(buf)
+    self.ptrs[slot].value = self.void_ptrs[slot].value = buffer_address(buf)
 
   def forget(self, uops: set[UOp] | None) -> None: """Nothing kept per tensor: a slot's pointer is rewritten by its next patch."""
 
@@ -332,7 +329,7 @@ class Replay:
     if buf.nbytes != t.nbytes(): raise InputError(f"input {name} is a view of a larger buffer: pass a whole buffer")
     if not t.uop.has_buffer_identity():  # a permute, flip or other reordering would be read in raw memory order
       raise InputError(f"input {name} is a reordered view of its buffer ({t.uop.op.name}): pass a contiguous tensor (.contiguous().realize())")
-    if self.outputs_in_place and (ptr := address(buf.ensure_allocated())) % ALIGNMENT:
+    if self.outputs_in_place and (ptr := buffer_address(buf.ensure_allocated())) % ALIGNMENT:
       raise InputError(f"input {name}: pointer {ptr:#x} is not {ALIGNMENT}-byte aligned")
     return buf
 

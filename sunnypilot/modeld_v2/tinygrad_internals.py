@@ -1,0 +1,118 @@
+"""Every use of tinygrad internals (private attributes, functions patched at run time), for the pinned tinygrad 0.14.0.
+
+Everything else in the package uses tinygrad's public API (Tensor, TinyJit, Device, Buffer, UOp) plus this module. Each function names
+the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises each one, so a tinygrad bump that breaks one fails there.
+
+- `record_kernel_linear`: `tinygrad.engine.jit` calls its module globals `jit_lower(linear, held_bufs, input_buf_uops)` (returns the
+  compiled, memory planned, graph split LINEAR) once per TinyJit capture, and `prune_linear(...)` -> `(kept, onetime)` with prune=True;
+  `tinygrad.engine.realize.compile_linear(linear)` compiles a LINEAR's kernels.
+- `host_backed_null`: `tinygrad.runtime.ops_null.NullAllocator` allocates, copies and offsets through `_alloc(size, options)`,
+  `_copyin(dest, src)`, `_copyout(dest, src)` and `_offset(buf, size, offset)`.
+- `watched_beam_search`: `tinygrad.codegen.opt.search` calls its globals `beam_search(s, rawbufs, var_vals, amt, ...)` per kernel and
+  `_time_program(prg, var_vals, rawbufs, ...)` -> a list of seconds per candidate.
+- `onnx_ops` / `patched_onnx_ops`: `tinygrad.nn.onnx.onnx_ops` is the {ONNX op type: function} table OnnxRunner looks ops up in at run time.
+- `host_visible`, `buffer_address`, `host_array`, `copy_in`, `copy_out`: a `Buffer`'s device handle is `Buffer._buf` (a numpy array on
+  NPY, an object with `va_addr` on CPU, CUDA and HCQ devices); allocators with `_as_buffer` map it into host memory; every
+  allocator copies with `_copyin(handle, src)` and `_copyout(dest, handle)`, synchronously.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import numpy as np
+from tinygrad.device import Buffer
+from tinygrad.uop.ops import UOp
+
+PINNED_VERSION = "0.14.0"
+
+class Recording(list):
+  """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
+  def __init__(self):
+    super().__init__()
+    self.onetime: list[UOp] = []
+
+@contextlib.contextmanager
+def record_kernel_linear() -> Iterator[Recording]:
+  """Record the kernel LINEAR (compiled, memory planned, graph split) of each TinyJit capture that happens inside the block, and with
+  prune=True the one-time calls (weight preparation, e.g. IMAGE relayouts) that run once at capture instead of every call."""
+  import tinygrad.engine.jit as jit
+  from tinygrad.engine.realize import compile_linear
+  recorded = Recording()
+  lower, prune = jit.jit_lower, jit.prune_linear
+  def recording_lower(*args, **kwargs):
+    recorded.append(linear := lower(*args, **kwargs))
+    return linear
+  def recording_prune(*args, **kwargs):
+    kept, onetime = prune(*args, **kwargs)
+    if onetime.src: recorded.onetime.append(compile_linear(onetime))  # the capture compiles the same kernels: served from the cache
+    return kept, onetime
+  jit.jit_lower, jit.prune_linear = recording_lower, recording_prune
+  try: yield recorded
+  finally: jit.jit_lower, jit.prune_linear = lower, prune
+
+@contextlib.contextmanager
+def host_backed_null() -> Iterator[None]:
+  """While capturing on NULL (cross-compiling), keep what is copied into NULL buffers in host memory, so ONNX constants can be read and
+  weights land in the bundle. Kernels still do not run: only data copied in from the host is real."""
+  from tinygrad.runtime.ops_null import NullAllocator
+  saved = {k: NullAllocator.__dict__[k] for k in ("_alloc", "_copyin", "_copyout", "_offset")}
+  def copyin(self, dest, src: memoryview): dest[:len(src)] = src.cast("B")
+  def copyout(self, dest: memoryview, src): dest.cast("B")[:] = src[:dest.nbytes]
+  NullAllocator._alloc = lambda self, size, options: memoryview(bytearray(size))
+  NullAllocator._copyin, NullAllocator._copyout = copyin, copyout
+  NullAllocator._offset = lambda self, buf, size, offset: buf[offset:offset + size]
+  try: yield
+  finally:
+    for k, v in saved.items(): setattr(NullAllocator, k, v)
+
+@contextlib.contextmanager
+def watched_beam_search(on_times: Callable[[list[float]], None], on_kernel: Callable[[], None]) -> Iterator[None]:
+  """Inside the block, tinygrad's BEAM search reports each timed candidate's seconds to `on_times` and each searched kernel to `on_kernel`
+  (after its search). A kernel served from the search's disk cache times nothing."""
+  import tinygrad.codegen.opt.search as search
+  search_kernel, time_program = search.beam_search, search._time_program
+  def timed(*args, **kwargs) -> list[float]:
+    on_times(tms := time_program(*args, **kwargs))
+    return tms
+  def searched(*args, **kwargs):
+    out = search_kernel(*args, **kwargs)
+    on_kernel()
+    return out
+  search.beam_search, search._time_program = searched, timed
+  try: yield
+  finally: search.beam_search, search._time_program = search_kernel, time_program
+
+def onnx_ops() -> dict[str, Callable]:
+  """The table of ONNX op types tinygrad's OnnxRunner implements (the live table, looked up at run time)."""
+  from tinygrad.nn.onnx import onnx_ops as table
+  return table
+
+@contextlib.contextmanager
+def patched_onnx_ops(replacements: dict[str, Callable]) -> Iterator[None]:
+  """OnnxRunner runs `replacements` instead of its own ops of those types inside the block."""
+  table = onnx_ops()
+  saved = {op: table[op] for op in replacements}
+  table.update(replacements)
+  try: yield
+  finally: table.update(saved)
+
+def host_visible(buf: Buffer) -> bool:
+  """Whether a buffer's memory is mapped into this process (CPU, NPY, QCOM): read and written in place through `as_memoryview`."""
+  return hasattr(buf.allocator, "_as_buffer")
+
+def buffer_address(buf: Buffer) -> int:
+  """Where an allocated buffer's bytes live: host memory on NPY and CPU, the device address elsewhere (CUDA, QCOM, AMD)."""
+  return buf._buf.ctypes.data if isinstance(buf._buf, np.ndarray) else int(buf._buf.va_addr)
+
+def host_array(buf: Buffer) -> np.ndarray:
+  """An NPY buffer's numpy array itself (its contents, shaped as the tensor that made it)."""
+  return buf._buf
+
+def copy_in(buf: Buffer, data: memoryview) -> None:
+  """Copy host bytes into an allocated buffer through its allocator (synchronous; `data` a writable, byte-castable view)."""
+  buf.allocator._copyin(buf._buf, data)
+
+def copy_out(buf: Buffer, dest: memoryview) -> None:
+  """Copy an allocated buffer's bytes into host memory through its allocator; waits for the device to finish writing it."""
+  buf.allocator._copyout(dest, buf._buf)
