@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2 import bundle
-from sunnypilot.modeld_v2.bundle import MAX_BUFFER_BYTES, MAX_CPU_CORES, ArtifactError, read_parts
+from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts
 from sunnypilot.modeld_v2.capture import capture, verify_part
 from sunnypilot.modeld_v2.inspect_bundle import main as inspect_main
 from sunnypilot.modeld_v2.loader import load_model
+from sunnypilot.modeld_v2.part_format import MAX_BUFFER_BYTES, MAX_CPU_CORES
 
 from conftest import conv_net
 

@@ -6,9 +6,10 @@ import pytest
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
-from sunnypilot.modeld_v2.frame_fusion import _Blobs, pack_layout
+from sunnypilot.modeld_v2.frame_fusion import pack_layout
 from sunnypilot.modeld_v2.loader import load_model
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+from sunnypilot.modeld_v2.part_builder import Blobs
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 from conftest import realized
@@ -45,7 +46,7 @@ def test_pack_layout_aligns_every_slot():
   assert "frames" not in split_offsets and split_total == split_offsets["action_t"] + 64 and split_total <= 768
 
 def test_blobs_are_one_address_space():
-  blobs = _Blobs(b"abc", b"", b"defg")
+  blobs = Blobs(b"abc", b"", b"defg")
   assert len(blobs) == 7 and blobs[2:5] == b"cde" and blobs[0:7] == b"abcdefg" and blobs[3:3] == b"" and bytes(blobs) == b"abcdefg"
 
 @pytest.mark.parametrize("layout", ["native", "supercombo"])
@@ -54,8 +55,8 @@ def test_fused_equals_warp_then_model(bundles, layout):
   warp, model = load_model(bundles["packed"])["run"], load_model(bundles[layout])
   states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in model["input_specs"].items() if f"next_{n}" in model["output_specs"]}
   outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model["output_specs"].items()}
-  header = adapter.run_model.header
-  assert [c["kind"] for c in header["calls"]].count("copy") == 1 and header["calls"][0]["kind"] == "copy", "one host upload, first"
+  calls = adapter.run_model.part.calls
+  assert [c.kind for c in calls].count("copy") == 1 and calls[0].kind == "copy", "one host upload, first"
   rng = np.random.default_rng(0)
   for step in range(5):
     expected = drive(adapter, rng, 1)[0]

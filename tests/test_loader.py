@@ -68,9 +68,9 @@ def test_seed_spelling_is_the_fused_load(native_artifacts, cache):
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
   seed = seed_load_model(model, cache=False, extend=functools.partial(frame_part, warp))
   assert isinstance(seed["run"], PlainJit) and PlainJit is _Jit
-  assert seed["run"].header == load_fused(model, warp, cache=False)["run"].header
+  assert seed["run"].part == load_fused(model, warp, cache=False)["run"].part
   parts, extras = frame_part(warp, *read_parts(model))  # the seed's extension on its own: read the warp, fuse
-  assert parts["run"][0] == seed["run"].header and extras["metadata"]["fused"]["warp"] == "warp_split.bin"
+  assert parts["run"][0] == seed["run"].part.to_json() and extras["metadata"]["fused"]["warp"] == "warp_split.bin"
   with pytest.raises(TypeError, match="partial\\(frame_part"): load_model(model, extend=lambda parts, extras: (parts, extras))
 
 def test_fuse_is_pure(native_artifacts, monkeypatch):
@@ -80,7 +80,7 @@ def test_fuse_is_pure(native_artifacts, monkeypatch):
   with monkeypatch.context() as m:
     for target, name in ((builtins, "open"), (os, "stat"), (os, "listdir"), (os, "scandir")): m.setattr(target, name, no_files)
     parts, extras = fuse(*bundles, "warp_split.bin")
-  assert parts["run"][0] == load_fused(model, warp, cache=False)["run"].header
+  assert parts["run"][0] == load_fused(model, warp, cache=False)["run"].part.to_json()
 
 @pytest.mark.skipif(os.getuid() != 0, reason="handing the folder to another user needs root")
 def test_cache_folder_others_can_write_is_not_used(native_artifacts, cache, capfd):
@@ -112,8 +112,8 @@ def test_unreadable_entry_is_rebuilt_and_never_a_temp_file(native_artifacts, cac
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
   target = cache_entry(cache, key_of(model, warp))
   os.makedirs(target)  # a folder where the entry should be: it cannot be read, nor replaced
-  expected = load_fused(model, warp, cache=False)["run"].header
-  assert load_fused(model, warp)["run"].header == expected
+  expected = load_fused(model, warp, cache=False)["run"].part
+  assert load_fused(model, warp)["run"].part == expected
   err = capfd.readouterr().err
   assert "ignoring a bad cache entry" in err and "cannot write the load cache" in err
   assert [e for e in entries(cache) if ".tmp" in e] == [], "a failed write leaves no temporary file"

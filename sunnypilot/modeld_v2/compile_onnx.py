@@ -21,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, dtype_name, np_dtype, write_bundle
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, write_bundle
 from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
 from sunnypilot.modeld_v2.compile_modeld import ModelError, graph_inputs, layer_boundaries, onnx_dims, onnx_np_dtype, read_onnx
+from sunnypilot.modeld_v2.part_format import dtype_name, np_dtype
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
   """`name=1x3x224x224` -> ("name", (1, 3, 224, 224))."""
