@@ -16,11 +16,15 @@ from sunnypilot.modeld_v2.part_format import ArtifactError, BufferView, Call, In
 from conftest import realized
 
 def fixture_parts(native_artifacts: str) -> dict[str, tuple[dict, object]]:
-  model, parts = read_parts(os.path.join(native_artifacts, "model.bin")), {}
+  """The `run` part's JSON as it is on disk, of each fixture bundle and of the model fused with each warp."""
+  parts, model = {}, read_parts(os.path.join(native_artifacts, "model.bin"))
+  for name in ("model.bin", "warp_split.bin", "warp_packed.bin"):
+    head, blob = read_bundle(os.path.join(native_artifacts, name))
+    parts[name] = head["parts"]["run"]["header"], blob[slice(*head["parts"]["run"]["blob"])]
   for warp in ("warp_split.bin", "warp_packed.bin"):
-    parts[warp] = read_parts(os.path.join(native_artifacts, warp))[0]["run"]
-    parts[f"model+{warp}"] = fuse(model, read_parts(os.path.join(native_artifacts, warp)))[0]["run"]
-  return parts | {"model.bin": model[0]["run"]}
+    fused, blob = fuse(model, read_parts(os.path.join(native_artifacts, warp)))[0]["run"]
+    parts[f"model+{warp}"] = fused.to_json(), blob
+  return parts
 
 def captured_parts() -> dict[str, tuple[dict, bytes]]:
   """Captures with what the fixtures lack: one-time calls (weight preparation), a dict return, a returned input."""
@@ -80,7 +84,7 @@ def test_call_relocated_moves_buffers_and_programs_and_binds_slots():
   (("programs", 0, "estimates"), {"ops": "many"}, "estimate ops is str"),
 ])
 def test_a_bad_field_is_one_line_naming_it(native_artifacts, path, value, message):
-  header, blob = read_parts(os.path.join(native_artifacts, "warp_split.bin"))[0]["run"]
+  header, blob = fixture_parts(native_artifacts)["warp_split.bin"]
   header = copy.deepcopy(header)
   target = header
   for key in path[:-1]: target = target[key]

@@ -140,17 +140,19 @@ def open_regular(path: str) -> BinaryIO:
   os.set_blocking(fd, True)
   return os.fdopen(fd, "rb")
 
-def write_bundle(path: str, parts: dict[str, tuple[dict, Any]], extras: dict, flags: dict[str, int] | None = None) -> int:
-  """Write named parts and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file, atomically: a temporary file renamed into
-  place, removed on any failure. `flags` override the build flags provenance records. Returns the size in bytes."""
+def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None) -> int:
+  """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
+  atomically: a temporary file renamed into place, removed on any failure. `flags` override the build flags provenance records. Returns
+  the size in bytes."""
   if not parts: raise ArtifactError("a bundle needs at least one part")
-  devices = {device_kind(h["device"]) for h, _ in parts.values()}
+  headers = {name: header.to_json() if isinstance(header, Part) else header for name, (header, _) in parts.items()}
+  devices = {device_kind(h["device"]) for h in headers.values()}
   if len(devices) != 1: raise ArtifactError(f"all parts of a bundle must be for one device, got {sorted(devices)}")
   blob, index = bytearray(), {}
-  for name, (header, part_blob) in parts.items():
-    index[name] = {"header": header, "blob": [len(blob), len(blob) + len(part_blob)]}
+  for name, (_, part_blob) in parts.items():
+    index[name] = {"header": headers[name], "blob": [len(blob), len(blob) + len(part_blob)]}
     blob += bytes(part_blob)
-  head = {"provenance": provenance(next(iter(parts.values()))[0]["device"], flags), "parts": index, "extras": extras}
+  head = {"provenance": provenance(next(iter(headers.values()))["device"], flags), "parts": index, "extras": extras}
   data = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
   digest = hashlib.sha256(data + blob).digest()
   with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
@@ -199,18 +201,18 @@ def check_provenance(prov: dict, device: str | None = None, path: str = "bundle"
     raise ArtifactError(f"{path}: kernels built for {prov.get('target')}, this device compiles for {target}")
   return here
 
-def read_parts(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[dict, memoryview]], dict]:
+def read_parts(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[Part, memoryview]], dict]:
   """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch.
-  The extras' `input_specs` and `output_specs` come back as {name: TensorSpec}."""
+  Each part is `(Part record, blob)`; the extras' `input_specs` and `output_specs` come back as {name: TensorSpec}."""
   parts, extras, _ = read_parts_hashed(path, device, allow_device)
   return parts, extras
 
-def read_parts_hashed(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[dict, memoryview]], dict, str]:
+def read_parts_hashed(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[Part, memoryview]], dict, str]:
   """`read_parts`, with the content hash of the bytes the parts came from (see read_verified)."""
   head, blob, digest = read_verified(path)
   check_provenance(head["provenance"], device, path, allow_device)
-  check_parts(head, blob, path)
-  parts = {name: (p["header"], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}
+  records = check_parts(head, blob, path)
+  parts = {name: (records[name], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}
   extras = head["extras"] | {k: {n: TensorSpec.of(s) for n, s in head["extras"].get(k, {}).items()} for k in ("input_specs", "output_specs")}
   return parts, extras, digest
 

@@ -38,9 +38,10 @@ from sunnypilot.modeld_v2.part_format import (
   RuntimeVar,
   device_kind,
   dtype_name,
+  label,
   parse_dtype,
 )
-from sunnypilot.modeld_v2.replay import InputError, Replay, label, replay_part, write_tensor
+from sunnypilot.modeld_v2.replay import InputError, Replay, replay_part, write_tensor
 from sunnypilot.modeld_v2.tinygrad_internals import host_backed_null, record_kernel_linear, watched_beam_search
 
 @contextlib.contextmanager
@@ -266,7 +267,7 @@ def _self_check(run, part: Part, blob: bytes, check: dict, layout: list, seed: i
     if expected.tobytes() != results[1][name].tobytes(): raise ArtifactError(f"self-check failed: plain replay differs from the TinyJit replay in {name}")
   return Check(seed, _digests(results[0]))
 
-def verify_part(header: dict, blob: Any, device: str | None = None) -> dict[str, bool]:
+def verify_part(header: Part | dict, blob: Any, device: str | None = None) -> dict[str, bool]:
   """Replay a part on its recorded check's seeded inputs: {output label: digest matches what the capture recorded}."""
   part = (replay := replay_part(header, blob, device)).part
   if part.check is None: raise ArtifactError("this part has no recorded check (built on NULL, or fused at load time)")

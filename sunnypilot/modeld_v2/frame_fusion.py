@@ -37,13 +37,14 @@ def frame_part(warp_path: str, parts: dict, extras: dict, device: str | None = N
   return fuse((parts, extras), read_parts(warp_path, device, allow_device), os.path.basename(warp_path))
 
 def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_name: str = "warp") -> tuple[dict, dict]:
-  """`(parts, extras)` of a model bundle and of a warp bundle -> `(parts, extras)` of the fused part. Pure: reads no files."""
+  """`(parts, extras)` of a model bundle and of a warp bundle (as read_parts returns them: Part records, or a part's JSON) -> `(parts,
+  extras)` of the fused part, a Part record. Pure: reads no files."""
   (parts, extras), (warp_parts, warp_extras) = model_bundle, warp_bundle
   (model_header, model_blob), (warp_header, warp_blob) = parts["run"], warp_parts["run"]
   meta, warp_meta = extras["metadata"], warp_extras["metadata"]
   if meta.get("kind") != "model" or warp_meta.get("kind") != "warp":
     raise ArtifactError(f"fusion takes a model bundle and a warp bundle ({warp_name}), got a {meta.get('kind')} and a {warp_meta.get('kind')}")
-  model, warp = Part.from_json(model_header, model_blob), Part.from_json(warp_header, warp_blob)
+  model, warp = Part.of(model_header, model_blob), Part.of(warp_header, warp_blob)
   if model.device != warp.device: raise ArtifactError(f"the model is for {model.device} and the warp {warp_name} for {warp.device}")
   if any(isinstance(r.arg, InputArg) for r in model.returns.tensors): raise ArtifactError("a model part that returns one of its inputs cannot be fused")
   if len(warp.returns.tensors) != 1 or isinstance(warp.returns.tensors[0].arg, InputArg):
@@ -83,4 +84,4 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   fused_meta = meta | {"fused": {"warp": warp_name, "frame": warp_meta["frame"], "split_frames": bool(frame_specs),
                                  "host_layout": offsets, "host_bytes": packed, "host_shapes": {"tfm": list(TFM[1])} | {k: list(v) for k, v in host.items()},
                                  "frame_size": frame_size}}
-  return {"run": (part.to_json(), builder.blob())}, extras | {"input_specs": fused_specs, "metadata": fused_meta}
+  return {"run": (part, builder.blob())}, extras | {"input_specs": fused_specs, "metadata": fused_meta}

@@ -50,6 +50,10 @@ def np_dtype(name: str) -> np.dtype:
 
 def device_kind(device: str) -> str: return device.split(":")[0].upper()
 
+def label(name: str, key: str | None) -> str:
+  """How errors and check digests name an input: `x`, or `output_buffers[outputs]` for one entry of a dict keyword."""
+  return name if key is None else f"{name}[{key}]"
+
 # *** field checks: each raises an ArtifactError naming the field ***
 
 def expect(value: Any, kind: type | tuple, what: str) -> Any:
@@ -97,7 +101,7 @@ class InputSlot:
   def nbytes(self) -> int: return nbytes_of(self.shape, self.dtype)
 
   @property
-  def label(self) -> str: return self.name if self.key is None else f"{self.name}[{self.key}]"
+  def label(self) -> str: return label(self.name, self.key)
 
   @staticmethod
   def from_json(spec: Any, slot: int, device: str, kwargs: tuple[str, ...]) -> InputSlot:
@@ -353,6 +357,11 @@ class Part:
   check: Check | None
 
   def arg_nbytes(self, a: Arg) -> int: return arg_nbytes(a, self.inputs)
+
+  @staticmethod
+  def of(header: Part | dict, blob: Any) -> Part:
+    """A part given as a record (read and checked already) or as its JSON (read and checked here)."""
+    return header if isinstance(header, Part) else Part.from_json(header, blob)
 
   @staticmethod
   def from_json(header: Any, blob: Any) -> Part:

@@ -63,8 +63,6 @@ def write_tensor(t: Tensor, value: np.ndarray) -> None:
   if device_kind(buf.device) == "NPY": np.copyto(host_array(buf).reshape(-1).view(np.uint8)[:value.nbytes], data)
   else: copy_into(buf, data.data)
 
-def label(name: str, key: str | None) -> str: return name if key is None else f"{name}[{key}]"
-
 def slot_value(kwargs: dict, name: str, key: str | None) -> Any:
   """The tensor a call passes for one input slot: a keyword, or one entry of a dict keyword (`output_buffers[outputs]`); None if absent."""
   return kwargs.get(name) if key is None else value.get(key) if isinstance(value := kwargs.get(name), dict) else None
@@ -206,7 +204,7 @@ class Replay:
   `mapped`: names of host (NPY) inputs the caller passes as tensors on the device, over host memory it mapped into the device (CUDA: pinned
   and registered): their upload becomes a device copy inside the device's graph, so a frame is one submission."""
   def __init__(self, header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = ()):
-    self.part = part = header if isinstance(header, Part) else Part.from_json(header, blob)
+    self.part = part = Part.of(header, blob)
     self.blob, self.mapped = blob, mapped
     self.device = Device.canonicalize(device or part.device)
     self.input_names: list[str] = list(part.input_names)
@@ -329,7 +327,7 @@ class Replay:
     for slot in changed:
       if (other := next((o for o in self.conflicts[slot] if self.buffers[o] is self.buffers[slot]), None)) is not None:
         a, b = sorted((slot, other))
-        raise InputError(f"inputs {label(*self.slots[a])} and {label(*self.slots[b])} share a buffer, and the part reads one after writing the other")
+        raise InputError(f"inputs {self.inputs[a].label} and {self.inputs[b].label} share a buffer, and the part reads one after writing the other")
 
   def validated(self, spec: InputSlot, t: Tensor) -> Buffer:
     name = spec.label
