@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.device import Buffer
 from tinygrad.helpers import Context
-from tinygrad.uop.ops import Ops
+from tinygrad.uop.ops import Ops, UOp
 
 from sunnypilot.modeld_v2 import bundle
 from sunnypilot.modeld_v2 import tinygrad_internals as ti
@@ -81,3 +81,36 @@ def test_host_array_is_an_npy_buffers_memory():
   assert isinstance(array, np.ndarray) and ti.buffer_address(buf) == array.ctypes.data
   array.reshape(-1)[:] = 7
   assert ctypes.string_at(ti.buffer_address(buf), 20) == np.full(5, 7, np.int32).tobytes() and (t.numpy() == 7).all()
+
+def captured_linear(device: str, fn) -> tuple:
+  """A TinyJit capture of `fn` on `device`: (its kernel LINEAR with graph batches flattened, the input tensor, the returned tensor)."""
+  jit, x = TinyJit(fn), Tensor(np.arange(8, dtype=np.float32), device=device).realize()
+  with ti.record_kernel_linear() as recorded:
+    for _ in range(2): out = jit(x)
+  flat = lambda linear: [c for call in linear.src for c in (flat(call.src[0].src[0]) if call.src[0].op is Ops.CUSTOM_FUNCTION else [call])]
+  return UOp(Ops.LINEAR, src=tuple(flat(recorded[0]))), x, out
+
+def test_run_calls_time_call_and_cpu_entry_run_the_captured_kernels():
+  linear, x, out = captured_linear("CPU", lambda x: (x * 2 + 1).realize())
+  assert ti.graph_batches(linear, "CPU") is linear, "CPU has no graph runner: calls stay as they are"
+  x2 = Tensor(np.full(8, 5, np.float32)).realize()
+  ti.run_calls(linear, (x2.uop.base,))
+  np.testing.assert_equal(out.numpy(), np.full(8, 11))
+  call = linear.src[0]
+  assert ti.time_call(call, (x.uop.base,), "CPU") > 0
+  np.testing.assert_equal(out.numpy(), np.arange(8) * 2 + 1)
+  entry = ti.cpu_entry(call.src[0], "CPU")
+  buffers = [x2.uop.base.buffer if u.op is Ops.PARAM else u.buffer for u in call.src[1:]]
+  entry.fxn(*(ctypes.c_uint64(ti.buffer_address(buffers[i])) for i in call.src[0].arg.globals), *([ctypes.c_uint64(0)] if entry.core_id is not None else []))
+  np.testing.assert_equal(out.numpy(), np.full(8, 11))
+
+def test_graph_batches_and_the_runner_they_build():
+  linear, x, _ = captured_linear("NULL", lambda x: ((x * 2).contiguous() + x).realize())
+  batched = ti.graph_batches(linear, "NULL")
+  graphs = [c.src[0] for c in batched.src if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph"]
+  assert len(graphs) == 1 and len(batched.src) < len(linear.src)
+  runner = ti.graph_runner(graphs[0], (x.uop.base,))
+  slots = ti.runner_slots(runner)
+  assert list(slots) == [0] and slots[0] and max(slots[0]) < len(linear.src), slots  # the input feeds some of the batch's nodes
+  assert ti.always_repointed(runner) == set() and not ti.repointable(runner)  # fixed shapes; NULL's runner re-points every launch
+  runner((x.uop.base,), {})

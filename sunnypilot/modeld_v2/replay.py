@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.device import Buffer
-from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target, getenv
+from tinygrad.helpers import Target, getenv
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
 
 from sunnypilot.modeld_v2.part_format import (
@@ -33,7 +33,21 @@ from sunnypilot.modeld_v2.part_format import (
   dtype_name,
   parse_dtype,
 )
-from sunnypilot.modeld_v2.tinygrad_internals import buffer_address, copy_in, host_array, host_visible
+from sunnypilot.modeld_v2.tinygrad_internals import (
+  always_repointed,
+  buffer_address,
+  copy_in,
+  cpu_entry,
+  graph_batches,
+  graph_runner,
+  host_array,
+  host_visible,
+  repoint_only,
+  repointable,
+  run_calls,
+  runner_slots,
+  time_call,
+)
 
 ALIGNMENT = 16  # vectorised CPU kernels fault on float pointers that are not 16-byte aligned
 MAX_BINDINGS_PER_SLOT = 64  # camerad's 18 buffers per camera fit many times over; a caller allocating per call evicts its oldest
@@ -72,7 +86,7 @@ class _Direct:
   or writes it, so binding a slot is two integer stores."""
   def __init__(self, replay: Replay, programs: list[UOp]):
     self.replay = weakref.proxy(replay)  # the Replay owns its back-end: no cycle, so a dropped model frees its buffers at once
-    self.runtimes = [Device[replay.device].runtime(p.to_elf()) for p in programs]
+    self.entries = [cpu_entry(p, replay.device) for p in programs]  # kept: each owns its loaded code
     self.ptrs = [ctypes.c_uint64(0) for _ in replay.inputs]
     self.void_ptrs = [ctypes.c_void_p(0) for _ in replay.inputs]
     self.steps = self.prepare(replay.part.calls)
@@ -85,12 +99,12 @@ class _Direct:
         steps.append((ctypes.memmove, tuple(self.void_ptrs[a.input] if isinstance(a, InputArg) else buffer_address(self.replay.view(a)) for a in call.args) +
                       (self.replay.part.arg_nbytes(call.args[0]),)))
         continue
-      program, runtime = self.replay.part.programs[call.program], self.runtimes[call.program]
+      program, (_, fxn, core_id) = self.replay.part.programs[call.program], self.entries[call.program]
       args = [self.ptrs[a.input] if isinstance(a := call.args[i], InputArg) else ctypes.c_uint64(buffer_address(self.replay.view(a))) for i in program.globals]
       args += [ctypes.c_uint64(0)] * len(program.runtime_vars)
-      for core in range(program.global_size[0] if runtime.runtimevars else 1):  # as CPUProgram does: one call per core_id
-        if runtime.runtimevars: args[runtime.runtimevars["core_id"]] = ctypes.c_uint64(core)
-        steps.append((runtime.fxn, tuple(args)))
+      for core in range(program.global_size[0] if core_id is not None else 1):  # as CPUProgram does: one call per core_id
+        if core_id is not None: args[core_id] = ctypes.c_uint64(core)
+        steps.append((fxn, tuple(args)))
     return steps
 
   def patch(self, slot: int, uop: UOp, buf: Buffer) -> None:
@@ -108,22 +122,19 @@ class _Batch:
   def __init__(self, ast: UOp, inputs: tuple[UOp, ...]):
     self.ast = ast
     first = self.make(inputs)
-    self.repointable = hasattr(first, "updatable")  # CUDAGraph: re-points the nodes listed in `updatable`, launch by launch
-    self.nodes: dict[int, set[int]] = {}
-    for j, replace in enumerate(first.uop_replace):
-      for _, slot in replace: self.nodes.setdefault(slot, set()).add(j)
+    self.repointable = repointable(first)  # CUDAGraph: re-points the nodes it is told to, launch by launch
+    self.nodes = runner_slots(first)
     self.slots = tuple(sorted(self.nodes))
-    self.always = set(first.var_vals_replace) | set(first.launch_dims_replace) if self.repointable else set()
+    self.always = always_repointed(first) if self.repointable else set()
     self.instances: collections.OrderedDict[Any, Any] = collections.OrderedDict({self.key(inputs): self.settled(first)})
 
-  def make(self, inputs: tuple[UOp, ...]) -> Any:
-    return Device[self.ast.device if isinstance(self.ast.device, str) else self.ast.device[0]].graph(self.ast, input_uops=inputs)
+  def make(self, inputs: tuple[UOp, ...]) -> Any: return graph_runner(self.ast, inputs)
 
   def key(self, inputs: tuple[UOp, ...]) -> tuple[UOp, ...] | None: return tuple(inputs[s] for s in self.slots) if self.repointable else None
 
   def settled(self, runner: Any, changed: tuple[int, ...] = ()) -> Any:
     """The runner, told to re-point only the nodes of `changed` slots at its next launch."""
-    if self.repointable: runner.updatable = sorted(self.always.union(*(self.nodes[s] for s in changed)))
+    if self.repointable: repoint_only(runner, self.always.union(*(self.nodes[s] for s in changed)))
     return runner
 
   def instance(self, inputs: tuple[UOp, ...]) -> Any:
@@ -160,12 +171,9 @@ class _Graph:
   launches it as built. Past MAX_GRAPH_INSTANCES the oldest instance is re-pointed, only at the nodes whose tensors differ. Runners that
   re-point every input at each launch anyway (HCQ: QCOM, AMD) keep one instance."""
   def __init__(self, replay: Replay, programs: list[UOp]):
-    from tinygrad.engine.jit import graph_split_rewrite
-    from tinygrad.engine.realize import run_linear
     self.replay, self.programs = weakref.proxy(replay), programs  # as _Direct: no cycle with the owning Replay
-    self.linear = self.build(replay.part.calls)
-    if Device[replay.device].graph is not None and JIT < 2: self.linear = graph_split_rewrite(self.linear, max_batch_size=JIT_BATCH_SIZE.value)
-    if onetime := replay.part.onetime_calls: run_linear(self.build(onetime), {}, jit=True)  # weight preparation, once
+    self.linear = graph_batches(self.build(replay.part.calls), replay.device)
+    if onetime := replay.part.onetime_calls: run_calls(self.build(onetime))  # weight preparation, once
     self.input_uops: list[UOp | None] = [None] * len(replay.inputs)
     self.graphs: dict[UOp, _Batch] = {}
     # per top-level call: a graph batch (its ast) or a lone call, as the LINEAR run_linear takes
@@ -183,11 +191,10 @@ class _Graph:
       for key in [k for k in batch.instances if uops is None or k is None or uops.intersection(k)]: del batch.instances[key]
 
   def run(self, wait: bool = False) -> float:
-    from tinygrad.engine.realize import run_linear
     inputs, start = tuple(self.input_uops), time.perf_counter()
     for ast, lone in self.steps:
       if lone is not None:
-        run_linear(lone, {}, input_uops=inputs, jit=True, wait=wait)
+        run_calls(lone, inputs, wait)
         continue
       if ast not in self.graphs: self.graphs[ast] = _Batch(ast, inputs)
       self.graphs[ast].instance(inputs)(inputs, {}, wait=wait)
@@ -292,20 +299,10 @@ class Replay:
     """Each call of the part alone on the tensors bound by the last call, `rounds` times: per call its index, kind, program index (None for
     a copy), bytes copied, and the median seconds. Kernels are timed by the device (CUDA events; on CPU the call itself); a copy by the
     host clock around it and a synchronize. For profiling: the replay itself runs its calls batched."""
-    from tinygrad.engine.realize import ExecContext, exec_copy, exec_kernel
     if any(u is None for u in self.current): raise InputError("time_calls() times the last call's bindings: call the part once first")
-    ctx, dev = ExecContext(input_uops=tuple(u.base for u in self.current), update_stats=False, wait=True), Device[self.device]
-    rows = []
+    inputs, rows = tuple(u.base for u in self.current), []
     for j, call in enumerate(linear_of(self, self.programs, self.part.calls).src):
-      spec, times = self.part.calls[j], []
-      for _ in range(rounds):
-        dev.synchronize()
-        if spec.kind == "copy":
-          start = time.perf_counter()
-          exec_copy(ctx, call, call.src[0])
-          dev.synchronize()
-          times.append(time.perf_counter() - start)
-        else: times.append(float(sum(exec_kernel(ctx, call, call.src[0]))))
+      spec, times = self.part.calls[j], [time_call(call, inputs, self.device) for _ in range(rounds)]
       rows.append({"call": j, "kind": spec.kind, "program": spec.program, "s": float(np.median(times)),
                    "copy_bytes": self.part.arg_nbytes(spec.args[0]) if spec.kind == "copy" else None})
     return rows

@@ -11,6 +11,16 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
 - `watched_beam_search`: `tinygrad.codegen.opt.search` calls its globals `beam_search(s, rawbufs, var_vals, amt, ...)` per kernel and
   `_time_program(prg, var_vals, rawbufs, ...)` -> a list of seconds per candidate.
 - `onnx_ops` / `patched_onnx_ops`: `tinygrad.nn.onnx.onnx_ops` is the {ONNX op type: function} table OnnxRunner looks ops up in at run time.
+- `graph_batches`, `run_calls`, `graph_runner`, `runner_slots`, `repointable`, `always_repointed`, `repoint_only`: the replay's graph
+  back-end runs tinygrad's own JIT path on a LINEAR of CALLs. `tinygrad.engine.jit.graph_split_rewrite(linear, max_batch_size)` batches
+  calls into CUSTOM_FUNCTION "graph" calls; `tinygrad.engine.realize.run_linear(linear, var_vals, input_uops, jit=, wait=)` runs them;
+  `Device[d].graph(batch, input_uops=)` builds a runner (a `GraphRunner`) whose `uop_replace[node]` lists (argument, input slot) pairs,
+  whose `var_vals_replace` / `launch_dims_replace` nodes are re-pointed at every launch, and, on CUDA (`CUDAGraph`), whose `updatable`
+  lists the nodes the next launch re-points.
+- `time_call`: `tinygrad.engine.realize.ExecContext(input_uops=, update_stats=, wait=)`, `exec_copy(ctx, call, ast)` and
+  `exec_kernel(ctx, call, ast)` -> device seconds per launch.
+- `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose `fxn` is the ctypes function taking each buffer as a
+  c_uint64 pointer, then its runtime variables; `runtimevars` maps "core_id" to its argument index (CPUProgram calls once per core).
 - `host_visible`, `buffer_address`, `host_array`, `copy_in`, `copy_out`: a `Buffer`'s device handle is `Buffer._buf` (a numpy array on
   NPY, an object with `va_addr` on CPU, CUDA and HCQ devices); allocators with `_as_buffer` map it into host memory; every
   allocator copies with `_copyin(handle, src)` and `_copyout(dest, handle)`, synchronously.
@@ -18,11 +28,15 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
+from tinygrad import Device
 from tinygrad.device import Buffer
-from tinygrad.uop.ops import UOp
+from tinygrad.helpers import JIT, JIT_BATCH_SIZE
+from tinygrad.uop.ops import Ops, UOp
 
 PINNED_VERSION = "0.14.0"
 
@@ -96,6 +110,65 @@ def patched_onnx_ops(replacements: dict[str, Callable]) -> Iterator[None]:
   table.update(replacements)
   try: yield
   finally: table.update(saved)
+
+def graph_batches(linear: UOp, device: str) -> UOp:
+  """`linear` with its calls batched into the device's graph runner as TinyJit batches them; unchanged without one (or with JIT=2)."""
+  from tinygrad.engine.jit import graph_split_rewrite
+  if Device[device].graph is None or JIT >= 2: return linear
+  return graph_split_rewrite(linear, max_batch_size=JIT_BATCH_SIZE.value)
+
+def run_calls(linear: UOp, input_uops: tuple[UOp, ...] = (), wait: bool = False) -> None:
+  """Run a LINEAR of calls (and graph batches) as a TinyJit replay does, input slots bound to `input_uops`."""
+  from tinygrad.engine.realize import run_linear
+  run_linear(linear, {}, input_uops=input_uops, jit=True, wait=wait)
+
+def graph_runner(batch: UOp, input_uops: tuple[UOp, ...]) -> Any:
+  """A graph runner for one graph batch (a CUSTOM_FUNCTION "graph" uop), built on the buffers of `input_uops`; call it as
+  `runner(input_uops, {}, wait=...)`."""
+  return Device[batch.device if isinstance(batch.device, str) else batch.device[0]].graph(batch, input_uops=input_uops)
+
+def runner_slots(runner: Any) -> dict[int, set[int]]:
+  """Per input slot, the runner's nodes that take it as an argument."""
+  nodes: dict[int, set[int]] = {}
+  for node, replace in enumerate(runner.uop_replace):
+    for _, slot in replace: nodes.setdefault(slot, set()).add(node)
+  return nodes
+
+def repointable(runner: Any) -> bool:
+  """Whether a runner re-points only the nodes it is told to (CUDAGraph); others (HCQ: QCOM, AMD) re-point every input at each launch."""
+  return hasattr(runner, "updatable")
+
+def always_repointed(runner: Any) -> set[int]:
+  """Nodes a runner updates at every launch anyway (symbolic variables or launch sizes)."""
+  return set(runner.var_vals_replace) | set(runner.launch_dims_replace)
+
+def repoint_only(runner: Any, nodes: set[int]) -> None:
+  """Tell a repointable runner to re-point exactly these nodes at its next launch."""
+  runner.updatable = sorted(nodes)
+
+def time_call(call: UOp, input_uops: tuple[UOp, ...], device: str) -> float:
+  """Seconds one call takes alone: a kernel timed by the device (CUDA events; on CPU the call itself), a copy by the host clock around
+  it and a synchronize."""
+  from tinygrad.engine.realize import ExecContext, exec_copy, exec_kernel
+  ctx, dev = ExecContext(input_uops=input_uops, update_stats=False, wait=True), Device[device]
+  dev.synchronize()
+  if call.src[0].op is not Ops.COPY: return float(sum(exec_kernel(ctx, call, call.src[0])))
+  start = time.perf_counter()
+  exec_copy(ctx, call, call.src[0])
+  dev.synchronize()
+  return time.perf_counter() - start
+
+class CpuEntry(NamedTuple):
+  """A compiled PROGRAM loaded on CPU: `fxn` (a ctypes function of c_uint64 pointers) and the argument index of its core_id, if it has
+  one. `runtime` owns the loaded code: `fxn` is valid while this is kept."""
+  runtime: Any
+  fxn: Any
+  core_id: int | None
+
+def cpu_entry(program: UOp, device: str) -> CpuEntry:
+  """Load a compiled PROGRAM on CPU for direct ctypes calls."""
+  runtime = Device[device].runtime(program.to_elf())
+  return CpuEntry(runtime, runtime.fxn, runtime.runtimevars.get("core_id"))
 
 def host_visible(buf: Buffer) -> bool:
   """Whether a buffer's memory is mapped into this process (CPU, NPY, QCOM): read and written in place through `as_memoryview`."""
