@@ -8,6 +8,7 @@ returns (Returns), check (Check or None). A call's argument is an input slot (In
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -54,7 +55,7 @@ def label(name: str, key: str | None) -> str:
   """How errors and check digests name an input: `x`, or `output_buffers[outputs]` for one entry of a dict keyword."""
   return name if key is None else f"{name}[{key}]"
 
-# *** field checks: each raises an ArtifactError naming the field ***
+# *** field checks: each raises an ArtifactError naming the field (sizes in Python ints: exact, never overflowing) ***
 
 def expect(value: Any, kind: type | tuple, what: str) -> Any:
   if not isinstance(value, kind) or isinstance(value, bool) and kind is int: raise ArtifactError(f"{what} is {type(value).__name__} {value!r:.60}")
@@ -69,7 +70,7 @@ def within(r: Any, end: int, what: str) -> tuple[int, int]:
 
 def _shape(value: Any, what: str) -> tuple[int, ...]:
   shape = ints(value, what)
-  if len(shape) > 8 or any(not 0 <= d <= MAX_BUFFER_BYTES for d in shape) or int(np.prod(shape, dtype=object)) > MAX_BUFFER_BYTES:
+  if len(shape) > 8 or any(not 0 <= d <= MAX_BUFFER_BYTES for d in shape) or math.prod(shape) > MAX_BUFFER_BYTES:
     raise ArtifactError(f"{what} {list(shape)!r:.80} is not a shape of at most {MAX_BUFFER_BYTES} elements")
   return shape
 
@@ -82,7 +83,7 @@ def _dtype(value: Any) -> str:
   parse_dtype(value)
   return value
 
-def nbytes_of(shape: tuple[int, ...], dtype: str) -> int: return int(np.prod(shape, dtype=object)) * parse_dtype(dtype).itemsize
+def nbytes_of(shape: tuple[int, ...], dtype: str) -> int: return math.prod(shape) * parse_dtype(dtype).itemsize
 
 # *** records ***
 
@@ -214,7 +215,7 @@ class Program:
     local_size = None if p.get("local_size") is None else ints(p["local_size"], f"program {name} local_size")
     if not 1 <= len(global_size) <= 3 or any(not 1 <= g <= MAX_LAUNCH for g in global_size):
       raise ArtifactError(f"program {name} global_size {list(global_size)!r:.60} is not 1 to 3 sizes of 1..{MAX_LAUNCH}")
-    if not 1 <= len(local := local_size or (1,)) <= 3 or any(g < 1 for g in local) or int(np.prod(local, dtype=object)) > MAX_LOCAL:
+    if not 1 <= len(local := local_size or (1,)) <= 3 or any(g < 1 for g in local) or math.prod(local) > MAX_LOCAL:
       raise ArtifactError(f"program {name} local_size {list(local)!r:.60} is not 1 to 3 sizes of at most {MAX_LOCAL} threads together")
     signature = tuple(Program.param(sig, name) for sig in expect(p.get("signature"), list, f"program {name} signature"))
     globals_ = ints(p.get("globals"), f"program {name} globals")
