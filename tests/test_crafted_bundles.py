@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2 import bundle
-from sunnypilot.modeld_v2.bundle import MAX_BUFFER_BYTES, MAX_CPU_CORES, ArtifactError, read_parts
+from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts
 from sunnypilot.modeld_v2.capture import capture, verify_part
 from sunnypilot.modeld_v2.inspect_bundle import main as inspect_main
 from sunnypilot.modeld_v2.loader import load_bundle
+from sunnypilot.modeld_v2.part_format import MAX_BUFFER_BYTES, MAX_CPU_CORES
 
 from conftest import conv_net
 
@@ -155,7 +156,7 @@ def test_every_field_mutated_is_an_artifact_error_or_still_works(part, tmp_bundl
         describe(tmp_bundle)
         read_header, read_blob = read_parts(tmp_bundle)[0]["run"]
         replay_part(read_header, read_blob)
-        if read_header.get("check") is not None: verify_part(read_header, read_blob)
+        if read_header.check is not None: verify_part(read_header, read_blob)
         outcomes["works"] += 1
       except ArtifactError: outcomes["rejected"] += 1
       except Exception as e: pytest.fail(f"header{''.join(f'[{k!r}]' for k in path)} = {bad!r:.60}: {type(e).__name__}: {e}")

@@ -6,9 +6,11 @@ import pytest
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
-from sunnypilot.modeld_v2.frame_fusion import _Blobs, pack_layout
+from sunnypilot.modeld_v2.frame_fusion import pack_layout
 from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+from sunnypilot.modeld_v2.part_builder import Blobs
+from sunnypilot.modeld_v2.tinygrad_internals import buffer_address
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 from conftest import realized
@@ -45,7 +47,7 @@ def test_pack_layout_aligns_every_slot():
   assert "frames" not in split_offsets and split_total == split_offsets["action_t"] + 64 and split_total <= 768
 
 def test_blobs_are_one_address_space():
-  blobs = _Blobs(b"abc", b"", b"defg")
+  blobs = Blobs(b"abc", b"", b"defg")
   assert len(blobs) == 7 and blobs[2:5] == b"cde" and blobs[0:7] == b"abcdefg" and blobs[3:3] == b"" and bytes(blobs) == b"abcdefg"
 
 @pytest.mark.parametrize("layout", ["native", "supercombo"])
@@ -54,8 +56,8 @@ def test_fused_equals_warp_then_model(bundles, layout):
   warp, model = load_bundle(bundles["packed"]).run, load_bundle(bundles[layout])
   states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in model.input_specs.items() if f"next_{n}" in model.output_specs}
   outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model.output_specs.items()}
-  header = adapter.replay.header
-  assert [c["kind"] for c in header["calls"]].count("copy") == 1 and header["calls"][0]["kind"] == "copy", "one host upload, first"
+  calls = adapter.replay.part.calls
+  assert [c.kind for c in calls].count("copy") == 1 and calls[0].kind == "copy", "one host upload, first"
   rng = np.random.default_rng(0)
   for step in range(5):
     expected = drive(adapter, rng, 1)[0]
@@ -103,7 +105,7 @@ def test_visionipc_buffers_read_in_place_and_bound_once_each(bundles, openpilot_
   last = serve(99, np.zeros((2, FRAME.size), np.uint8))
   split.copy_frames(last)
   ptr = np.frombuffer(last["img"].data, np.uint8).ctypes.data
-  assert split.frame_feed.inputs["frame"].uop.base.buffer._buf.va_addr == ptr, "the warp reads the visionipc buffer itself, not a copy"
+  assert buffer_address(split.frame_feed.inputs["frame"].uop.base.buffer) == ptr, "the warp reads the visionipc buffer itself, not a copy"
   split.reset_warmup_buffers()
   assert split.frame_feed.camera_tensors == {} and split.frame_feed.inputs == {} and split.replay.bindings == fixed_slots, "camera bindings go with the buffers"
   assert not split.states["state_feat_q"].numpy().any()

@@ -45,10 +45,10 @@ def test_seed_spelling_is_the_fused_load(native_artifacts):
   seed = seed_load_model(model, cache=False, extend=functools.partial(frame_part, warp))
   assert isinstance(seed["run"], PlainJit) and PlainJit is _Jit is Replay
   fused = load_fused(model, warp)
-  assert seed["run"].header == fused.run.header and seed["input_specs"] == fused.input_specs and seed["output_specs"] == fused.output_specs
+  assert seed["run"].part == fused.run.part and seed["input_specs"] == fused.input_specs and seed["output_specs"] == fused.output_specs
   assert seed["metadata"] == fused.metadata and seed_load_model(model)["metadata"] == load_bundle(model).metadata
   parts, extras = frame_part(warp, *read_parts(model))  # the seed's extension on its own: read the warp, fuse
-  assert parts["run"][0] == seed["run"].header and extras["metadata"]["fused"]["warp"] == "warp_split.bin"
+  assert parts["run"][0] == seed["run"].part and extras["metadata"]["fused"]["warp"] == "warp_split.bin"
   with pytest.raises(TypeError, match="partial\\(frame_part"): seed_load_model(model, extend=lambda parts, extras: (parts, extras))
 
 def test_seed_adapter_names(native_artifacts):
@@ -63,7 +63,7 @@ def test_fuse_is_pure(native_artifacts, monkeypatch):
   with monkeypatch.context() as m:
     for target, name in ((builtins, "open"), (os, "stat"), (os, "listdir"), (os, "scandir")): m.setattr(target, name, no_files)
     parts, extras = fuse(*bundles, "warp_split.bin")
-  assert parts["run"][0] == load_fused(model, warp).run.header
+  assert parts["run"][0] == load_fused(model, warp).run.part
 
 def test_load_needs_no_writable_home(native_artifacts):
   out = run_python(f"""

@@ -38,7 +38,7 @@ def test_programs_disassemble_as_adreno_ir3(bundles):
 from sunnypilot.modeld_v2.bundle import read_parts
 from tinygrad.runtime.support.compiler_mesa import IR3Compiler
 header, blob = read_parts({bundles['split']!r}, device="NULL", allow_device=True)[0]["run"]
-for p in header["programs"]: IR3Compiler("a630").disassemble(bytes(blob[p["lib"][0]:p["lib"][1]]))
+for p in header.programs: IR3Compiler("a630").disassemble(bytes(blob[p.lib[0]:p.lib[1]]))
 """, env=QCOM)
   assert "mov.f32f32" in out and "end" in out, out[:2000]
 

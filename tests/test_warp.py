@@ -148,7 +148,7 @@ def test_preview_errors_are_one_line_and_write_nothing(bundles, tmp_path, capsys
   from sunnypilot.modeld_v2.bundle import write_bundle
   from sunnypilot.modeld_v2.loader import load_bundle
   warp = load_bundle(paths[True])
-  write_bundle(str(model), {"run": (warp.run.header, bytes(warp.run.blob))}, {"metadata": {"kind": "model"}})
+  write_bundle(str(model), {"run": (warp.run.part, bytes(warp.run.blob))}, {"metadata": {"kind": "model"}})
   out = tmp_path / "p.png"
   cases = {"missing": (["--warp", str(tmp_path / "none.bin")], "cannot read"), "corrupt": (["--warp", str(corrupt)], "truncated"),
            "model": (["--warp", str(model)], "not a warp bundle"), "short frames": (["--warp", paths[True], "--road", str(short), "--wide", str(short)],

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import time
@@ -19,48 +20,29 @@ from tinygrad.dtype import DType
 from tinygrad.helpers import BEAM, Context, getenv
 from tinygrad.uop.ops import Ops, ProgramInfo, UOp
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, call_writes, device_kind, dtype_name, parse_dtype
-from sunnypilot.modeld_v2.replay import InputError, Replay, label, replay_part, write_tensor
-
-class Recording(list):
-  """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
-  def __init__(self):
-    super().__init__()
-    self.onetime: list[UOp] = []
-
-@contextlib.contextmanager
-def record_kernel_linear() -> Iterator[Recording]:
-  """Record the kernel LINEAR (compiled, memory planned, graph split) of each TinyJit capture that happens inside the block, and with
-  prune=True the one-time calls (weight preparation, e.g. IMAGE relayouts) that run once at capture instead of every call."""
-  import tinygrad.engine.jit as jit
-  from tinygrad.engine.realize import compile_linear
-  recorded = Recording()
-  lower, prune = jit.jit_lower, jit.prune_linear
-  def recording_lower(*args, **kwargs):
-    recorded.append(linear := lower(*args, **kwargs))
-    return linear
-  def recording_prune(*args, **kwargs):
-    kept, onetime = prune(*args, **kwargs)
-    if onetime.src: recorded.onetime.append(compile_linear(onetime))  # the capture compiles the same kernels: served from the cache
-    return kept, onetime
-  jit.jit_lower, jit.prune_linear = recording_lower, recording_prune
-  try: yield recorded
-  finally: jit.jit_lower, jit.prune_linear = lower, prune
-
-@contextlib.contextmanager
-def host_backed_null() -> Iterator[None]:
-  """While capturing on NULL (cross-compiling), keep what is copied into NULL buffers in host memory, so ONNX constants can be read and
-  weights land in the bundle. Kernels still do not run: only data copied in from the host is real."""
-  from tinygrad.runtime.ops_null import NullAllocator
-  saved = {k: NullAllocator.__dict__[k] for k in ("_alloc", "_copyin", "_copyout", "_offset")}
-  def copyin(self, dest, src: memoryview): dest[:len(src)] = src.cast("B")
-  def copyout(self, dest: memoryview, src): dest.cast("B")[:] = src[:dest.nbytes]
-  NullAllocator._alloc = lambda self, size, options: memoryview(bytearray(size))
-  NullAllocator._copyin, NullAllocator._copyout = copyin, copyout
-  NullAllocator._offset = lambda self, buf, size, offset: buf[offset:offset + size]
-  try: yield
-  finally:
-    for k, v in saved.items(): setattr(NullAllocator, k, v)
+from sunnypilot.modeld_v2.part_builder import PartBuilder
+from sunnypilot.modeld_v2.part_format import (
+  Arg,
+  ArtifactError,
+  BufferSpec,
+  BufferView,
+  Call,
+  Check,
+  InputArg,
+  InputSlot,
+  Param,
+  Part,
+  Program,
+  Returned,
+  Returns,
+  RuntimeVar,
+  device_kind,
+  dtype_name,
+  label,
+  parse_dtype,
+)
+from sunnypilot.modeld_v2.replay import InputError, Replay, replay_part, write_tensor
+from sunnypilot.modeld_v2.tinygrad_internals import host_backed_null, record_kernel_linear, watched_beam_search
 
 @contextlib.contextmanager
 def compile_session() -> Iterator[bool]:
@@ -85,24 +67,14 @@ def search_level(beam: int | None) -> int:
 def beam_progress(level: int, kernels: int, log: Callable[[str], None]) -> Iterator[None]:
   """BEAM=level for the block, with a line per kernel searched: i of n, its best time, elapsed. A kernel found in tinygrad's search cache
   (its disk cache, ~/.cache/tinygrad/cache.db or $CACHEDB) shows no time: rebuilding a searched bundle is fast."""
-  import tinygrad.codegen.opt.search as search
-  search_kernel, time_program = search.beam_search, search._time_program
   start, done, best = time.perf_counter(), [0], [math.inf]
-  def timed(*args, **kwargs) -> list[float]:
-    tms = time_program(*args, **kwargs)
-    best[0] = min(best[0], *tms)
-    return tms
-  def searched(s, *args, **kwargs):
-    best[0] = math.inf
-    out = search_kernel(s, *args, **kwargs)
+  def timed(tms: list[float]) -> None: best[0] = min(best[0], *tms)
+  def searched() -> None:
     done[0] += 1
     found = "from the search cache" if best[0] == math.inf else f"best {best[0] * 1e6:.1f} us"
     log(f"BEAM={level}: kernel {done[0]} of ~{kernels}: {found}, elapsed {time.perf_counter() - start:.0f} s")
-    return out
-  search.beam_search, search._time_program = searched, timed
-  try:
-    with Context(BEAM=level): yield
-  finally: search.beam_search, search._time_program = search_kernel, time_program
+    best[0] = math.inf
+  with watched_beam_search(timed, searched), Context(BEAM=level): yield
 
 class Captured(NamedTuple):
   jit: TinyJit
@@ -146,17 +118,101 @@ def _flat_calls(linear: UOp) -> list[UOp]:
     else: raise ArtifactError(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
   return calls
 
-def _ret_tensors(ret: Any) -> tuple[dict, list[Tensor]]:
-  if ret is None: return {"kind": "NoneType"}, []
-  if isinstance(ret, Tensor): return {"kind": "Tensor"}, [ret]
-  if isinstance(ret, (tuple, list)) and all(isinstance(t, Tensor) for t in ret): return {"kind": type(ret).__name__}, list(ret)
-  if isinstance(ret, dict) and all(isinstance(t, Tensor) for t in ret.values()): return {"kind": "dict", "keys": list(ret)}, list(ret.values())
+def _ret_tensors(ret: Any) -> tuple[Returns, list[Tensor]]:
+  """The kind of a JIT return (with a dict's keys) and its tensors in order; the Returns' tensors are filled in by the serializer."""
+  if ret is None: return Returns("NoneType", ()), []
+  if isinstance(ret, Tensor): return Returns("Tensor", ()), [ret]
+  if isinstance(ret, (tuple, list)) and all(isinstance(t, Tensor) for t in ret): return Returns(type(ret).__name__, ()), list(ret)
+  if isinstance(ret, dict) and all(isinstance(t, Tensor) for t in ret.values()): return Returns("dict", (), tuple(ret)), list(ret.values())
   raise ArtifactError(f"cannot serialize a JIT return of type {type(ret).__name__}: return a Tensor, a tuple/list/dict of Tensors, or None")
 
 def estimates(est: Any) -> dict[str, int]:
   """tinygrad's estimates of one kernel as plain ints: ops (FLOPs), lds (bytes its loads and stores move), mem (bytes touched, each once).
   Shapes are fixed at capture, so each is a number; a symbolic one (never seen) is recorded as -1."""
   return {k: int(v) if isinstance(v, int) else -1 for k, v in (("ops", est.ops), ("lds", est.lds), ("mem", est.mem))}
+
+def program_record(ast: UOp) -> Program:
+  """A compiled PROGRAM uop as a part's program (its binary's blob range is set when the builder stores it)."""
+  info: ProgramInfo = ast.arg
+  if any(v.arg.name not in info.runtimevars for v in info.vars):
+    raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
+  signature = ast.to_elf().signature
+  params = tuple(Param(n, s, dtype_name(dt), tuple(shape)) for n, s, dt, shape in signature[:len(signature) - len(info.vars)])
+  est = ast.src[0].arg.estimates
+  return Program(info.function_name, (0, 0), repr(info.target), tuple(info.global_size), None if info.local_size is None else tuple(info.local_size),
+                 tuple(info.globals), tuple(info.outs), tuple(info.ins), params,
+                 tuple(RuntimeVar(v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax) for v in info.vars),
+                 estimates(est) if est is not None else None)
+
+def part_device(calls: list[UOp]) -> str:
+  """The device a captured kernel list runs on: its first device buffer's (host buffers, NPY and PYTHON, are copied from), else the default."""
+  return next((a.device for c in calls for a in c.src[1:]
+               if a.op is Ops.BUFFER and isinstance(a.device, str) and device_kind(a.device) not in ("NPY", "PYTHON")), Device.DEFAULT)
+
+class PartSerializer:
+  """One capture's kernel list turned into a part: each tinygrad buffer base once (by identity), each program once per (name, binary), and
+  per buffer range what the replay does to it first, which decides the ranges whose bytes the bundle carries (read before written)."""
+  def __init__(self, device: str, layout: list[tuple[str, str | None, Tensor]]):
+    self.device, self.layout, self.builder = device, layout, PartBuilder()
+    self.bases: dict[int, tuple[int, Buffer]] = {}  # id(buffer base) -> (buffer index, buffer)
+    self.program_index: dict[tuple[str, bytes], int] = {}
+    self.first_access: dict[tuple[int, int, int], str] = {}  # (buffer, offset, nbytes) -> "r" or "w"
+
+  def buffer_view(self, buf: Buffer) -> BufferView:
+    if isinstance(buf, list) or not isinstance(buf, Buffer): raise ArtifactError("multi-device buffers are not supported")
+    base = buf.base
+    if device_kind(base.device) != device_kind(self.device): raise ArtifactError(f"buffer on {base.device} in a part for {self.device}: one device per part")
+    if id(base) not in self.bases: self.bases[id(base)] = (self.builder.add_buffer(BufferSpec(base.nbytes, base.device, dtype_name(base.dtype))), base)
+    return BufferView(self.bases[id(base)][0], buf.offset, buf.nbytes, dtype_name(buf.dtype))
+
+  def arg(self, u: UOp) -> Arg:
+    if u.op is not Ops.PARAM: return self.buffer_view(u.buffer)
+    if u.arg.slot >= len(self.layout): raise ArtifactError(f"captured input slot {u.arg.slot} is not among the {len(self.layout)} check inputs")
+    return InputArg(u.arg.slot)
+
+  def access(self, a: Arg, mode: str) -> None:
+    if isinstance(a, BufferView): self.first_access.setdefault((a.buffer, a.offset, a.nbytes), mode)
+
+  def program(self, ast: UOp) -> int:
+    if (key := (ast.arg.name, lib := ast.src[-1].arg)) not in self.program_index: self.program_index[key] = self.builder.add_program(program_record(ast), lib)
+    return self.program_index[key]
+
+  def call(self, call: UOp) -> Call:
+    ast, args = call.src[0], tuple(self.arg(u) for u in call.src[1:] if not u.is_bound_var)
+    if ast.op is Ops.COPY:
+      self.access(args[1], "r")
+      self.access(args[0], "w")
+      return Call("copy", args)
+    for i in ast.arg.ins: self.access(args[i], "r")
+    for i in ast.arg.outs: self.access(args[i], "w")
+    return Call("program", args, self.program(ast))
+
+  def onetime_call(self, call: UOp) -> Call | None:
+    """A one-time call, or None for a constant copied once from host memory (a Python list): it ran at capture, its result is stored."""
+    if call.src[0].op is Ops.COPY and device_kind(call.src[2].buffer.base.device) != device_kind(self.device):
+      self.access(self.arg(call.src[1]), "r")
+      return None
+    c = self.call(call)
+    if any(isinstance(a, InputArg) for a in c.args): raise ArtifactError("a one-time call reads a JIT input")
+    return c
+
+  def returned(self, t: Tensor) -> Returned:
+    slot = next((i for i, (_, _, x) in enumerate(self.layout) if x.uop.base is t.uop.base), None)
+    return Returned(InputArg(slot) if slot is not None else self.buffer_view(t.uop.buffer), tuple(t.shape))
+
+  def store_contents(self, returns: tuple[Returned, ...]) -> None:
+    """Weights and constants: each buffer with a range the replay reads before writing carries its bytes (once). A returned buffer no call
+    touches (a constant output) is read by the caller as it is, so it counts as read."""
+    for r in returns:
+      if isinstance(r.arg, BufferView) and not any(index == r.arg.buffer for index, _, _ in self.first_access): self.access(r.arg, "r")
+    by_index = dict(self.bases.values())
+    for index in dict.fromkeys(index for (index, _, _), mode in self.first_access.items() if mode == "r"):
+      self.builder.set_init(index, bytes(by_index[index].as_memoryview()))
+
+  def inputs(self, calls: list[Call]) -> list[InputSlot]:
+    programs = tuple(self.builder.programs)
+    written = {a.input for c in calls for i, a in enumerate(c.args) if isinstance(a, InputArg) and c.writes(i, programs)}
+    return [InputSlot(i, name, key, dtype_name(t.dtype), tuple(t.shape), t.device, i in written) for i, (name, key, t) in enumerate(self.layout)]
 
 def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
     -> tuple[dict, bytes]:
@@ -170,96 +226,23 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
   if getattr(run, "captured", None) is None: raise ArtifactError("the TinyJit has not captured yet: call it twice before serializing")
   layout = input_layout(check)
   calls, onetime_calls = _flat_calls(linear), _flat_calls(onetime) if onetime is not None else []
-  device = next((a.device for c in calls + onetime_calls for a in c.src[1:]
-                 if a.op is Ops.BUFFER and isinstance(a.device, str) and device_kind(a.device) not in ("NPY", "PYTHON")), Device.DEFAULT)
-  blob, buffers, base_index, programs, program_index = bytearray(), [], {}, [], {}
-  first_access: dict[tuple, str] = {}  # (buffer, offset, nbytes) -> "r" or "w": what the replay does to it first
-
-  def buffer_arg(buf: Buffer) -> dict:
-    if isinstance(buf, list) or not isinstance(buf, Buffer): raise ArtifactError("multi-device buffers are not supported")
-    base = buf.base
-    if device_kind(base.device) != device_kind(device): raise ArtifactError(f"buffer on {base.device} in a part for {device}: one device per part")
-    if id(base) not in base_index:
-      base_index[id(base)] = (len(buffers), base)
-      buffers.append({"nbytes": base.nbytes, "device": base.device, "dtype": dtype_name(base.dtype)})
-    return {"buffer": base_index[id(base)][0], "offset": buf.offset, "nbytes": buf.nbytes, "dtype": dtype_name(buf.dtype)}
-
-  def arg(u: UOp) -> dict:
-    if u.op is Ops.PARAM:
-      if u.arg.slot >= len(layout): raise ArtifactError(f"captured input slot {u.arg.slot} is not among the {len(layout)} check inputs")
-      return {"input": u.arg.slot}
-    return buffer_arg(u.buffer)
-
-  def access(a: dict, mode: str) -> None:
-    if "buffer" in a: first_access.setdefault((a["buffer"], a["offset"], a["nbytes"]), mode)
-
-  def serialize_calls(calls: list[UOp], onetime: bool = False) -> list[dict]:
-    out = []
-    for call in calls:
-      if onetime and call.src[0].op is Ops.COPY and device_kind(call.src[2].buffer.base.device) != device_kind(device):
-        access(arg(call.src[1]), "r")  # a constant copied once from host memory (a Python list): ran at capture, its result is stored
-        continue
-      ast, args = call.src[0], [arg(u) for u in call.src[1:] if not u.is_bound_var]
-      if ast.op is Ops.COPY:
-        access(args[1], "r")
-        access(args[0], "w")
-        out.append({"kind": "copy", "args": args})
-        continue
-      info: ProgramInfo = ast.arg
-      if any(v.arg.name not in info.runtimevars for v in info.vars):
-        raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
-      lib = ast.src[-1].arg
-      if (key := (info.name, lib)) not in program_index:
-        program_index[key] = len(programs)
-        signature = ast.to_elf().signature
-        params = signature[:len(signature) - len(info.vars)]
-        programs.append({"name": info.function_name, "lib": [len(blob), len(blob) + len(lib)], "target": repr(info.target),
-                         "global_size": list(info.global_size), "local_size": None if info.local_size is None else list(info.local_size),
-                         "globals": list(info.globals), "outs": list(info.outs), "ins": list(info.ins),
-                         "signature": [[n, s, dtype_name(dt), list(shape)] for n, s, dt, shape in params],
-                         "runtime_vars": [[v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax] for v in info.vars]}
-                        | ({"estimates": estimates(est)} if (est := ast.src[0].arg.estimates) is not None else {}))
-        blob.extend(lib)
-      for i in info.ins: access(args[i], "r")
-      for i in info.outs: access(args[i], "w")
-      out.append({"kind": "program", "program": program_index[key], "args": args})
-    return out
-
-  header_onetime = serialize_calls(onetime_calls, onetime=True)  # first: what they write (prepared weights) needs no bytes in the bundle
-  if any("input" in a for c in header_onetime for a in c["args"]): raise ArtifactError("a one-time call reads a JIT input")
-  header_calls = serialize_calls(calls)
-
-  ret_kind, ret_tensors = _ret_tensors(run.captured.ret)
-  returns = []
-  for t in ret_tensors:
-    slot = next((i for i, (_, _, x) in enumerate(layout) if x.uop.base is t.uop.base), None)
-    returns.append({"input": slot} if slot is not None else buffer_arg(t.uop.buffer))
-    returns[-1]["shape"] = list(t.shape)
-  for r in returns:  # a returned buffer no call touches (a constant output) is read by the caller as it is: it carries its bytes
-    if "buffer" in r and not any(index == r["buffer"] for index, _, _ in first_access): access(r, "r")
-  # weights and constants: any buffer range the replay reads before writing it carries its bytes (once per buffer)
-  for (index, _, _), mode in first_access.items():
-    if mode == "r" and "init" not in buffers[index] and (device_kind(device) != "NULL" or null_holds_data):
-      data = bytes(next(b for i, b in base_index.values() if i == index).as_memoryview())
-      buffers[index]["init"] = [len(blob), len(blob) + len(data)]
-      blob += data
-  written = {a["input"] for c in header_calls for i, a in enumerate(c["args"]) if "input" in a and call_writes(c, programs, i)}
-  header = {"device": device, "input_names": sorted(name for name, key, _ in layout if key is None), "kwargs": sorted(check),
-            "inputs": [{"slot": i, "name": name, "key": key, "dtype": dtype_name(t.dtype), "shape": list(t.shape), "device": t.device,
-                        "written": i in written} for i, (name, key, t) in enumerate(layout)],
-            "buffers": buffers, "programs": programs, "onetime_calls": header_onetime, "calls": header_calls,
-            "returns": ret_kind | {"tensors": returns}, "check": None}
-  header["check"] = _self_check(run, header, bytes(blob), check, layout, seed)
-  return header, bytes(blob)
+  s = PartSerializer(part_device(calls + onetime_calls), layout)
+  header_onetime = [c for c in map(s.onetime_call, onetime_calls) if c is not None]  # first: what they write (prepared weights) needs no bytes
+  header_calls = [s.call(c) for c in calls]
+  returns, ret_tensors = _ret_tensors(run.captured.ret)
+  returns = dataclasses.replace(returns, tensors=tuple(s.returned(t) for t in ret_tensors))
+  if device_kind(s.device) != "NULL" or null_holds_data: s.store_contents(returns.tensors)
+  part, blob = s.builder.part(s.device, list(check), s.inputs(header_calls), header_calls, header_onetime, returns), bytes(s.builder.blob())
+  return dataclasses.replace(part, check=_self_check(run, part, blob, check, layout, seed)).to_json(), blob
 
 # *** the self-check: seeded inputs, TinyJit replay vs plain replay, bit for bit ***
 
-def check_values(inputs: list[dict], seed: int) -> list[np.ndarray]:
+def check_values(inputs: tuple[InputSlot, ...], seed: int) -> list[np.ndarray]:
   """Deterministic input contents for a part's recorded check: uniform bytes for integer inputs, N(0, 8) for floats."""
   rng, out = np.random.default_rng(seed), []
   for spec in inputs:
-    dt: DType = parse_dtype(spec["dtype"])
-    shape, np_dt = tuple(spec["shape"]), np.dtype(dt.fmt)
+    dt: DType = parse_dtype(spec.dtype)
+    shape, np_dt = spec.shape, np.dtype(dt.fmt)
     if dtypes.is_float(dt): out.append((rng.standard_normal(shape) * 8).astype(np_dt))
     elif dt == dtypes.bool: out.append(rng.integers(0, 2, shape).astype(np.bool_))
     else: out.append(rng.integers(0, 256, shape).astype(np_dt))
@@ -272,29 +255,30 @@ def _outputs(ret: Any, layout: list, written: list[int]) -> dict[str, np.ndarray
 
 def _digests(outputs: dict[str, np.ndarray]) -> dict[str, str]: return {name: hashlib.sha256(v.tobytes()).hexdigest() for name, v in outputs.items()}
 
-def _self_check(run, header: dict, blob: bytes, check: dict, layout: list, seed: int) -> dict | None:
-  if device_kind(header["device"]) == "NULL": return None  # NULL buffers hold no data: nothing to compare
-  values, written = check_values(header["inputs"], seed), [s["slot"] for s in header["inputs"] if s["written"]]
-  results = []
-  for replay in (run, Replay(header, blob)):
+def _written(part: Part) -> list[int]: return [s.slot for s in part.inputs if s.written]
+
+def _self_check(run, part: Part, blob: bytes, check: dict, layout: list, seed: int) -> Check | None:
+  if device_kind(part.device) == "NULL": return None  # NULL buffers hold no data: nothing to compare
+  values, results = check_values(part.inputs, seed), []
+  for replay in (run, Replay(part, blob)):
     for (_, _, t), v in zip(layout, values): write_tensor(t, v)
-    results.append(_outputs(replay(**check), layout, written))
+    results.append(_outputs(replay(**check), layout, _written(part)))
   for name, expected in results[0].items():
     if expected.tobytes() != results[1][name].tobytes(): raise ArtifactError(f"self-check failed: plain replay differs from the TinyJit replay in {name}")
-  return {"seed": seed, "outputs": _digests(results[0])}
+  return Check(seed, _digests(results[0]))
 
-def verify_part(header: dict, blob: Any, device: str | None = None) -> dict[str, bool]:
+def verify_part(header: Part | dict, blob: Any, device: str | None = None) -> dict[str, bool]:
   """Replay a part on its recorded check's seeded inputs: {output label: digest matches what the capture recorded}."""
-  if header.get("check") is None: raise ArtifactError("this part has no recorded check (built on NULL, or fused at load time)")
-  replay = replay_part(header, blob, device)
-  values = check_values(header["inputs"], header["check"]["seed"])
-  layout = [(s["name"], s["key"], Tensor(v, device=replay.input_device(s)).realize()) for s, v in zip(header["inputs"], values)]
-  kwargs: dict[str, Any] = {name: {} for name in header["kwargs"]}
+  part = (replay := replay_part(header, blob, device)).part
+  if part.check is None: raise ArtifactError("this part has no recorded check (built on NULL, or fused at load time)")
+  values = check_values(part.inputs, part.check.seed)
+  layout = [(s.name, s.key, Tensor(v, device=replay.input_device(s)).realize()) for s, v in zip(part.inputs, values)]
+  kwargs: dict[str, Any] = {name: {} for name in part.kwargs}
   for name, key, t in layout:
     if key is None: kwargs[name] = t
     elif isinstance(kwargs[name], dict): kwargs[name][key] = t
     else: raise ArtifactError(f"input {name} is both a tensor and a dict of tensors")
   try: outputs = replay(**kwargs)
   except InputError as e: raise ArtifactError(f"the part's recorded inputs do not fit it: {e}") from None
-  got = _digests(_outputs(outputs, layout, [s["slot"] for s in header["inputs"] if s["written"]]))
-  return {name: got.get(name) == digest for name, digest in header["check"]["outputs"].items()}
+  got = _digests(_outputs(outputs, layout, _written(part)))
+  return {name: got.get(name) == digest for name, digest in part.check.outputs.items()}

@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, dtype_name, np_dtype
+from sunnypilot.modeld_v2.bundle import ArtifactError
 from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
 from sunnypilot.modeld_v2.onnx_compile import OnnxCompile
 from sunnypilot.modeld_v2.onnx_model import ModelError, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
+from sunnypilot.modeld_v2.part_format import dtype_name, np_dtype
 
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
   """`name=1x3x224x224` -> ("name", (1, 3, 224, 224))."""

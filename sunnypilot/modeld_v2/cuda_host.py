@@ -8,21 +8,22 @@ from typing import Any
 import numpy as np
 from tinygrad import Device, Tensor
 
+from sunnypilot.modeld_v2.tinygrad_internals import cuda_driver
+
 CU_MEMHOSTREGISTER_DEVICEMAP, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 0x02, 712
 
 class CudaHostRegistration:
   """Host ranges registered with the CUDA driver by one owner (camera buffers, the host inputs, the outputs): each mapped once, all
   unregistered together by unmap_all()."""
   def __init__(self, device: str):
-    from tinygrad.runtime.autogen import cuda
-    self.cuda, self.dev, self.registered = cuda, Device[device], []
+    (self.cuda, self.context), self.dev, self.registered = cuda_driver(device), Device[device], []
 
   def _check(self, status, what: str) -> None:
     if status != 0: raise RuntimeError(f"{what} failed with CUDA error {status}")
 
   def map(self, ptr: int, length: int) -> int:
     """The device pointer of host memory [ptr, ptr+length), which stays valid until unmap_all()."""
-    self._check(self.cuda.cuCtxSetCurrent(self.dev.context), "cuCtxSetCurrent")
+    self._check(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
     status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
     if status == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:  # a stale registration of memory that went away and came back at this address
       self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))

@@ -20,7 +20,7 @@ def describe(path: str) -> str:
   from sunnypilot.modeld_v2.bundle import check_parts, read_bundle
   head, blob = read_bundle(path)
   prov, extras = head["provenance"], head.get("extras", {})
-  check_parts(head, blob, path)  # any tinygrad's bundle may be inspected, but only a well-formed one
+  parts = check_parts(head, blob, path)  # any tinygrad's bundle may be inspected, but only a well-formed one
   lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov.get('tinygrad')} for {prov.get('device')} ({prov.get('target')}), "
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
@@ -35,21 +35,20 @@ def describe(path: str) -> str:
     for name, (shape, dtype, device) in extras.get(kind, {}).items():
       role = roles.get(name, "") if kind == "input_specs" else ""
       lines.append(f"  {kind[:-6]:6s} {name:24s} {str(tuple(shape)):20s} {dtype} {device:6s} {role}".rstrip())
-  for name, part in head["parts"].items():
-    h = part["header"]
-    calls = collections.Counter(c["kind"] for c in h["calls"])
-    weights = sum(b["init"][1] - b["init"][0] for b in h["buffers"] if "init" in b)
-    inputs = ", ".join(s["name"] + (f"[{s['key']}]" if s["key"] else "") for s in h["inputs"])
-    check = "none" if h.get("check") is None else f"seed {h['check']['seed']}, {len(h['check']['outputs'])} output digests"
+  for name, h in parts.items():
+    calls = collections.Counter(c.kind for c in h.calls)
+    weights = sum(b.init[1] - b.init[0] for b in h.buffers if b.init is not None)
+    inputs = ", ".join(s.label for s in h.inputs)
+    check = "none" if h.check is None else f"seed {h.check.seed}, {len(h.check.outputs)} output digests"
     lines += [f"  part {name!r}: {sum(calls.values())} calls ({', '.join(f'{n} {k}' for k, n in calls.items())}), "
-              f"{len(h.get('onetime_calls', []))} one-time calls, {len(h['programs'])} distinct programs, "
-              f"{len(h['buffers'])} buffers ({sum(b['nbytes'] for b in h['buffers']):,} bytes, {weights:,} of them weights)",
+              f"{len(h.onetime_calls)} one-time calls, {len(h.programs)} distinct programs, "
+              f"{len(h.buffers)} buffers ({sum(b.nbytes for b in h.buffers):,} bytes, {weights:,} of them weights)",
               f"    inputs: {inputs}", f"    check: {check}",
               f"    {'program':40s} {'global':>14s} {'local':>12s} {'binary':>9s} {'calls':>6s}"]
-    uses = collections.Counter(c["program"] for c in h["calls"] if c["kind"] == "program")
-    for i, p in enumerate(h["programs"]):
-      size = p["lib"][1] - p["lib"][0]
-      lines.append(f"    {p['name'][:40]:40s} {str(tuple(p['global_size'])):>14s} {str(tuple(p['local_size'] or ())):>12s} {size:>9,d} {uses[i]:>6d}")
+    uses = collections.Counter(c.program for c in h.calls if c.kind == "program")
+    for i, p in enumerate(h.programs):
+      size = p.lib[1] - p.lib[0]
+      lines.append(f"    {p.name[:40]:40s} {str(p.global_size):>14s} {str(p.local_size or ()):>12s} {size:>9,d} {uses[i]:>6d}")
   return "\n".join(lines)
 
 @interruptible("inspect_bundle")

@@ -49,15 +49,15 @@ def profile(replay: Any, rounds: int = 20, peak_flops: float | None = None, peak
   """Per call: name, launch sizes, FLOPs, bytes, median time, achieved FLOP/s and B/s, share of the calls' summed time, roofline bound;
   and the whole part's measured floor (its calls launched back to back as the replay runs them)."""
   from tinygrad import Device
-  programs, rows = replay.header["programs"], []
+  programs, rows = replay.part.programs, []
   for r in replay.time_calls(rounds):
     p = programs[r["program"]] if r["program"] is not None else None
-    est = (p or {}).get("estimates") or {}
+    est = (p.estimates if p else None) or {}
     ops, mem = (est.get("ops"), est.get("mem")) if p else (0, r["copy_bytes"])  # a copy: bytes only
     bound = None
     if peak_flops and peak_bytes and ops is not None and mem is not None: bound = max(ops / peak_flops, mem / peak_bytes)
-    rows.append({"call": r["call"], "name": p["name"] if p else "copy", "global_size": p["global_size"] if p else None,
-                 "local_size": p["local_size"] if p else None, "ops": ops, "bytes": mem, "s": r["s"],
+    rows.append({"call": r["call"], "name": p.name if p else "copy", "global_size": list(p.global_size) if p else None,
+                 "local_size": list(p.local_size) if p and p.local_size is not None else None, "ops": ops, "bytes": mem, "s": r["s"],
                  "flops_per_s": ops / r["s"] if ops is not None and r["s"] > 0 else None,
                  "bytes_per_s": mem / r["s"] if mem is not None and r["s"] > 0 else None, "bound_s": bound})
   total = sum(r["s"] for r in rows)

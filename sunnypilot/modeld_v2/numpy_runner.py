@@ -12,6 +12,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.replay import InputError, write_tensor
+from sunnypilot.modeld_v2.tinygrad_internals import copy_out, host_visible
 
 class NumpyRunner:
   """A bundle's `run` on numpy arrays. The input tensors are allocated once, from the bundle's input specs, and overwritten each call, so
@@ -37,8 +38,8 @@ def _copied_out(t: Any) -> np.ndarray:
   bundle compiles nothing)."""
   buf = t.uop.base.buffer
   out = np.empty(t.shape, np.dtype(buf.dtype.fmt))
-  if hasattr(buf.allocator, "_as_buffer"): out.reshape(-1).view(np.uint8)[:] = np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)
-  else: buf.allocator._copyout(memoryview(out.reshape(-1).view(np.uint8)), buf._buf)
+  if host_visible(buf): out.reshape(-1).view(np.uint8)[:] = np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)
+  else: copy_out(buf, memoryview(out.reshape(-1).view(np.uint8)))
   return out
 
 def _allocated(device: str, shape: tuple[int, ...], dtype: str) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import check_output_path, write_bundle
+from sunnypilot.modeld_v2.tinygrad_internals import onnx_ops, patched_onnx_ops
 
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
 
@@ -20,13 +21,9 @@ def layer_boundaries(on: bool = True) -> Iterator[None]:
   """Realize the output of every convolution and matrix product while ONNX runners trace. Left free, tinygrad 0.14.0's scheduler fuses a
   convolution into the next one and recomputes it for every tap of the second (supercombo's backbones) and nests the GRU's matrix
   products the same way; a boundary per layer computes each once."""
-  import tinygrad.nn.onnx as onnx_module
-  saved = {op: onnx_module.onnx_ops[op] for op in LAYER_OPS if on}
   def realized(op):
     return functools.wraps(op)(lambda *args, **kwargs: op(*args, **kwargs).contiguous())
-  onnx_module.onnx_ops.update({name: realized(op) for name, op in saved.items()})
-  try: yield
-  finally: onnx_module.onnx_ops.update(saved)
+  with patched_onnx_ops({name: realized(onnx_ops()[name]) for name in LAYER_OPS if on}): yield
 
 def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
   """A capture input: uint8 (camera planes) over 0-255, floats standard normal, other integers (indices, flags) 0 or 1."""

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.tinygrad_internals import onnx_ops
+
 # sunnypilot's TinygradSplitRunner (sunnypilot/models/runners/tinygrad/tinygrad_runner.py @06b23b5a) merges the parsed outputs of the
 # policy, then the vision model over them, then the off-policy over both: where two models emit a head, the later one's is read
 SLICE_PRECEDENCE = ("policy", "on_policy", "vision", "off_policy")
@@ -43,12 +45,11 @@ def read_onnx(path: str) -> Any:
   """The ONNX ModelProto at `path` (weights not loaded); clear errors for a missing or unreadable file, an empty graph, and ops tinygrad's
   ONNX runner lacks."""
   import onnx
-  from tinygrad.nn.onnx import onnx_ops
   if not os.path.isfile(path): raise ModelError(f"{path}: no such ONNX file")
   try: model = onnx.load(path, load_external_data=False)
   except Exception as e: raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from None
   if not model.graph.node: raise ModelError(f"{path}: the ONNX graph is empty (corrupt or not a model)")
-  unsupported = sorted({n.op_type for n in model.graph.node if n.op_type not in onnx_ops})
+  unsupported = sorted({n.op_type for n in model.graph.node if n.op_type not in onnx_ops()})
   if unsupported:
     hint = " (write recurrent cells with MatMul/Sigmoid/Tanh, as comma's models do)" if {"GRU", "LSTM", "RNN"} & set(unsupported) else ""
     raise ModelError(f"{path}: ops not supported by tinygrad's ONNX runner: {', '.join(unsupported)}{hint}")

@@ -7,6 +7,7 @@ from tinygrad import Device, Tensor
 
 from sunnypilot.modeld_v2.bundle import TensorSpec
 from sunnypilot.modeld_v2.cuda_host import CudaHostRegistration, host_pages
+from sunnypilot.modeld_v2.tinygrad_internals import copy_out
 
 class OutputReadback:
   """`tensor`: the output buffer the part writes (passed as output_buffers["outputs"]); `read()`: its values after a run."""
@@ -27,7 +28,7 @@ class CopiedOutput(OutputReadback):
     self.tensor = Tensor(np.zeros(spec.shape, spec.dtype), device=device).realize()
     self.buffer, self.array = self.tensor.uop.base.buffer, np.empty(spec.shape, spec.dtype)
   def read(self) -> np.ndarray:
-    self.buffer.allocator._copyout(memoryview(self.array).cast("B"), self.buffer._buf)
+    copy_out(self.buffer, memoryview(self.array).cast("B"))
     return self.array
 
 class PinnedOutput(OutputReadback):

@@ -1,0 +1,116 @@
+"""The guard for the pinned tinygrad: each function of tinygrad_internals called on a tiny tensor or buffer, its effect checked. A tinygrad
+bump that moves one of the internals they rely on fails here, by name, before anything else does."""
+import ctypes
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+from tinygrad import Device, Tensor, TinyJit, dtypes
+from tinygrad.device import Buffer
+from tinygrad.helpers import Context
+from tinygrad.uop.ops import Ops, UOp
+
+from sunnypilot.modeld_v2 import bundle
+from sunnypilot.modeld_v2 import tinygrad_internals as ti
+
+def cpu_buffer(data: bytes) -> Buffer:
+  buf = Buffer("CPU", len(data), dtypes.uint8).allocate()
+  ti.copy_in(buf, memoryview(bytearray(data)))
+  return buf
+
+def test_pinned_version():
+  assert bundle.tinygrad_version() == ti.PINNED_VERSION == "0.14.0"
+
+def test_record_kernel_linear_records_the_capture_and_the_one_time_calls():
+  weight = Tensor(np.arange(8, dtype=np.float32)).realize()
+  jit = TinyJit(lambda x: (x * 2 + (weight + 1).contiguous()).realize(), prune=True)  # weight + 1 reads no input: a one-time call
+  with ti.record_kernel_linear() as recorded:
+    for _ in range(2): out = jit(Tensor(np.ones(8, np.float32)).realize())
+  assert len(recorded) == 1 and recorded[0].op is Ops.LINEAR and len(recorded.onetime) == 1
+  assert all(c.op is Ops.CALL for c in recorded[0].src) and any(c.src[0].op is Ops.PROGRAM for c in recorded[0].src)
+  assert all(c.src[0].op is Ops.PROGRAM for c in recorded.onetime[0].src)
+  np.testing.assert_equal(out.numpy(), 3 + np.arange(8))
+  again = TinyJit(lambda x: (x + 1).realize())
+  for _ in range(2): again(Tensor(np.ones(4, np.float32)).realize())
+  assert len(recorded) == 1, "jit_lower was not restored when the block ended"
+
+def test_host_backed_null_keeps_copied_bytes():
+  with ti.host_backed_null():
+    t = Tensor(np.arange(16, dtype=np.uint8), device="NULL").realize()
+    np.testing.assert_equal(t.numpy(), np.arange(16))
+    np.testing.assert_equal(t[8:12].contiguous().numpy(), np.arange(8, 12))  # a view at an offset of the same memory
+  with pytest.raises(RuntimeError, match="no copyout on NULL"):  # NullAllocator restored: NULL holds no data again
+    Tensor(np.arange(16, dtype=np.uint8), device="NULL").realize().numpy()
+
+def test_watched_beam_search_reports_times_and_kernels():
+  times, kernels = [], []
+  with ti.watched_beam_search(times.extend, lambda: kernels.append(1)), Context(BEAM=1, CACHELEVEL=0):  # no disk cache: every candidate is timed
+    (Tensor(np.arange(64, dtype=np.float32), device="CPU") * 3).realize()
+  assert kernels == [1] and times and all(isinstance(t, float) and t >= 0 for t in times)
+
+def test_patched_onnx_ops_replace_what_the_runner_runs(tmp_path):
+  from tinygrad.nn.onnx import OnnxRunner
+  graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4,))],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, (4,))])
+  path = tmp_path / "relu.onnx"
+  path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString())
+  x, called = np.array([-2, -1, 1, 2], np.float32), []
+  relu = ti.onnx_ops()["Relu"]
+  def negated(t): called.append(1); return -relu(t)
+  with ti.patched_onnx_ops({"Relu": negated}):
+    np.testing.assert_equal(OnnxRunner(str(path))({"x": Tensor(x, device="CPU")})["y"].numpy(), -np.maximum(x, 0))
+  assert called and "MatMul" in ti.onnx_ops() and ti.onnx_ops()["Relu"] is relu
+  np.testing.assert_equal(OnnxRunner(str(path))({"x": Tensor(x, device="CPU")})["y"].numpy(), np.maximum(x, 0))
+
+def test_buffer_address_copy_in_and_copy_out():
+  data = bytes(range(1, 33))
+  buf = cpu_buffer(data)
+  assert ti.host_visible(buf) and not ti.host_visible(Buffer("NULL", 4, dtypes.uint8).allocate())
+  assert ctypes.string_at(ti.buffer_address(buf), len(data)) == data, "the address is not where copy_in put the bytes"
+  out = memoryview(bytearray(len(data)))
+  ti.copy_out(buf, out)
+  assert bytes(out) == data
+  t = (Tensor(np.arange(6, dtype=np.float32), device=Device.DEFAULT) + 1).realize()
+  got = np.empty(6, np.float32)
+  ti.copy_out(t.uop.base.buffer, memoryview(got).cast("B"))
+  np.testing.assert_equal(got, np.arange(6) + 1)
+
+def test_host_array_is_an_npy_buffers_memory():
+  t = Tensor(np.arange(5, dtype=np.int32), device="NPY").realize()
+  array = ti.host_array(buf := t.uop.base.buffer)
+  assert isinstance(array, np.ndarray) and ti.buffer_address(buf) == array.ctypes.data
+  array.reshape(-1)[:] = 7
+  assert ctypes.string_at(ti.buffer_address(buf), 20) == np.full(5, 7, np.int32).tobytes() and (t.numpy() == 7).all()
+
+def captured_linear(device: str, fn) -> tuple:
+  """A TinyJit capture of `fn` on `device`: (its kernel LINEAR with graph batches flattened, the input tensor, the returned tensor)."""
+  jit, x = TinyJit(fn), Tensor(np.arange(8, dtype=np.float32), device=device).realize()
+  with ti.record_kernel_linear() as recorded:
+    for _ in range(2): out = jit(x)
+  flat = lambda linear: [c for call in linear.src for c in (flat(call.src[0].src[0]) if call.src[0].op is Ops.CUSTOM_FUNCTION else [call])]
+  return UOp(Ops.LINEAR, src=tuple(flat(recorded[0]))), x, out
+
+def test_run_calls_time_call_and_cpu_entry_run_the_captured_kernels():
+  linear, x, out = captured_linear("CPU", lambda x: (x * 2 + 1).realize())
+  assert ti.graph_batches(linear, "CPU") is linear, "CPU has no graph runner: calls stay as they are"
+  x2 = Tensor(np.full(8, 5, np.float32)).realize()
+  ti.run_calls(linear, (x2.uop.base,))
+  np.testing.assert_equal(out.numpy(), np.full(8, 11))
+  call = linear.src[0]
+  assert ti.time_call(call, (x.uop.base,), "CPU") > 0
+  np.testing.assert_equal(out.numpy(), np.arange(8) * 2 + 1)
+  entry = ti.cpu_entry(call.src[0], "CPU")
+  buffers = [x2.uop.base.buffer if u.op is Ops.PARAM else u.buffer for u in call.src[1:]]
+  entry.fxn(*(ctypes.c_uint64(ti.buffer_address(buffers[i])) for i in call.src[0].arg.globals), *([ctypes.c_uint64(0)] if entry.core_id is not None else []))
+  np.testing.assert_equal(out.numpy(), np.full(8, 11))
+
+def test_graph_batches_and_the_runner_they_build():
+  linear, x, _ = captured_linear("NULL", lambda x: ((x * 2).contiguous() + x).realize())
+  batched = ti.graph_batches(linear, "NULL")
+  graphs = [c.src[0] for c in batched.src if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph"]
+  assert len(graphs) == 1 and len(batched.src) < len(linear.src)
+  runner = ti.graph_runner(graphs[0], (x.uop.base,))
+  slots = ti.runner_slots(runner)
+  assert list(slots) == [0] and slots[0] and max(slots[0]) < len(linear.src), slots  # the input feeds some of the batch's nodes
+  assert ti.always_repointed(runner) == set() and not ti.repointable(runner)  # fixed shapes; NULL's runner re-points every launch
+  runner((x.uop.base,), {})
