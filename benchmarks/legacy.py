@@ -12,8 +12,8 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
 from sunnypilot.modeld_v2.bundle import state_names
-from sunnypilot.modeld_v2.frame_feeds import VISION_INPUTS
 from sunnypilot.modeld_v2.model_adapters import BaseModelAdapter
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
 
 def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
   """Capture the legacy warp and model TinyJits as old modeld shipped them (host inputs uploaded inside the JIT), pickled. `onnx_paths`:
@@ -39,7 +39,7 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
   legacy = LegacyModelAdapter.__new__(LegacyModelAdapter)
   legacy.setup(warp_jit, model_jit, specs, dev)
   for _ in range(2):  # call 0 runs eagerly, call 1 captures
-    legacy.copy_frames({k: np.zeros(frame.size, np.uint8) for k in VISION_INPUTS})
+    legacy.copy_frames({k: np.zeros(frame.size, np.uint8) for k in CAMERA_BUFFERS})
     legacy.run()
   return pickle.dumps(warp_jit), pickle.dumps(model_jit), specs
 
@@ -59,7 +59,7 @@ class LegacyModelAdapter(BaseModelAdapter):
     self.outputs = {"outputs": Tensor(np.zeros(specs["outputs"], np.float32), device=device).realize()} | {f"next_{k}": v for k, v in self.states.items()}
 
   def copy_frames(self, bufs: dict[str, Any]) -> None:
-    for i, key in enumerate(VISION_INPUTS):
+    for i, key in enumerate(CAMERA_BUFFERS):
       if key in bufs:
         data = bufs[key].data if hasattr(bufs[key], "data") else bufs[key]
         np.copyto(self.frames[i], np.frombuffer(data, dtype=np.uint8, count=self.frames.shape[1]))

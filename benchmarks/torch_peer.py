@@ -49,30 +49,35 @@ class TorchOnnx:
     self.outputs = tuple(o.name for o in model.graph.output)
 
   def __call__(self, feeds: dict) -> dict:
-    torch, F = self.torch, self.torch.nn.functional
     env = dict(self.values) | feeds
     for op, inputs, output, a in self.nodes:
-      x = [env[i] for i in inputs]
-      if op == "Identity": y = x[0]
-      elif op == "Cast": y = x[0].to(getattr(torch, ONNX_TYPES[a["to"]]))
-      elif op in ("Add", "Sub", "Mul", "Div"): y = getattr(torch, op.lower())(x[0], x[1])
-      elif op in ("Relu", "Sigmoid", "Tanh"): y = getattr(torch, op.lower())(x[0])
-      elif op == "MatMul": y = x[0] @ x[1]
-      elif op == "Conv": y = F.conv2d(x[0], x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", 1), padding=a.get("pads", (0, 0))[:2])
-      elif op == "GlobalAveragePool": y = x[0].mean(dim=(2, 3), keepdim=True)
-      elif op == "Flatten": y = x[0].flatten(a.get("axis", 1))
-      elif op == "Concat": y = torch.cat(x, dim=a["axis"])
-      elif op == "Reshape": y = x[0].reshape(a["shape"])
-      elif op == "Squeeze": y = x[0].squeeze(a["axis"])
-      elif op == "Unsqueeze": y = x[0].unsqueeze(a["axis"])
-      elif op == "ReduceMean": y = x[0].mean(dim=a["axes"], keepdim=bool(a.get("keepdims", 1)))
-      elif op == "Slice":
-        index = [slice(None)] * x[0].ndim
-        for s, e, ax in a["bounds"]: index[ax] = slice(s, e)
-        y = x[0][tuple(index)]
-      else: raise NotImplementedError(f"the torch peer does not implement ONNX {op}")
-      env[output] = y
+      if (fn := TORCH_OPS.get(op)) is None: raise NotImplementedError(f"the torch peer does not implement ONNX {op}")
+      env[output] = fn(self.torch, [env[i] for i in inputs], a)
     return {k: env[k] for k in self.outputs}
+
+def _slice(x, a: dict):
+  index = [slice(None)] * x.ndim
+  for s, e, ax in a["bounds"]: index[ax] = slice(s, e)
+  return x[tuple(index)]
+
+# ONNX op -> (torch, its inputs, its attributes) -> its output, for the ops the stand-ins use
+TORCH_OPS = {
+  "Identity": lambda torch, x, a: x[0],
+  "Cast": lambda torch, x, a: x[0].to(getattr(torch, ONNX_TYPES[a["to"]])),
+  **{op: (lambda name: lambda torch, x, a: getattr(torch, name)(x[0], x[1]))(op.lower()) for op in ("Add", "Sub", "Mul", "Div")},
+  **{op: (lambda name: lambda torch, x, a: getattr(torch, name)(x[0]))(op.lower()) for op in ("Relu", "Sigmoid", "Tanh")},
+  "MatMul": lambda torch, x, a: x[0] @ x[1],
+  "Conv": lambda torch, x, a: torch.nn.functional.conv2d(x[0], x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", 1),
+                                                          padding=a.get("pads", (0, 0))[:2]),
+  "GlobalAveragePool": lambda torch, x, a: x[0].mean(dim=(2, 3), keepdim=True),
+  "Flatten": lambda torch, x, a: x[0].flatten(a.get("axis", 1)),
+  "Concat": lambda torch, x, a: torch.cat(x, dim=a["axis"]),
+  "Reshape": lambda torch, x, a: x[0].reshape(a["shape"]),
+  "Squeeze": lambda torch, x, a: x[0].squeeze(a["axis"]),
+  "Unsqueeze": lambda torch, x, a: x[0].unsqueeze(a["axis"]),
+  "ReduceMean": lambda torch, x, a: x[0].mean(dim=a["axes"], keepdim=bool(a.get("keepdims", 1))),
+  "Slice": lambda torch, x, a: _slice(x[0], a),
+}
 
 class TorchWarp:
   """The warp of warp.make_frame_prepare in torch: (size,) uint8 + (3, 3) -> (6, H/2, W/2) uint8. Constants are made once, so a call

@@ -7,7 +7,7 @@ from sunnypilot.modeld_v2.message_template import Serializer
 from sunnypilot.modeld_v2.messaging import log, new_message
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 from sunnypilot.modeld_v2.stand_in_models import NAMES
-from tests.test_model_outputs import car, layout
+from tests.test_parse_model_outputs import car, layout
 
 def decoded(raw: bytes) -> str:
   """Every field of the Event, NaN included (repr), logMonoTime and valid too."""

@@ -10,12 +10,12 @@ import uuid
 
 import numpy as np
 import pytest
-from test_model_outputs import T, sig
+from test_parse_model_outputs import T, sig
 
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix
 from sunnypilot.modeld_v2.compile_warp import compile_warp
+from sunnypilot.modeld_v2.constants import DT_MDL
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
-from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.modeld import FrameDrops
 from sunnypilot.modeld_v2.warp import camerad_frame
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
-from sunnypilot.modeld_v2.warp import NV12Frame, parse_frame
+from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, NV12Frame, parse_frame
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def warp_problem(extras: dict, new_img: list | None) -> str | None:
   try: frame = parse_frame(meta["frame"])
   except ValueError as e: return f"metadata frame: {e}"
   if not isinstance(split := meta.get("split_frames"), bool): return f"metadata split_frames {split!r} is not true or false"
-  frames = {"frame": [frame.size], "big_frame": [frame.size]} if split else {"input_frame": [2, frame.size]}
+  frames = dict.fromkeys(WARP_FRAMES, [frame.size]) if split else {PACKED_FRAMES: [2, frame.size]}
   if (got := {name: spec_shape(inputs.get(name)) for name in frames}) != frames: return f"its frame inputs {got} do not hold {frame.spec} frames"
   if new_img is not None and (made := spec_shape(outputs.get("warped"))) != new_img: return f"it makes {made} planes, the model takes new_img {new_img}"
   return None

@@ -21,7 +21,7 @@ import numpy as np
 from tinygrad import Device, helpers
 from tinygrad.helpers import getenv
 
-from sunnypilot.modeld_v2.model_outputs import check_output_slices
+from sunnypilot.modeld_v2.parse_model_outputs import check_output_slices
 from sunnypilot.modeld_v2.part_format import ArtifactError, Part, device_kind, expect, ints, within
 from sunnypilot.modeld_v2.warp import parse_frame, parse_size
 
@@ -259,7 +259,7 @@ def _check_strings(value: Any, what: str, depth: int = 1) -> None:
 
 def check_metadata(extras: dict) -> None:
   """The metadata the runtime and inspect read: a warp's frame geometry, model size and split flag; a model's layout, roles and
-  `output_slices` (model_outputs.check_output_slices)."""
+  `output_slices` (parse_model_outputs.check_output_slices)."""
   meta = extras.get("metadata", {})
   if meta.get("kind") == "warp":
     frame, size = expect(meta.get("frame"), str, "warp frame"), ints(meta.get("model_size"), "warp model_size")

@@ -24,24 +24,24 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
 
   from sunnypilot.modeld_v2.bundle import write_bundle
   from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
-  from sunnypilot.modeld_v2.warp import make_frame_prepare
+  from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM, make_frame_prepare
   level = search_level(beam)
   frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
   warp = make_frame_prepare(frame, model_w, model_h)
   rng, dev = np.random.default_rng(seed), Device.DEFAULT
   def make_inputs() -> dict:
     frames, m_inv = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), Tensor((rng.standard_normal((2, 3, 3)) * 8).astype(np.float32), device=dev)
-    if split_frames: return {"frame": Tensor(frames[0], device=dev).realize(), "big_frame": Tensor(frames[1], device=dev).realize(), "M_inv": m_inv.realize()}
-    return {"input_frame": Tensor(frames, device=dev).realize(), "M_inv": m_inv.realize()}
-  if split_frames:
+    if split_frames: return {WARP_FRAMES[i]: Tensor(frames[i], device=dev).realize() for i in range(2)} | {WARP_TRANSFORM: m_inv.realize()}
+    return {PACKED_FRAMES: Tensor(frames, device=dev).realize(), WARP_TRANSFORM: m_inv.realize()}
+  if split_frames:  # the parameters' names are the bundle's input names (WARP_FRAMES, WARP_TRANSFORM)
     fn = lambda frame, big_frame, M_inv: Tensor.stack(warp(frame, M_inv[0]), warp(big_frame, M_inv[1]))
-    specs = dict.fromkeys(("frame", "big_frame"), ((frame.size,), "|u1", dev))
+    specs = dict.fromkeys(WARP_FRAMES, ((frame.size,), "|u1", dev))
   else:
     fn = lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame[i], M_inv[i]) for i in range(2)))
-    specs = {"input_frame": ((2, frame.size), "|u1", dev)}
+    specs = {PACKED_FRAMES: ((2, frame.size), "|u1", dev)}
   log(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {dev} ...")
   with compile_session() as null_holds_data: part = capture(fn, make_inputs, null_holds_data=null_holds_data, beam=level, log=log).part
-  specs |= {"M_inv": ((2, 3, 3), "<f4", dev)}
+  specs |= {WARP_TRANSFORM: ((2, 3, 3), "<f4", dev)}
   out_shape = (2, 6, model_h // 2, model_w // 2)
   metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}
   size = write_bundle(output, {"run": part}, {"input_specs": specs, "output_specs": {"warped": (out_shape, "|u1", dev)}, "metadata": metadata},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from typing import Protocol
 
-from sunnypilot.modeld_v2.model_constants import DT_MDL
+from sunnypilot.modeld_v2.constants import DT_MDL
 
 LANE_CHANGE_SPEED_MIN = 20 * 0.44704  # 20 mph in m/s
 LANE_CHANGE_TIME_MAX = 10.0  # s in laneChangeStarting/Finishing before giving up

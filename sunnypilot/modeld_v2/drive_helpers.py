@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sunnypilot.modeld_v2.constants import DT_MDL, T_IDXS, Plan
 from sunnypilot.modeld_v2.generations import Rules
-from sunnypilot.modeld_v2.model_constants import DT_MDL, T_IDXS, Plan
 
 MIN_SPEED = 1.0  # m/s: curvature from yaw divides by speed
 V_EGO_STOPPING = 0.05  # m/s: the plan stops when its speed at action_t and 1 s later is below this

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.drive_helpers import Action
-from sunnypilot.modeld_v2.model_constants import (
+from sunnypilot.modeld_v2.constants import (
   CONFIDENCE_BUFFER_LEN,
   DISENGAGE_WIDTH,
   FCW_THRESHOLDS_3MS2,
@@ -40,6 +39,7 @@ from sunnypilot.modeld_v2.model_constants import (
   MetaLayout,
   Plan,
 )
+from sunnypilot.modeld_v2.drive_helpers import Action
 
 class Fields:
   """One message's field values, added part by part. A part whose output heads the model lacks is left out, so its fields keep their

@@ -10,9 +10,9 @@ from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.cuda_host import CudaHostRegistration
 from sunnypilot.modeld_v2.replay import ALIGNMENT, write_tensor
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, WARP_FRAMES
 
-VISION_INPUTS = ("img", "big_img")  # modeld's names for the road and wide camera buffers, in the warp's order
-FRAME_INPUTS = dict(zip(VISION_INPUTS, ("frame", "big_frame")))  # the --split-frames warp's input for each camera
+FRAME_INPUTS = dict(zip(CAMERA_BUFFERS, WARP_FRAMES, strict=True))  # the --split-frames warp's input for each camera buffer
 
 def is_camera_buffer(buf: Any) -> bool:
   """A VisionBuf (shared camera memory with .data), not a numpy frame (warmup, tests: host memory its owner may free or reuse)."""
@@ -42,7 +42,7 @@ class PackedFrames(FrameFeed):
     self.frames = frames  # (2, frame size): a view of the host buffer
 
   def feed(self, key: str, buf: Any) -> None:
-    i = VISION_INPUTS.index(key)
+    i = CAMERA_BUFFERS.index(key)
     np.copyto(self.frames[i], frame_bytes(buf, self.frames.shape[1]))
 
 class UploadFrames(FrameFeed):

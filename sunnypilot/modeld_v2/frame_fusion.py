@@ -15,10 +15,11 @@ import numpy as np
 from sunnypilot.modeld_v2.bundle import TensorSpec, read_parts, state_names
 from sunnypilot.modeld_v2.part_builder import PartBuilder
 from sunnypilot.modeld_v2.part_format import Arg, ArtifactError, BufferSpec, BufferView, Call, InputArg, InputSlot, Part
+from sunnypilot.modeld_v2.warp import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES
 
-SPLIT_FRAMES = ("big_frame", "frame")  # a --split-frames warp: one input per camera, bound by pointer, not packed into host
+SPLIT_FRAMES = tuple(sorted(WARP_FRAMES))  # the seed's name for a --split-frames warp's frame inputs, in the replay's (sorted) input order
 HOST_ALIGN = 64  # every slot of the packed host buffer starts on a cache line, so float views are aligned on any device
-TFM = ("tfm", (2, 3, 3))  # the warp's M_inv (road, wide), first in the host buffer
+TFM = (HOST_TRANSFORM, (2, 3, 3))  # the warp's M_inv (road, wide), first in the host buffer
 
 def pack_layout(shapes: dict[str, tuple], frame_size: int) -> tuple[dict[str, int], int]:
   """Byte offsets of `tfm` and each float32 host input in the packed host buffer, then `frames` (two camera frames) if frame_size.
@@ -56,7 +57,7 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   if returned.shape != extras["input_specs"]["new_img"].shape:
     raise ArtifactError(f"the warp makes {list(returned.shape)} planes, the model takes new_img {extras['input_specs']['new_img'].shape}")
   frame_specs = {s.name: s for s in warp.inputs if s.name in SPLIT_FRAMES}
-  frame_size = next(int(np.prod(s.shape)) for s in warp.inputs if s.name in ("input_frame", "frame")) // (1 if frame_specs else 2)
+  frame_size = next(int(np.prod(s.shape)) for s in warp.inputs if s.name in (PACKED_FRAMES, WARP_FRAMES[0])) // (1 if frame_specs else 2)
   offsets, packed = pack_layout(host, 0 if frame_specs else frame_size)
 
   builder, u8 = PartBuilder(), "dtypes.uchar"
@@ -73,7 +74,9 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
     if (s.name, s.key) in slot_of: return slot_of[(s.name, s.key)]
     return new_img if s.name == "new_img" else view(s.name, s)
   model_args = {s.slot: model_arg(s) for s in model.inputs}
-  warp_args = {s.slot: slot_of[(s.name, None)] if s.name in frame_specs else view("frames" if s.name == "input_frame" else "tfm", s) for s in warp.inputs}
+  def warp_arg(s: InputSlot) -> Arg:  # a split warp's frames stay inputs; its packed frames and M_inv are views of host
+    return slot_of[(s.name, None)] if s.name in frame_specs else view("frames" if s.name == PACKED_FRAMES else HOST_TRANSFORM, s)
+  warp_args = {s.slot: warp_arg(s) for s in warp.inputs}
   calls = [Call("copy", (BufferView(upload, 0, packed, u8), slot_of[("host", None)]))]
   calls += [c.relocated(warp_buffers, warp_programs, warp_args) for c in warp.calls] + [c.relocated(0, 0, model_args) for c in model.calls]
   onetime = list(model.onetime_calls) + [c.relocated(warp_buffers, warp_programs, {}) for c in warp.onetime_calls]
@@ -81,6 +84,7 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   fused_specs = {"host": TensorSpec((packed,), "|u1", "NPY")} | {n: extras["input_specs"][n] for n in states} | \
                 {n: TensorSpec((frame_size,), "|u1", model.device) for n in frame_specs}
   fused_meta = meta | {"fused": {"warp": warp_name, "frame": warp_meta["frame"], "split_frames": bool(frame_specs),
-                                 "host_layout": offsets, "host_bytes": packed, "host_shapes": {"tfm": list(TFM[1])} | {k: list(v) for k, v in host.items()},
+                                 "host_layout": offsets, "host_bytes": packed,
+                                 "host_shapes": {HOST_TRANSFORM: list(TFM[1])} | {k: list(v) for k, v in host.items()},
                                  "frame_size": frame_size}}
   return {"run": (part, builder.blob())}, extras | {"input_specs": fused_specs, "metadata": fused_meta}

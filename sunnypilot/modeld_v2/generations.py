@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sunnypilot.modeld_v2.model_constants import IDX_N, PLAN_WIDTH
+from sunnypilot.modeld_v2.constants import IDX_N, PLAN_WIDTH
 
 @dataclass(frozen=True)
 class Rules:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import next_name, state_names
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 
 def random_inputs(specs: dict, device: str, seed: int = 0) -> dict:
   """Realized tensors of random values for a bundle's input specs (uint8 over 0..255, floats in [-1, 1)): never time on zeros."""
@@ -38,9 +39,9 @@ def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str
   adapter = NativeTinygradAdapter(model_path, warp_path, map_camera_buffers=False)
   rng = np.random.default_rng(0)
   for v in adapter.numpy_inputs.values(): v[...] = rng.uniform(-1, 1, v.shape)
-  adapter.numpy_inputs["tfm"][:] = np.eye(3, dtype=np.float32) * [[2], [2], [1]]  # a valid transform: a 2x downscale
+  adapter.numpy_inputs[HOST_TRANSFORM][:] = np.eye(3, dtype=np.float32) * [[2], [2], [1]]  # a valid transform: a 2x downscale
   frames = rng.integers(0, 256, (2, adapter.warp_frame_size), dtype=np.uint8)
-  adapter.copy_frames({"img": frames[0], "big_img": frames[1]})
+  adapter.copy_frames(dict(zip(CAMERA_BUFFERS, frames, strict=True)))
   adapter.run()
   adapter.output_array()
   return adapter.replay, "the warp fused in front of the model (frames uploaded)"

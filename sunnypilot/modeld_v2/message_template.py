@@ -87,50 +87,65 @@ class EventTemplate:
     """Record the leaves of `values` in `struct` (builder for the schema, its wire struct at `word` with `data_words`), in _signature's order."""
     for path, value in values.items():
       names = path.split(".")
-      node, at, dw = struct, word, data_words
-      for name in names[:-1]:  # nested structs on the way, as set_fields resolves dotted paths
-        if node is None or name not in node.schema.fieldnames: node = None; break
-        f = node.schema.fields[name].proto
-        if f.which() != "slot" or f.slot.type.which() != "struct": raise Unsupported(f"{prefix}{path}: {name} is not a struct field")
-        _, at, dw, _ = _pointer(self.body, at + dw + f.slot.offset)
-        node = getattr(node, name)
-      leaf = names[-1]
-      if node is None or leaf not in node.schema.fieldnames:
-        self._skip(value)
-        continue
-      f = node.schema.fields[leaf]
-      slot = f.proto.slot
-      if f.proto.which() != "slot": raise Unsupported(f"{prefix}{path} is a group")
-      kind = slot.type.which()
-      if isinstance(value, dict):
-        _, target, cdw, _ = _pointer(self.body, at + dw + slot.offset)
-        self._walk(getattr(node, leaf), value, target, cdw, f"{prefix}{path}.")
-      elif isinstance(value, list) and value and isinstance(value[0], dict):
-        _, target, size, _count = _pointer(self.body, at + dw + slot.offset)
-        tag = int.from_bytes(self.body[8 * target:8 * target + 8], "little")
-        n, edw, epw = (tag >> 2) & 0x3FFFFFFF, (tag >> 32) & 0xFFFF, tag >> 48
-        if size != 7 or n != len(value): raise Unsupported(f"{prefix}{path}: not a struct list of {len(value)}")
-        items = getattr(node, leaf)
-        for i, item in enumerate(value): self._walk(items[i], item, target + 1 + i * (edw + epw), edw, f"{prefix}{path}[].")
-      elif kind in ("list", "data", "text"):
-        _, target, size, count = _pointer(self.body, at + dw + slot.offset)
-        if kind == "list":
-          elem = slot.type.list.elementType.which()
-          if elem not in DTYPES or elem == "enum" or size not in LIST_ELEMENT_BYTES: raise Unsupported(f"{prefix}{path}: a list of {elem}")
-          width = LIST_ELEMENT_BYTES[size]
-          if count != len(value) or (8 * target) % width: raise Unsupported(f"{prefix}{path}: {count} elements for {len(value)} values")
-          self.leaves.append((elem, 8 * target // width, count))
-        elif kind == "data" and count == len(value): self.leaves.append(("data", 8 * target, count))
-        else: raise Unsupported(f"{prefix}{path}: {kind}")
-      elif kind == "bool":
-        if slot.defaultValue.bool: self.leaves.append(("bool", -(64 * at + slot.offset) - 1, 1))  # stored XORed with a true default
-        else: self.leaves.append(("bool", 64 * at + slot.offset, 1))
-      elif kind in DTYPES:
-        if getattr(slot.defaultValue, kind): raise Unsupported(f"{prefix}{path} has a default value")  # stored XORed with it
-        if kind == "enum": self.enums[len(self.leaves)] = dict(f.schema.enumerants)
-        width = np.dtype(DTYPES[kind]).itemsize
-        self.leaves.append((kind, 8 * at // width + slot.offset, 1))
-      else: raise Unsupported(f"{prefix}{path}: {kind}")
+      node, at, dw = self._parent(struct, word, data_words, names[:-1], prefix + path)
+      if node is None or names[-1] not in node.schema.fieldnames: self._skip(value)
+      else: self._leaf(node, names[-1], value, at, dw, prefix + path)
+
+  def _parent(self, struct: Any, word: int, data_words: int, names: list[str], where: str) -> tuple[Any, int, int]:
+    """The struct holding a dotted path's leaf, its wire word and data size, resolved as set_fields resolves paths (None: this schema lacks
+    a struct on the way)."""
+    node, at, dw = struct, word, data_words
+    for name in names:
+      if name not in node.schema.fieldnames: return None, at, dw
+      f = node.schema.fields[name].proto
+      if f.which() != "slot" or f.slot.type.which() != "struct": raise Unsupported(f"{where}: {name} is not a struct field")
+      _, at, dw, _ = _pointer(self.body, at + dw + f.slot.offset)
+      node = getattr(node, name)
+    return node, at, dw
+
+  def _leaf(self, node: Any, leaf: str, value: Any, at: int, dw: int, where: str) -> None:
+    """One field of the struct `node` (wire word `at`, `dw` data words): a nested struct or struct list is walked, anything else recorded."""
+    f = node.schema.fields[leaf]
+    if f.proto.which() != "slot": raise Unsupported(f"{where} is a group")
+    slot, pointer = f.proto.slot, at + dw + f.proto.slot.offset
+    kind = slot.type.which()
+    if isinstance(value, dict):
+      _, target, cdw, _ = _pointer(self.body, pointer)
+      self._walk(getattr(node, leaf), value, target, cdw, f"{where}.")
+    elif isinstance(value, list) and value and isinstance(value[0], dict): self._struct_list(getattr(node, leaf), value, pointer, where)
+    elif kind in ("list", "data", "text"): self._pointer_leaf(slot, kind, value, pointer, where)
+    else: self._data_leaf(f, slot, kind, at, where)
+
+  def _struct_list(self, items: Any, value: list[dict], pointer: int, where: str) -> None:
+    _, target, size, _count = _pointer(self.body, pointer)
+    tag = int.from_bytes(self.body[8 * target:8 * target + 8], "little")
+    n, edw, epw = (tag >> 2) & 0x3FFFFFFF, (tag >> 32) & 0xFFFF, tag >> 48
+    if size != 7 or n != len(value): raise Unsupported(f"{where}: not a struct list of {len(value)}")
+    for i, item in enumerate(value): self._walk(items[i], item, target + 1 + i * (edw + epw), edw, f"{where}[].")
+
+  def _pointer_leaf(self, slot: Any, kind: str, value: Any, pointer: int, where: str) -> None:
+    """A list of numbers or a data field: where its elements lie."""
+    _, target, size, count = _pointer(self.body, pointer)
+    if kind == "list":
+      elem = slot.type.list.elementType.which()
+      if elem not in DTYPES or elem == "enum" or size not in LIST_ELEMENT_BYTES: raise Unsupported(f"{where}: a list of {elem}")
+      width = LIST_ELEMENT_BYTES[size]
+      if count != len(value) or (8 * target) % width: raise Unsupported(f"{where}: {count} elements for {len(value)} values")
+      self.leaves.append((elem, 8 * target // width, count))
+    elif kind == "data" and count == len(value): self.leaves.append(("data", 8 * target, count))
+    else: raise Unsupported(f"{where}: {kind}")
+
+  def _data_leaf(self, f: Any, slot: Any, kind: str, at: int, where: str) -> None:
+    """A bool, number or enum in the struct's data section at wire word `at`."""
+    if kind == "bool":
+      if slot.defaultValue.bool: self.leaves.append(("bool", -(64 * at + slot.offset) - 1, 1))  # stored XORed with a true default
+      else: self.leaves.append(("bool", 64 * at + slot.offset, 1))
+    elif kind in DTYPES:
+      if getattr(slot.defaultValue, kind): raise Unsupported(f"{where} has a default value")  # stored XORed with it
+      if kind == "enum": self.enums[len(self.leaves)] = dict(f.schema.enumerants)
+      width = np.dtype(DTYPES[kind]).itemsize
+      self.leaves.append((kind, 8 * at // width + slot.offset, 1))
+    else: raise Unsupported(f"{where}: {kind}")
 
   def _skip(self, value: Any) -> None:
     """A field this schema lacks: its flat values (one, or all of a dict's) are written nowhere."""

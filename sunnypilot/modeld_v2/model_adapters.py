@@ -9,12 +9,13 @@ from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.compat import SeedAdapterNames
 from sunnypilot.modeld_v2.cuda_host import CudaHostRegistration, host_pages
-from sunnypilot.modeld_v2.frame_feeds import VISION_INPUTS, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
+from sunnypilot.modeld_v2.frame_feeds import FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
 from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES
 from sunnypilot.modeld_v2.generations import of_bundle
 from sunnypilot.modeld_v2.loader import FusedLayout, load_device, load_fused
 from sunnypilot.modeld_v2.output_readbacks import CopiedOutput, OutputReadback, PinnedOutput, ViewedOutput
 from sunnypilot.modeld_v2.replay import write_tensor
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
 
 log = logging.getLogger(__name__)
 MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
@@ -89,7 +90,7 @@ class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
   def copy_frames(self, bufs: dict[str, Any]) -> None:
     """Take this step's camera frames: {"img": road, "big_img": wide}, each a VisionBuf (shared camera memory with .data) or a numpy array.
     Only VisionBufs are read in place: a numpy frame (warmup, tests) is host memory its owner may free or reuse, so it is always copied."""
-    for key in VISION_INPUTS:
+    for key in CAMERA_BUFFERS:
       if key in bufs: self.frame_feed.feed(key, bufs[key])
 
   def drop_camera_buffers(self) -> None:

@@ -35,12 +35,13 @@ from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInp
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.cli import delay_arg, finite_float, interruptible, positive_int
+from sunnypilot.modeld_v2.constants import DT_MDL
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.messaging import claim_bus
-from sunnypilot.modeld_v2.model_constants import DT_MDL
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
 # launched, outputs read back (the device done), outputs parsed and messages filled, messages serialized, messages sent
@@ -85,7 +86,7 @@ def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, 
   """The value of every host input modeld has a source for, by name, from checked bus values (BusInputs): the daemon writes them into the
   model, and route_replay's reference check feeds the same ones to onnxruntime or a second bundle. `lat_delay` is the whole lateral delay
   (liveDelay's, which holds lagd's 0.2 s): lateral_control_params takes it as it is."""
-  return {"tfm": m_inv, "desire": desire, "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
+  return {HOST_TRANSFORM: m_inv, "desire": desire, "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
           "lateral_control_params": [max(v_ego, 0.0), lat_delay], "driving_style": DRIVING_STYLE, "prepare_only": [float(prepare_only)],
           "lat_planner_state": lat_planner_state}
 
@@ -153,10 +154,10 @@ class ModelD:
     self.cameras, self.rpy = (wide, wide) if self.camera.main_wide else (road, wide), None
     log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
-    self.adapter.numpy_inputs["tfm"][:] = self.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
+    self.adapter.numpy_inputs[HOST_TRANSFORM][:] = self.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
     zeros = np.zeros(self.adapter.warp_frame_size, np.uint8)
     for _ in range(3):
-      self.adapter.copy_frames({"img": zeros, "big_img": zeros})
+      self.adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
       self.adapter.run()
     self.adapter.reset_warmup_buffers()
     return True
@@ -230,7 +231,7 @@ class ModelD:
       self.fill_inputs(sm, car, lat_delay, lat_t, long_t, prepare_only=dropped > 0)
       t_inputs = time.monotonic_ns()
       t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
-      self.adapter.copy_frames({"img": buf_main, "big_img": buf_extra})
+      self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (buf_main, buf_extra), strict=True)))
       t_copy = time.monotonic_ns()
       self.adapter.run()
       t_run = time.monotonic_ns()

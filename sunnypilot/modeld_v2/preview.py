@@ -39,7 +39,7 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
   from sunnypilot.modeld_v2.loader import load_bundle
   from sunnypilot.modeld_v2.road_scene import road_scene
-  from sunnypilot.modeld_v2.warp import parse_frame
+  from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM, parse_frame
   model = load_bundle(warp_path)
   meta = model.metadata
   if meta.get("kind") != "warp": raise ValueError(f"{warp_path} is not a warp bundle (metadata kind {meta.get('kind')!r})")
@@ -50,8 +50,8 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
     raise ValueError(f"{', '.join(short)}; the warp reads {frame.size:,}-byte NV12 buffers ({meta['frame']})")
   m_inv = Tensor(warp_matrices(sensor, rpy), device=Device.DEFAULT).realize()
   bufs = [Tensor(np.ascontiguousarray(f[:frame.size]), device=Device.DEFAULT).realize() for f in frames]
-  inputs = {"frame": bufs[0], "big_frame": bufs[1]} if meta["split_frames"] else {"input_frame": Tensor(np.stack(frames)).realize()}
-  planes = model.run(**inputs, M_inv=m_inv).numpy()
+  inputs = dict(zip(WARP_FRAMES, bufs, strict=True)) if meta["split_frames"] else {PACKED_FRAMES: Tensor(np.stack(frames)).realize()}
+  planes = model.run(**inputs, **{WARP_TRANSFORM: m_inv}).numpy()
   gap = np.full((planes.shape[2] * 3, 8), 255, np.uint8)
   write_png(output, np.concatenate([planes_image(planes[0]), gap, planes_image(planes[1])], axis=1))
   return planes

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, T_IDXS
 from sunnypilot.modeld_v2.desire_helper import CarStateLike, Desire, DesireHelper
 from sunnypilot.modeld_v2.drive_helpers import LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS, Action, get_action
 from sunnypilot.modeld_v2.fill_model_msg import (
@@ -29,8 +30,7 @@ from sunnypilot.modeld_v2.fill_model_msg import (
 from sunnypilot.modeld_v2.generations import GENERATIONS, Rules
 from sunnypilot.modeld_v2.message_template import Serializer
 from sunnypilot.modeld_v2.messaging import set_fields
-from sunnypilot.modeld_v2.model_constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, T_IDXS
-from sunnypilot.modeld_v2.model_outputs import OutputParser
+from sunnypilot.modeld_v2.parse_model_outputs import OutputParser
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 

@@ -39,6 +39,7 @@ import numpy as np
 from sunnypilot.modeld_v2.cli import add_model_flags, delay_arg, finite_float, model_files, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
 
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 LOG_NAME, VIDEO_NAME, PLOT_NAME, CHECK_NAME = "modeld_rlog.zst", "overlay.mp4", "plots.png", "check.json"
@@ -74,7 +75,7 @@ class BundleReference:
 
   def step(self, road: np.ndarray, wide: np.ndarray, frame, values: dict) -> np.ndarray:
     for name, view in self.adapter.numpy_inputs.items(): view.reshape(-1)[:] = np.reshape(values[name], -1) if name in values else 0
-    self.adapter.copy_frames({"img": road, "big_img": wide})
+    self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (road, wide), strict=True)))
     self.adapter.run()
     return np.array(self.adapter.output_array(), np.float32)
 

@@ -11,6 +11,13 @@ from tinygrad import Tensor, dtypes
 UV_SCALE = np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], dtype=np.float32)  # M_inv -> M_inv_uv: half-resolution chroma
 MAX_BUFFER = 2**31 - 1  # the warp's gather indices are int32
 
+# The camera path's names, road camera first, wide second (openpilot's order), each kept where users and the seed already use it:
+CAMERA_BUFFERS = ("img", "big_img")  # modeld's keys for the two VisionIPC buffers (copy_frames), openpilot modeld's vision input names
+WARP_FRAMES = ("frame", "big_frame")  # a --split-frames warp's input per camera, bound to that buffer in place
+PACKED_FRAMES = "input_frame"  # a packed warp's one frame input: both buffers copied, (2, size)
+WARP_TRANSFORM = "M_inv"  # the warp's (2, 3, 3) transforms, model pixel -> camera pixel, one per camera
+HOST_TRANSFORM = "tfm"  # the same transforms as the fused part's host input (the seed's name: modeld fills numpy_inputs["tfm"])
+
 def align(x: int, a: int) -> int: return (x + a - 1) // a * a
 
 @dataclass(frozen=True)

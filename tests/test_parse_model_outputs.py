@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2 import messaging
+from sunnypilot.modeld_v2.constants import POLICY_SLICES, VISION_SLICES, slices_of
 from sunnypilot.modeld_v2.desire_helper import DesireHelper
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.messaging import new_message
-from sunnypilot.modeld_v2.model_constants import POLICY_SLICES, VISION_SLICES, slices_of
-from sunnypilot.modeld_v2.model_outputs import OutputParser, parse_outputs
+from sunnypilot.modeld_v2.parse_model_outputs import OutputParser, parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 from sunnypilot.modeld_v2.stand_in_models import GENERATIONS as STAND_INS
 from sunnypilot.modeld_v2.stand_in_models import NAMES
@@ -506,7 +506,7 @@ def test_camera_offset_shears_the_camera_pixel():
 def test_output_slices_take_both_layouts_of_plan_and_lead():
   """A bundle's output_slices are checked at load: plan and lead as 5 and 2 hypotheses (0.9.x) or as one mean/std pair (today's 990 and 144
   floats, openpilot's is_mhp), nothing between."""
-  from sunnypilot.modeld_v2.model_outputs import check_output_slices
+  from sunnypilot.modeld_v2.parse_model_outputs import check_output_slices
   for plan, lead in ((5 * (2 * 33 * 15 + 1), 2 * (2 * 6 * 4 + 3)), (2 * 33 * 15, 2 * 3 * 6 * 4)):
     check_output_slices({"plan": [0, plan], "lead": [plan, plan + lead]}, plan + lead)
   for name, size in (("plan", 991), ("plan", 989), ("lead", 143), ("lead", 145)):
