@@ -1,5 +1,4 @@
 """CUDA: the generic replay path (graph batches) and camera buffers registered with the driver. Skipped where no CUDA device exists."""
-import mmap
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.warp import camerad_frame
 
-from conftest import conv_net
+from conftest import CameraBuffer, conv_net
 
 def _cuda_present() -> bool:
   try: return Device.DEFAULT.startswith("CUDA") or bool(Device["CUDA"])
@@ -20,12 +19,6 @@ def _cuda_present() -> bool:
 
 pytestmark = pytest.mark.skipif(not _cuda_present(), reason="no CUDA device here (run with DEV=CUDA on a GPU machine)")
 
-class Buf:
-  """A VisionBuf stand-in: page-aligned shared memory with .data."""
-  def __init__(self, data: np.ndarray):
-    self.map = mmap.mmap(-1, data.nbytes)
-    self.data = memoryview(self.map)
-    np.frombuffer(self.data, np.uint8)[:] = data
 
 def test_cuda_round_trip_replays_through_a_graph():
   assert Device.DEFAULT.startswith("CUDA"), "run this file with DEV=CUDA"
@@ -50,7 +43,7 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, 
   uploaded = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False)
   assert registered.in_place and registered.registered_camera_buffers == 0 and not uploaded.in_place
   rng = np.random.default_rng(0)
-  bufs = [{k: Buf(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]
+  bufs = [{k: CameraBuffer(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]
   for step in range(12):
     outs = []
     for adapter in (registered, uploaded):

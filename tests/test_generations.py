@@ -4,7 +4,6 @@ keeps openpilot's full-length buffers and every warped frame, and samples them t
 selfdrive/modeld/modeld.py @6c6be47b: full_desire max-pooled per TEMPORAL_SKIP window, temporal_idxs, features pushed after the vision
 model and prev_desired_curv after the policy; @00731a68: the 20 Hz supercombo, features and prev_desired_curv pushed after the run)."""
 import base64
-import mmap
 import pickle
 
 import numpy as np
@@ -18,7 +17,7 @@ from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
 
-from conftest import realized, reference_warp
+from conftest import CameraBuffer, realized, reference_warp
 
 STEPS = 20
 FRAME = camerad_frame(1344, 760)  # the frames of native_artifacts' warps
@@ -116,11 +115,6 @@ def step_inputs(rng, step: int, host_names: list[str], reference: Openpilot) -> 
   host = {n: rng.standard_normal(reference.inputs[n][0]).astype(np.float32) for n in host_names if n != "desire"}
   return desire, host | ({"desire": desire} if "desire" in host_names else {})
 
-class CameraBuffer:
-  """A VisionBuf stand-in: a page-aligned shared mapping with `.data`, as visionipc hands modeld."""
-  def __init__(self, size: int):
-    self.map = mmap.mmap(-1, size)
-    self.data = memoryview(self.map)
 
 def integer_transform(rng) -> np.ndarray:
   """A scale-2 warp with an even shift: every source coordinate (Y and UV) is an integer, so no pixel sits on a rounding tie."""
@@ -157,7 +151,7 @@ def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(built, nativ
   reference = Openpilot(files)
   adapter = NativeTinygradAdapter(summary["output"], f"{native_artifacts}/warp_split.bin")
   assert adapter.in_place, "VisionIPC-shaped buffers are read in place"
-  cameras = [[CameraBuffer(FRAME.size) for _ in range(3)] for _ in range(2)]  # a few rotating buffers per stream, as camerad's
+  cameras = [[CameraBuffer(np.zeros(FRAME.size, np.uint8)) for _ in range(3)] for _ in range(2)]  # a few rotating buffers per stream, as camerad's
   rng = np.random.default_rng(12)
   for step in range(STEPS):
     frames = rng.integers(0, 256, (2, FRAME.size), dtype=np.uint8)

@@ -1,6 +1,5 @@
 """The adapter's frame feeds and output readbacks: which one each layout and device gets, and that every feed gives the packed path's
 outputs bit for bit (the packed path copies both frames into the host buffer: the reference the other two must match)."""
-import mmap
 import os
 from collections.abc import Iterator
 
@@ -14,14 +13,10 @@ from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.output_readbacks import CopiedOutput, PinnedOutput, ViewedOutput
 from sunnypilot.modeld_v2.warp import camerad_frame
 
+from conftest import CameraBuffer
+
 FRAME = camerad_frame(1344, 760)
 
-class CameraBuffer:
-  """A VisionBuf stand-in: a page-aligned shared mapping with `.data`."""
-  def __init__(self, data: np.ndarray):
-    self.map = mmap.mmap(-1, data.nbytes)
-    self.data = memoryview(self.map)
-    np.frombuffer(self.data, np.uint8)[:] = data
 
 @pytest.fixture(scope="module")
 def adapters(native_artifacts) -> Iterator[dict[str, NativeTinygradAdapter]]:

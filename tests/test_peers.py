@@ -1,7 +1,6 @@
 """The benchmark's peers compute what the bundle computes: onnxruntime behind peer_step (openpilot's queues in numpy, the numpy warp) against
 the fused warp + model adapter, frame by frame with state fed back, for generations with each kind of queue. The torch peers share
 peer_step; they run where torch sees a GPU (the benchmark's diff column checks them there on every frame)."""
-import mmap
 
 import numpy as np
 import pytest
@@ -12,13 +11,10 @@ from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
 
+from conftest import CameraBuffer
+
 FRAME = camerad_frame(1344, 760)
 
-class Buf:
-  def __init__(self, data: np.ndarray):
-    self.map = mmap.mmap(-1, FRAME.size)
-    self.data = memoryview(self.map)
-    np.frombuffer(self.data, np.uint8)[:] = data
 
 # native: states; split_09: desire, features pushed between vision and policy, prev_desired_curv; supercombo_20hz: one float16 model at
 # frame_skip 1, features pushed after its run; multi_policy: two policies after one vision model
@@ -31,7 +27,7 @@ def test_onnxruntime_peer_matches_the_fused_adapter(native_artifacts, tmp_path, 
   rng = np.random.default_rng(5)
   m_inv = np.array([[2, 0, 40], [0, 2, 60], [0, 0, 1]], np.float32)  # integer source coordinates: no rounding ties between the two warps
   for step in range(12):
-    bufs = {k: Buf(rng.integers(0, 256, FRAME.size, dtype=np.uint8)) for k in ("img", "big_img")}
+    bufs = {k: CameraBuffer(rng.integers(0, 256, FRAME.size, dtype=np.uint8)) for k in ("img", "big_img")}
     outs = []
     for path in (adapter, peer):
       set_inputs(path, step, np.stack([m_inv, m_inv]))
