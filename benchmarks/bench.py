@@ -30,7 +30,9 @@ import time
 
 import numpy as np
 
-CAMERA_BUFFERS = 18  # camerad's count per stream
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM, PACKED_FRAMES, WARP_TRANSFORM
+
+BUFFERS_PER_STREAM = 18  # camerad's count per stream
 
 def check_outputs(parser: argparse.ArgumentParser, *paths: str | None) -> None:
   """Before a benchmark runs: each output asked for (JSON, PNG) can be written (folders made); otherwise one line and exit 2."""
@@ -73,11 +75,11 @@ def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: 
                             for split in (False, True)} | {"frame": frame}
   return out
 
-def synthetic_buffers(frame, n: int = CAMERA_BUFFERS) -> list[dict[str, CameraBuffer]]:
+def synthetic_buffers(frame, n: int = BUFFERS_PER_STREAM) -> list[dict[str, CameraBuffer]]:
   from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size
   from sunnypilot.modeld_v2.road_scene import road_scene
   road, wide = SENSOR_CAMERAS[sensor_for_size(frame.width, frame.height)]
-  return [{"img": CameraBuffer(road_scene(frame, road.focal_length, t=i * 0.05)), "big_img": CameraBuffer(road_scene(frame, wide.focal_length, t=i * 0.05))}
+  return [dict(zip(CAMERA_BUFFERS, (CameraBuffer(road_scene(frame, cam.focal_length, t=i * 0.05)) for cam in (road, wide))))
           for i in range(n)]
 
 class Unfused:
@@ -89,23 +91,23 @@ class Unfused:
     from sunnypilot.modeld_v2.loader import load_bundle
     self.warp, self.model = load_bundle(warp_path), load_bundle(model_path)
     zeros = lambda spec: Tensor(np.zeros(spec.shape, spec.dtype)).realize()
-    self.frames = zeros(self.warp.input_specs["input_frame"])
-    self.tfm = zeros(self.warp.input_specs["M_inv"])
+    self.frames = zeros(self.warp.input_specs[PACKED_FRAMES])
+    self.tfm = zeros(self.warp.input_specs[WARP_TRANSFORM])
     states = state_names(self.model.input_specs, self.model.output_specs)
     self.tensors = {n: zeros(s) for n, s in self.model.input_specs.items() if n != "new_img"}
     self.outputs = {n: self.tensors[n[5:]] if n[5:] in states else zeros(s) for n, s in self.model.output_specs.items()}
-    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s.shape, np.float32) for n, s in self.model.input_specs.items()
+    self.numpy_inputs = {HOST_TRANSFORM: np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s.shape, np.float32) for n, s in self.model.input_specs.items()
                                                                        if n not in states and n != "new_img"}
 
   def copy_frames(self, bufs: dict) -> None:
     from sunnypilot.modeld_v2.replay import write_tensor
-    write_tensor(self.frames, np.stack([np.frombuffer(bufs[k].data, np.uint8, count=self.frames.shape[1]) for k in ("img", "big_img")]))
+    write_tensor(self.frames, np.stack([np.frombuffer(bufs[k].data, np.uint8, count=self.frames.shape[1]) for k in CAMERA_BUFFERS]))
 
   def run(self):
     from sunnypilot.modeld_v2.replay import write_tensor
-    write_tensor(self.tfm, self.numpy_inputs["tfm"])
+    write_tensor(self.tfm, self.numpy_inputs[HOST_TRANSFORM])
     for n, v in self.numpy_inputs.items():
-      if n != "tfm": write_tensor(self.tensors[n], v)
+      if n != HOST_TRANSFORM: write_tensor(self.tensors[n], v)
     new_img = self.warp.run(input_frame=self.frames, M_inv=self.tfm)
     self.model.run(new_img=new_img, **self.tensors, output_buffers=self.outputs)
 
@@ -142,7 +144,7 @@ class OrtPeer:
 
   def step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
     self.peer.frames[0], self.peer.frames[1] = road[:self.peer.frames.shape[1]], wide[:self.peer.frames.shape[1]]
-    self.peer.m_inv[:] = host["tfm"]
+    self.peer.m_inv[:] = host[HOST_TRANSFORM]
     for k, v in self.peer.host.items(): v.reshape(-1)[:] = host[k].reshape(-1)
     return self.peer.step()
 
@@ -150,12 +152,12 @@ class PeerAdapter:
   """A peer (onnxruntime or torch) behind the adapter interface the timing loop drives: host inputs by the ONNX's names."""
   def __init__(self, peer):
     self.peer = peer
-    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(tuple(v.shape), np.float32) for k, v in peer.peer.host.items()}
+    self.numpy_inputs = {HOST_TRANSFORM: np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(tuple(v.shape), np.float32) for k, v in peer.peer.host.items()}
 
   def copy_frames(self, bufs: dict) -> None: self.bufs = bufs
 
   def run(self) -> None:
-    self.out = self.peer.step(np.frombuffer(self.bufs["img"].data, np.uint8), np.frombuffer(self.bufs["big_img"].data, np.uint8), self.numpy_inputs)
+    self.out = self.peer.step(*(np.frombuffer(self.bufs[k].data, np.uint8) for k in CAMERA_BUFFERS), self.numpy_inputs)
 
   def output_array(self) -> np.ndarray: return self.out
 
@@ -184,7 +186,7 @@ def set_inputs(adapter, step: int, m_inv: np.ndarray) -> None:
   """This frame's host inputs, the same on every path: the transforms, a one-frame desire pulse now and then (the desire queue's max-pool
   must keep it), the HOST_VALUES by name, anything else zero (openpilot's navigation inputs)."""
   for name, view in adapter.numpy_inputs.items():
-    if name == "tfm": view[:] = m_inv
+    if name == HOST_TRANSFORM: view[:] = m_inv
     elif name == "desire": view.reshape(-1)[:] = np.eye(view.size, dtype=np.float32)[1 + step % 7] if step % 6 == 2 else 0
     else: view.reshape(-1)[:] = HOST_VALUES[name](step) if name in HOST_VALUES else 0
 
@@ -226,7 +228,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
     for path, adapter in order[step % len(order):] + order[:step % len(order)]:
       set_inputs(adapter, step, m_inv)
       t0 = time.perf_counter()
-      adapter.copy_frames(bufs[0 if path == "fused split, one buffer pair" else step % CAMERA_BUFFERS])
+      adapter.copy_frames(bufs[0 if path == "fused split, one buffer pair" else step % BUFFERS_PER_STREAM])
       try:
         t1 = time.perf_counter()
         adapter.run()
@@ -247,7 +249,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
         for stage, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3))): stages[stage].append((b - a) * 1e3)
     for path, out in outputs.items(): max_diff[path] = max(max_diff[path], float(np.abs(out - outputs["fused split"]).max()))
   alone = {name: run_alone(adapters["fused split"], bufs, m_inv, pick, frames) for name, pick in
-           (("18 rotating buffers", lambda i: i % CAMERA_BUFFERS), ("one buffer pair", lambda i: 0))}
+           (("18 rotating buffers", lambda i: i % BUFFERS_PER_STREAM), ("one buffer pair", lambda i: 0))}
   split_run = adapters["fused split"].replay
   if split_run.outputs_in_place: floors, floor_how = kernels["fused split"], "the fused split part's kernel calls, timed inside each call"
   else: floors, floor_how = device_floor_ms(adapters["fused split"]), "the fused split part's graph run back to back with wait=True"

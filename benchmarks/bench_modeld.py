@@ -21,6 +21,7 @@ from tinygrad import Device, Tensor
 
 from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2 import stand_in_models
+from sunnypilot.modeld_v2.bundle import next_name, state_names
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.loader import load_bundle
 
@@ -30,7 +31,8 @@ def step_ms(path: str, steps: int) -> list[float]:
   rng = np.random.default_rng(0)
   tensor = lambda shape, dtype: Tensor(rng.integers(0, 256, shape).astype(dtype) if np.dtype(dtype) == np.uint8 else np.zeros(shape, dtype)).realize()
   inputs = {k: tensor(s, d) for k, (s, d, _) in model.input_specs.items()}
-  outs = {k: inputs[k[5:]] if k.startswith("next_") else tensor(s, d) for k, (s, d, _) in model.output_specs.items()}
+  states = {next_name(k): k for k in state_names(model.input_specs, model.output_specs)}
+  outs = {k: inputs[states[k]] if k in states else tensor(s, d) for k, (s, d, _) in model.output_specs.items()}
   times = []
   for i in range(steps + 5):
     t = time.perf_counter()

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
-from sunnypilot.modeld_v2.bundle import state_names
+from sunnypilot.modeld_v2.bundle import next_name, state_names
 from sunnypilot.modeld_v2.model_adapters import BaseModelAdapter
-from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
+from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 
 def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
   """Capture the legacy warp and model TinyJits as old modeld shipped them (host inputs uploaded inside the JIT), pickled. `onnx_paths`:
@@ -51,12 +51,12 @@ class LegacyModelAdapter(BaseModelAdapter):
 
   def setup(self, warp_jit, model_jit, specs: dict, device: str) -> None:
     self.warp_jit, self.model_jit, self.device = warp_jit, model_jit, device
-    self.numpy_inputs = {"tfm": np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(s, np.dtype(d)) for k, (s, d) in specs["host"].items()}
+    self.numpy_inputs = {HOST_TRANSFORM: np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(s, np.dtype(d)) for k, (s, d) in specs["host"].items()}
     self.npy = {k: Tensor(v, device="NPY") for k, v in self.numpy_inputs.items()}  # NPY tensors read these arrays in place
     self.frames = np.zeros((2, specs["frame_size"]), np.uint8)
     self.npy_frames = Tensor(self.frames, device="NPY")
     self.states = {k: Tensor(np.zeros(s, np.dtype(d)), device=device).realize() for k, (s, d) in specs["states"].items()}
-    self.outputs = {"outputs": Tensor(np.zeros(specs["outputs"], np.float32), device=device).realize()} | {f"next_{k}": v for k, v in self.states.items()}
+    self.outputs = {"outputs": Tensor(np.zeros(specs["outputs"], np.float32), device=device).realize()} | {next_name(k): v for k, v in self.states.items()}
 
   def copy_frames(self, bufs: dict[str, Any]) -> None:
     for i, key in enumerate(CAMERA_BUFFERS):
@@ -68,8 +68,8 @@ class LegacyModelAdapter(BaseModelAdapter):
     for v in self.numpy_inputs.values(): v[:] = 0
 
   def run(self) -> Tensor:
-    new_img = self.warp_jit(input_frame=self.npy_frames, M_inv=self.npy["tfm"])
-    self.model_jit(new_img=new_img, output_buffers=self.outputs, **{k: v for k, v in self.npy.items() if k != "tfm"}, **self.states)
+    new_img = self.warp_jit(input_frame=self.npy_frames, M_inv=self.npy[HOST_TRANSFORM])
+    self.model_jit(new_img=new_img, output_buffers=self.outputs, **{k: v for k, v in self.npy.items() if k != HOST_TRANSFORM}, **self.states)
     return self.outputs["outputs"]
 
   def output_array(self) -> np.ndarray: return self.outputs["outputs"].numpy()

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.bundle import next_name, state_names
 from sunnypilot.modeld_v2.input_queues import CURVATURE, DESIRE_HISTORY, FEATURES, derive_frame_skip, queue_role
 from sunnypilot.modeld_v2.onnx_model import load_onnx, main_output, model_slices
 
@@ -43,7 +44,8 @@ class PeerStep:
     self.native = "new_img" in shapes
     self.frames = ops.zeros((2, frame.size), cast_dtype(np.uint8))
     self.m_inv = ops.zeros((2, 3, 3), cast_dtype(np.float32))
-    self.states = {n: ops.zeros(s, self.dtypes[n]) for n, s in shapes.items() if self.native and n.startswith("state_")}
+    states = state_names(shapes, infos["onnx"]["outputs"]) if self.native else []
+    self.states = {n: ops.zeros(shapes[n], self.dtypes[n]) for n in states}
     roles = {n: queue_role(n, s) for n, s in shapes.items()} if not self.native else {}
     self.fs = derive_frame_skip(next(iter(infos.values()))["metadata"], shapes) if not self.native else 1
     # images: (fs*(n-1)+1, 6, H, W) per camera; desire: fs*L pulses; features and curvature: fs*(L-1)+1 entries
@@ -78,7 +80,7 @@ class PeerStep:
     new_img = self.ops.cat([self.warp(self.frames[i], self.m_inv[i])[None] for i in range(2)], 0)
     if self.native:
       out = self._run("onnx", {"new_img": new_img} | self.host | self.states)
-      for n, v in self.states.items(): self.ops.assign(v, out[f"next_{n}"])
+      for n, v in self.states.items(): self.ops.assign(v, out[next_name(n)])
       return self.ops.cast(out[self.output["onnx"]], self.f32)
     for name, q in self.images.items(): self.ops.assign(q, self.ops.cat([q[1:], new_img[self.camera[name]][None]], 0))
     feeds = dict(self.host) | {n: q[::self.fs].reshape(self.input_shape(n)) for n, q in self.images.items()}

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from benchmarks.peer_step import PeerStep
+from sunnypilot.modeld_v2.warp import HOST_TRANSFORM
 
 MODES = ("eager", "graph", "compile")
 ONNX_TYPES = {1: "float32", 2: "uint8", 10: "float16"}  # TensorProto element types the stand-ins cast to
@@ -182,7 +183,7 @@ class TorchPeer:
     staging[0].numpy()[:] = road[:self.frame.size]
     staging[1].numpy()[:] = wide[:self.frame.size]
     peer.frames.copy_(staging, non_blocking=True)
-    peer.m_inv.copy_(torch.from_numpy(host["tfm"]))
+    peer.m_inv.copy_(torch.from_numpy(host[HOST_TRANSFORM]))
     for k, v in peer.host.items(): v.copy_(torch.from_numpy(host[k]).view(v.shape))
     if self.graph is not None: self.graph.replay()
     else: self.out = self.compute()

@@ -8,8 +8,7 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from sunnypilot.modeld_v2 import bundle, replay
 from sunnypilot.modeld_v2.bundle import ArtifactError, read_parts, write_bundle
 from sunnypilot.modeld_v2.capture import capture
-from sunnypilot.modeld_v2.compat import PlainJit
-from sunnypilot.modeld_v2.replay import InputError
+from sunnypilot.modeld_v2.replay import InputError, Replay
 
 from conftest import NO_COMPILE, conv_net, realized, run_python
 
@@ -19,7 +18,7 @@ def test_conv_net_round_trip_is_bit_identical(tmp_bundle):
   fn, make = conv_net()
   jit, part, _ = capture(fn, make)
   write_bundle(tmp_bundle, {"run": part}, {"metadata": {}})
-  plain = PlainJit(*read_parts(tmp_bundle)[0]["run"])
+  plain = Replay(*read_parts(tmp_bundle)[0]["run"])
   for _ in range(5):
     img = make()["img"]
     assert same(jit(img=img), plain(img=img))
@@ -30,7 +29,7 @@ def test_multi_output_returns_the_same_structure():
   fn = lambda a, b: {"sum": (a + b).contiguous(), "prod": (a * b).sum(axis=1), "neg": (-a).exp2()}
   make = lambda: {"a": realized(rng.standard_normal((4, 8)).astype(np.float32)), "b": realized(rng.standard_normal((4, 8)).astype(np.float32))}
   jit, part, _ = capture(fn, make)
-  plain = PlainJit(*part)
+  plain = Replay(*part)
   inputs = make()
   expected, got = jit(**inputs), plain(**inputs)
   assert list(got) == ["sum", "prod", "neg"]
@@ -66,9 +65,9 @@ def test_output_buffers_and_in_place_state_for_20_steps():
     return steps
   expected = trajectory(jit_separate, False)
   assert expected == trajectory(jit_in_place, True), "tinygrad itself gives one trajectory either way"
-  assert expected == trajectory(PlainJit(*part_separate), False)
-  assert expected == trajectory(PlainJit(*part_separate), True), "a part captured with separate buffers may write next_state into state"
-  assert expected == trajectory(PlainJit(*part_in_place), True)
+  assert expected == trajectory(Replay(*part_separate), False)
+  assert expected == trajectory(Replay(*part_separate), True), "a part captured with separate buffers may write next_state into state"
+  assert expected == trajectory(Replay(*part_in_place), True)
   assert expected[0] != expected[-1], "the state evolves"
 
 def test_npy_host_input_is_uploaded_inside_the_jit():
@@ -78,7 +77,7 @@ def test_npy_host_input_is_uploaded_inside_the_jit():
   make = lambda: {"host": Tensor(host, device="NPY"), "x": realized(rng.standard_normal((4, 8)).astype(np.float32))}
   jit, part, inputs = capture(fn, make)
   assert any(c["kind"] == "copy" for c in part[0]["calls"])
-  plain = PlainJit(*part)
+  plain = Replay(*part)
   inputs = make()
   for _ in range(3):
     host[:] = rng.standard_normal(64)  # the NPY tensor reads this array in place: each call uploads the new contents
@@ -107,8 +106,8 @@ img = Tensor(np.load({tmp_bundle!r} + ".img.npy")).realize()
 Device[Device.DEFAULT]
 {NO_COMPILE}
 from sunnypilot.modeld_v2.bundle import read_parts
-from sunnypilot.modeld_v2.compat import PlainJit
-run = PlainJit(*read_parts({tmp_bundle!r})[0]["run"])
+from sunnypilot.modeld_v2.replay import Replay
+run = Replay(*read_parts({tmp_bundle!r})[0]["run"])
 for _ in range(3): out = run(img=img)
 print(bytes(out.uop.base.buffer.as_memoryview(force_zero_copy=True)).hex())
 """)
@@ -134,8 +133,8 @@ img, host = Tensor(np.zeros((1, 6, 16, 16), np.uint8)).realize(), Tensor(np.zero
 Device[Device.DEFAULT]
 {NO_COMPILE}
 from sunnypilot.modeld_v2.bundle import read_parts
-from sunnypilot.modeld_v2.compat import PlainJit
-run = PlainJit(*read_parts({path!r})[0]["run"])
+from sunnypilot.modeld_v2.replay import Replay
+run = Replay(*read_parts({path!r})[0]["run"])
 for _ in range(3): run(img=img, host=host)
 print(run.call_kinds)
 """, env={"DEV": "NULL", "JIT_BATCH_SIZE": "0"})
@@ -167,21 +166,21 @@ def small_part():
 
 def test_wrong_and_missing_input_names(small_part):
   part, make, _ = small_part
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   with pytest.raises(InputError, match="expected inputs"): plain(**{k: v for k, v in inputs.items() if k != "x"})
   with pytest.raises(InputError, match="expected inputs"): plain(**inputs, extra=inputs["x"])
   with pytest.raises(InputError, match=r"output_buffers\[outputs\] is missing"): plain(**inputs | {"output_buffers": {"next_state": inputs["state"]}})
 
 def test_wrong_shape_dtype_device(small_part):
   part, make, _ = small_part
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   with pytest.raises(InputError, match=r"input x: expected shape \(1, 16\)"): plain(**inputs | {"x": realized(np.zeros((16,), np.float32))})
   with pytest.raises(InputError, match="input x: expected shape"): plain(**inputs | {"x": realized(np.zeros((1, 16), np.int32))})
   with pytest.raises(InputError, match="input x: expected a CPU tensor"): plain(**inputs | {"x": Tensor(np.zeros((1, 16), np.float32), device="NPY")})
 
 def test_non_realized_and_view_inputs(small_part):
   part, make, _ = small_part
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   with pytest.raises(InputError, match="input x is not realized"): plain(**inputs | {"x": inputs["x"] + 1})
   big = realized(np.zeros((2, 16), np.float32))
   with pytest.raises(InputError, match="input x"): plain(**inputs | {"x": big[1:]})
@@ -191,7 +190,7 @@ def test_reordered_views_are_rejected():
   rng = np.random.default_rng(12)
   make = lambda: {"m": realized(rng.standard_normal((2, 3, 3)).astype(np.float32))}
   jit, part, _ = capture(lambda m: (m * 2 + 1).contiguous(), make)
-  plain, m = PlainJit(*part), realized(rng.standard_normal((2, 3, 3)).astype(np.float32))
+  plain, m = Replay(*part), realized(rng.standard_normal((2, 3, 3)).astype(np.float32))
   for view in (m.permute(0, 2, 1), m.flip(0), m.flip(2)):
     with pytest.raises(InputError, match="reordered view"): plain(m=view)
   ordered = m.permute(0, 2, 1).contiguous().realize()
@@ -200,7 +199,7 @@ def test_reordered_views_are_rejected():
 
 def test_misaligned_pointer(small_part):
   part, make, _ = small_part
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   raw = np.zeros(64 + 4, np.uint8)
   ptr = raw.ctypes.data + (4 - raw.ctypes.data % 16) % 16 + 4  # 4 bytes past a 16-byte boundary
   x = Tensor.from_blob(ptr, (1, 16), dtype=dtypes.float32, device="CPU")
@@ -209,14 +208,14 @@ def test_misaligned_pointer(small_part):
 def test_aliasing_that_would_read_after_write_is_rejected(small_part):
   part, make, _ = small_part
   inputs = make()
-  PlainJit(*part)(**inputs | {"output_buffers": {"outputs": inputs["output_buffers"]["outputs"], "next_state": inputs["state"]}})  # next_X into X
+  Replay(*part)(**inputs | {"output_buffers": {"outputs": inputs["output_buffers"]["outputs"], "next_state": inputs["state"]}})  # next_X into X
   def late_read(x, state, output_buffers):
     output_buffers["y"].assign(x * 2).realize()
     return (x + state).sum()  # reads state after y was written
   rng = np.random.default_rng(6)
   make2 = lambda: {"x": realized(rng.standard_normal(8).astype(np.float32)), "state": realized(np.zeros(8, np.float32)),
                    "output_buffers": {"y": realized(np.zeros(8, np.float32))}}
-  plain, inputs = PlainJit(*capture(late_read, make2)[1]), make2()
+  plain, inputs = Replay(*capture(late_read, make2)[1]), make2()
   with pytest.raises(InputError, match="state and output_buffers\\[y\\] share a buffer"): plain(**inputs | {"output_buffers": {"y": inputs["state"]}})
   shared = plain(**inputs | {"state": inputs["x"]}).item()  # two read-only slots may share a buffer
   assert shared == plain(**inputs | {"state": realized(inputs["x"].numpy())}).item()
@@ -300,7 +299,7 @@ def test_each_tensor_is_bound_once_per_slot(small_part, monkeypatch, linear):
   """Fixed slots bind once and camera-like rotating tensors once each; results equal the TinyJit replay whichever tensor is patched in."""
   if linear: monkeypatch.setenv("PLAIN_JIT_LINEAR", "1")
   part, make, jit = small_part
-  plain, fixed = PlainJit(*part), make()
+  plain, fixed = Replay(*part), make()
   rng = np.random.default_rng(10)
   xs = [realized(rng.standard_normal((1, 16)).astype(np.float32)) for _ in range(18)]
   jit_inputs = make()
@@ -315,7 +314,7 @@ def test_each_tensor_is_bound_once_per_slot(small_part, monkeypatch, linear):
 
 def test_bindings_stay_bounded(small_part):
   part, make, _ = small_part
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   rng = np.random.default_rng(11)
   for _ in range(replay.MAX_BINDINGS_PER_SLOT + 20): plain(**inputs | {"x": realized(rng.standard_normal((1, 16)).astype(np.float32))})
   assert plain.bindings == len(plain.inputs) - 1 + replay.MAX_BINDINGS_PER_SLOT, "a caller allocating per call evicts its oldest tensors"
@@ -338,7 +337,7 @@ def two_outputs():
 def test_a_rejected_call_binds_nothing(two_outputs):
   """A call that fails on one slot leaves no slot bound: the next call checks sharing again instead of taking the fast path."""
   part, make = two_outputs
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   shared = inputs | {"output_buffers": {"a": inputs["state"], "z": inputs["output_buffers"]["z"]}}
   with pytest.raises(InputError, match="expected shape"): plain(**shared | {"output_buffers": {"a": inputs["state"], "z": realized(np.zeros(3, np.float32))}})
   with pytest.raises(InputError, match="share a buffer"): plain(**shared)
@@ -347,7 +346,7 @@ def test_a_rejected_call_binds_nothing(two_outputs):
 
 def test_two_written_inputs_never_share(two_outputs):
   part, make = two_outputs
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   with pytest.raises(InputError, match="output_buffers\\[a\\] and output_buffers\\[z\\] share a buffer"):
     plain(**inputs | {"output_buffers": {"a": inputs["output_buffers"]["z"], "z": inputs["output_buffers"]["z"]}})
 
@@ -360,7 +359,7 @@ def test_one_time_weight_preparation_runs_once_at_load():
   assert header["onetime_calls"] and len(header["calls"]) == 1, "the weight preparation was split off"
   prepared = {a["buffer"] for c in header["onetime_calls"] for i, a in enumerate(c["args"]) if i in header["programs"][c["program"]]["outs"]}
   assert not any("init" in header["buffers"][b] for b in prepared), "what the one-time calls write is computed at load, not stored"
-  plain = PlainJit(header, blob)
+  plain = Replay(header, blob)
   for _ in range(3):
     x = realized(rng.standard_normal((4, 8)).astype(np.float32))
     assert jit(x=x).numpy().tobytes() == plain(x=x).numpy().tobytes()
@@ -371,14 +370,14 @@ def test_generic_replay_path_on_cpu():
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from sunnypilot.modeld_v2.capture import capture
-from sunnypilot.modeld_v2.compat import PlainJit
+from sunnypilot.modeld_v2.replay import Replay
 rng = np.random.default_rng(0)
 w = Tensor(rng.standard_normal((8, 6, 3, 3)).astype(np.float32)).realize()
 fn = lambda img, host: (img.cast(dtypes.float32) * host.to(Device.DEFAULT)[0]).conv2d(w).relu().sum(axis=(2, 3))
 make = lambda: dict(img=Tensor(rng.integers(0, 256, (1, 6, 16, 16), dtype=np.uint8)).realize(),
                     host=Tensor(rng.standard_normal(4).astype(np.float32), device="NPY"))
 jit, part, _ = capture(fn, make)  # the self-check already compared the two once
-plain = PlainJit(*part)
+plain = Replay(*part)
 assert not plain.outputs_in_place, "PLAIN_JIT_LINEAR=1 selects the linear replay"
 for _ in range(3):
   inputs = make()

@@ -218,7 +218,7 @@ def test_metadata_says_roles_slices_and_frame_skip(supercombo, onnx_files):
 
 def test_fresh_process_without_compiler(supercombo, tmp_path):
   """The bundle replays in a new process with the compiler forbidden, on the inputs the capture was self-checked with."""
-  from sunnypilot.modeld_v2.compat import PlainJit
+  from sunnypilot.modeld_v2.replay import Replay
   rng = np.random.default_rng(5)
   model = load_bundle(supercombo["output"])
   values = {n: rng.integers(0, 256, s.shape).astype(s.dtype) if s.dtype == "|u1" else rng.standard_normal(s.shape).astype(s.dtype)
@@ -226,7 +226,7 @@ def test_fresh_process_without_compiler(supercombo, tmp_path):
   states = {n: realized(v) for n, v in values.items() if n.endswith("_q")}
   outs = {"outputs": realized(np.zeros(model.output_specs["outputs"].shape, np.float32))} | {f"next_{n}": t for n, t in states.items()}
   np.savez(tmp_path / "inputs.npz", **values)
-  PlainJit(*supercombo["part"])(**{n: realized(v) for n, v in values.items() if n not in states}, **states, output_buffers=outs)
+  Replay(*supercombo["part"])(**{n: realized(v) for n, v in values.items() if n not in states}, **states, output_buffers=outs)
   expected = outs["outputs"].numpy()
   out = run_python(f"""
 import numpy as np

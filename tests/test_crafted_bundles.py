@@ -83,7 +83,7 @@ def test_buffer_shrunk_below_its_use(part, tmp_bundle, capsys):
   rejected_everywhere(crafted(tmp_bundle, header, part[1]), capsys, "which has 4")
 
 @pytest.mark.parametrize("field,value,message", [("global_size", [10**10, 1, 1], "global_size"), ("global_size", [0, 1, 1], "global_size"),
-                                                  ("local_size", [1024, 1024, 1], "local_size")])
+                                                  ("local_size", [1024, 1024, 1], "local_size"), ("local_size", [], "local_size")])
 def test_launch_sizes_are_bounded(part, tmp_bundle, capsys, field, value, message):
   """A global size of 10^10 would be 10^10 prepared calls on CPU with core_id (load never finishes, memory grows without end)."""
   header = copy.deepcopy(part[0])

@@ -6,9 +6,9 @@ from tinygrad import Device
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.capture import capture
-from sunnypilot.modeld_v2.compat import PlainJit
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp
+from sunnypilot.modeld_v2.replay import Replay
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 from conftest import CameraBuffer, conv_net
@@ -24,7 +24,7 @@ def test_cuda_round_trip_replays_through_a_graph():
   assert Device.DEFAULT.startswith("CUDA"), "run this file with DEV=CUDA"
   fn, make = conv_net()
   jit, part, _ = capture(fn, make)
-  plain = PlainJit(*part)
+  plain = Replay(*part)
   assert not plain.outputs_in_place and "graph" in plain.call_kinds
   for _ in range(3):
     img = make()["img"]

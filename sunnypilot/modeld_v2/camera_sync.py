@@ -91,10 +91,18 @@ class CameraSync:
     from msgq.visionipc import VisionIpcClient
     return bool(VisionIpcClient.available_streams("camerad", False)) and self.connect()
 
+  def alive(self) -> None:
+    """The camera counts as alive from now (a frame arrived, or the daemon just finished loading for it)."""
+    self.last_frame = time.monotonic()
+
+  def stalled(self, after_s: float) -> bool:
+    """No frame for `after_s` seconds: camerad may have gone away or restarted."""
+    return time.monotonic() - self.last_frame > after_s
+
   def recv(self, client) -> tuple[Any, FrameMeta] | None:
     """A frame of `client` within 100 ms, or None. Any frame, used or skipped, shows the camera is alive."""
     if (buf := client.recv(100)) is None: return None
-    self.last_frame = time.monotonic()
+    self.alive()
     return buf, FrameMeta.of(client)
 
   def recv_frames(self):

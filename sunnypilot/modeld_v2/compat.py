@@ -4,6 +4,9 @@
 - `load_model(path, cache=True, extend=None)`: loader.load_bundle, or with `extend=functools.partial(frame_part, warp_path)` loader.load_fused;
   the result is a LoadedBundle, which the seed indexes as a dict (`bundle["run"]`: LoadedBundle.__getitem__).
 - `SeedAdapterNames`: the seed adapter's `jits`, `run_model` and `input_queues` on NativeTinygradAdapter.
+- Kept at the seed's own import paths, not here: `compile_modeld`'s POLICY_INPUTS, derive_frame_skip, make_split_input_queues and
+  make_supercombo_input_queues (defined in input_queues), and `frame_fusion`'s pack_layout, SPLIT_FRAMES
+  and frame_part (defined there).
 """
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ from sunnypilot.modeld_v2.model_plan import Plan, QueuedPlan, plan_model
 from sunnypilot.modeld_v2.onnx_compile import OnnxCompile
 from sunnypilot.modeld_v2.onnx_model import ModelError
 
-__all__ = ["POLICY_INPUTS", "ModelError", "compile_model", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues",
-           "make_step", "plan_model"]
+__all__ = ["compile_model", "main", "make_step",  # then the seed's names (see compat.py)
+           "POLICY_INPUTS", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues"]
 
 # *** the compiled step ***
 

@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.bundle import ArtifactError
-  from sunnypilot.modeld_v2.compile_modeld import ModelError
   from sunnypilot.modeld_v2.messaging import ensure_prefix_dir
+  from sunnypilot.modeld_v2.onnx_model import ModelError
   from sunnypilot.modeld_v2.preview import preview
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--frames", type=positive_int, default=100)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 from tinygrad import Tensor
 
+from sunnypilot.modeld_v2.bundle import next_name
 from sunnypilot.modeld_v2.compat import SeedAdapterNames
 from sunnypilot.modeld_v2.cuda_host import CudaHostRegistration, host_pages
 from sunnypilot.modeld_v2.frame_feeds import FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
@@ -57,9 +58,9 @@ class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
     self.frame_feed = self._frame_feed()
     self.readback = self._readback(map_camera_buffers and kind == "CUDA")
     self.outputs = {name: Tensor(np.zeros(spec.shape, spec.dtype), device=self.model_device).realize() for name, spec in self.bundle.output_specs.items()
-                    if name != "outputs" and name not in {f"next_{n}" for n in self.states}}
+                    if name != "outputs" and name not in {next_name(n) for n in self.states}}
     self.outputs["outputs"] = self.readback.tensor
-    for name, state in self.states.items(): self.outputs[f"next_{name}"] = state  # next_X is written into X
+    for name, state in self.states.items(): self.outputs[next_name(name)] = state  # next_X is written into X
     if self.split and map_camera_buffers and not self.in_place:
       log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
 

@@ -208,14 +208,16 @@ class ModelD:
     sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
     if not self.camera.wait_for_camerad(): return 0
     loaded = self.load()
-    drops, published, self.camera.last_frame = FrameDrops(), 0, time.monotonic()
+    drops, published = FrameDrops(), 0
+    self.camera.alive()
     log.info(f"running: main {'wide' if self.camera.main_wide else 'road'} camera{', extra wide camera' if self.camera.use_extra else ''}")
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
       frames = self.camera.recv_frames() if loaded else None
       t_recv = time.monotonic_ns()
       if frames is None:
-        if time.monotonic() - self.camera.last_frame > RECONNECT_AFTER_S and self.camera.reconnect():  # a new stream: new buffers, frame ids from its own start
-          previous, loaded, drops, self.camera.last_frame = self.geometry, self.load(), FrameDrops(), time.monotonic()
+        if self.camera.stalled(RECONNECT_AFTER_S) and self.camera.reconnect():  # a new stream: new buffers, frame ids from its own start
+          previous, loaded, drops = self.geometry, self.load(), FrameDrops()
+          self.camera.alive()
           if loaded and self.geometry != previous: log.info(f"camera geometry changed to {self.geometry}: reloaded")
           elif loaded: self.episodes.happened("reconnect", f"no frames for {RECONNECT_AFTER_S} s: reconnected to camerad")
         if not loaded: self.exit.wait(0.1)

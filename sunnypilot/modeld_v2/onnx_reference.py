@@ -15,7 +15,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.bundle import next_name, state_names
 from sunnypilot.modeld_v2.cli import MODEL_FILES
-from sunnypilot.modeld_v2.warp import UV_SCALE, NV12Frame
+from sunnypilot.modeld_v2.warp import HOST_TRANSFORM, UV_SCALE, NV12Frame
 
 MODEL_W, MODEL_H = 512, 256
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
@@ -89,7 +89,7 @@ class OnnxReference:
   def step(self, road: np.ndarray, wide: np.ndarray, frame: NV12Frame, values: dict) -> np.ndarray:
     """One frame: the outputs (1, N) float32, every model's main output concatenated in MODEL_FILES order. `values` by input name ("tfm" (2, 3, 3),
     "desire" (1, 8) and the other host inputs); an input with no value is zero, as in modeld."""
-    m_inv = np.asarray(values["tfm"], np.float32).reshape(2, 3, 3)
+    m_inv = np.asarray(values[HOST_TRANSFORM], np.float32).reshape(2, 3, 3)
     new_img = np.stack([warp_planes(road, frame, m_inv[0]), warp_planes(wide, frame, m_inv[1])])
     host = {n: np.reshape(values[n], self.inputs[n][0]) if n in values else np.zeros(self.inputs[n][0]) for n in self.host}
     desire = np.reshape(values.get("desire", np.zeros(8)), -1)

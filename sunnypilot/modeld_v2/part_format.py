@@ -215,7 +215,7 @@ class Program:
     local_size = None if p.get("local_size") is None else ints(p["local_size"], f"program {name} local_size")
     if not 1 <= len(global_size) <= 3 or any(not 1 <= g <= MAX_LAUNCH for g in global_size):
       raise ArtifactError(f"program {name} global_size {list(global_size)!r:.60} is not 1 to 3 sizes of 1..{MAX_LAUNCH}")
-    if not 1 <= len(local := local_size or (1,)) <= 3 or any(g < 1 for g in local) or math.prod(local) > MAX_LOCAL:
+    if not 1 <= len(local := (1,) if local_size is None else local_size) <= 3 or any(g < 1 for g in local) or math.prod(local) > MAX_LOCAL:
       raise ArtifactError(f"program {name} local_size {list(local)!r:.60} is not 1 to 3 sizes of at most {MAX_LOCAL} threads together")
     signature = tuple(Program.param(sig, name) for sig in expect(p.get("signature"), list, f"program {name} signature"))
     globals_ = ints(p.get("globals"), f"program {name} globals")

@@ -300,7 +300,7 @@ def artifacts_warp(artifacts: str, segment: Segment) -> str:
 def make_reference(args, artifacts: str, segment: Segment):
   """(reference, its output dtype's name) from --onnx/--vision/... or --against; None without either."""
   from sunnypilot.modeld_v2.bundle import ArtifactError
-  from sunnypilot.modeld_v2.compile_modeld import ModelError
+  from sunnypilot.modeld_v2.onnx_model import ModelError
   from sunnypilot.modeld_v2.onnx_reference import OnnxReference
   files = model_files(args)
   try:
