@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,8 @@ from sunnypilot.modeld_v2.tinygrad_internals import (
   watched_beam_search,
 )
 
+logger = logging.getLogger(__name__)
+
 @contextlib.contextmanager
 def compile_session() -> Iterator[bool]:
   """Wrap a whole compile, weight loading included: on NULL (cross-compiling) NULL buffers are host-backed for its duration. Yields whether
@@ -86,12 +89,12 @@ class Captured(NamedTuple):
   inputs: dict[str, Any]  # the capture call's inputs, as serialize_jit laid them out
 
 def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
-            beam: int = 0, log: Callable[[str], None] = print) -> Captured:
+            beam: int = 0, log: Callable[[str], None] = logger.info) -> Captured:
   """TinyJit-capture `fn` on fresh inputs from `make_inputs()` (call 0 runs eagerly and compiles, call 1 captures) and serialize it,
   self-checked against the TinyJit replay. `null_holds_data`: inside `compile_session()` on NULL (see serialize_jit). `beam`: search each
   kernel's optimizations with BEAM=beam on this device (see search_level); an unsearched capture first counts the kernels for the progress."""
   if beam:
-    kernels = len(capture(fn, make_inputs, prune, seed, null_holds_data).part[0]["programs"])
+    kernels = len(Part.from_json(*capture(fn, make_inputs, prune, seed, null_holds_data).part).programs)
     log(f"searching {kernels} kernels with BEAM={beam} on {Device.DEFAULT} ...")
     with beam_progress(beam, kernels, log): return _capture(fn, make_inputs, prune, seed, null_holds_data)
   with Context(BEAM=0): return _capture(fn, make_inputs, prune, seed, null_holds_data)  # no search, whatever the environment says
