@@ -26,6 +26,7 @@ from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2.bundle import write_bundle
 from sunnypilot.modeld_v2.capture import capture
 from sunnypilot.modeld_v2.compat import PlainJit
+from sunnypilot.modeld_v2.part_format import Part
 
 def small_kernels(n: int = 13):
   """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""
@@ -94,7 +95,8 @@ def bench_case(name: str, make_case, calls: int, loads: int, tmp: str) -> dict:
   rounds = [(per_call_us(jit, inputs, calls), per_call_us(plain, inputs, calls), per_call_us(floor, inputs, calls)) for _ in range(3)]
   tinyjit_us, plain_us, floor_us = (statistics.median(r[i] for r in rounds) for i in range(3))
   med = lambda rows, key: statistics.median(r[key] for r in rows)
-  return {"case": name, "device": Device.DEFAULT, "kernels": len(part[0]["calls"]), "inputs": len(part[0]["inputs"]),
+  record = Part.from_json(*part)
+  return {"case": name, "device": Device.DEFAULT, "kernels": len(record.calls), "inputs": len(record.inputs),
           "bundle_bytes": os.path.getsize(bundle), "pickle_bytes": os.path.getsize(pickled),
           "load_ms": {"bundle": med(loads_b, "load_ms"), "pickle": med(loads_p, "load_ms")},
           "first_call_ms": {"bundle": med(loads_b, "first_call_ms"), "pickle": med(loads_p, "first_call_ms")},

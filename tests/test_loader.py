@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, TensorSpec, read_parts, write_bundle
-from sunnypilot.modeld_v2.frame_fusion import frame_part, fuse, pack_layout
-from sunnypilot.modeld_v2.loader import FusedLayout, LoadedBundle, load_bundle, load_fused
+from sunnypilot.modeld_v2.frame_fusion import FusedLayout, frame_part, fuse, pack_layout
+from sunnypilot.modeld_v2.loader import LoadedBundle, load_bundle, load_fused
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.replay import Replay
 from sunnypilot.modeld_v2.warp import camerad_frame
@@ -24,6 +24,9 @@ def test_loaded_bundle_is_typed(native_artifacts):
   assert model.input_specs == head["input_specs"] and all(isinstance(s, TensorSpec) for s in model.input_specs.values())
   assert model.state_names == sorted(n for n in head["input_specs"] if f"next_{n}" in head["output_specs"])
   with pytest.raises(KeyError): model["fused"]  # the seed's dict keys only
+  seed = {"run": model.run, "input_specs": model.input_specs, "output_specs": model.output_specs, "metadata": model.metadata}  # its load_model's
+  for key in ("run", "input_specs", "output_specs", "metadata", "fused", "state_names", "other"):
+    assert (key in model) == (key in seed) and model.get(key) is seed.get(key) and model.get(key, "absent") is seed.get(key, "absent"), key
 
 def test_fused_layout_is_the_packed_host_buffer(native_artifacts):
   """The typed layout of a fused load against pack_layout's offsets, computed here from the model's own host inputs."""
@@ -36,6 +39,8 @@ def test_fused_layout_is_the_packed_host_buffer(native_artifacts):
     assert isinstance(fused, FusedLayout) and fused.warp == warp and fused.split_frames == (frame_size == 0)
     assert fused.host_layout == offsets and fused.host_bytes == total and fused.frame_size == FRAME.size and fused.frame == FRAME.spec
     assert fused.host_shapes == {"tfm": (2, 3, 3)} | host
+    written = load_fused(model, os.path.join(native_artifacts, warp)).metadata["fused"]  # what fuse wrote: plain JSON, read back the same
+    assert written == fused.to_json() and written["host_shapes"]["tfm"] == [2, 3, 3] and FusedLayout.from_json(written) == fused
   with pytest.raises(ArtifactError, match="layout is malformed"): FusedLayout.from_json({"warp": "w"})
 
 def test_seed_spelling_is_the_fused_load(native_artifacts):

@@ -1,6 +1,7 @@
 """The guard for the pinned tinygrad: each function of tinygrad_internals called on a tiny tensor or buffer, its effect checked. A tinygrad
 bump that moves one of the internals they rely on fails here, by name, before anything else does."""
 import ctypes
+import dataclasses
 
 import numpy as np
 import pytest
@@ -87,8 +88,7 @@ def captured_linear(device: str, fn) -> tuple:
   jit, x = TinyJit(fn), Tensor(np.arange(8, dtype=np.float32), device=device).realize()
   with ti.record_kernel_linear() as recorded:
     for _ in range(2): out = jit(x)
-  flat = lambda linear: [c for call in linear.src for c in (flat(call.src[0].src[0]) if call.src[0].op is Ops.CUSTOM_FUNCTION else [call])]
-  return UOp(Ops.LINEAR, src=tuple(flat(recorded[0]))), x, out
+  return UOp(Ops.LINEAR, src=tuple(ti.unbatched_calls(recorded[0]))), x, out
 
 def test_run_calls_time_call_and_cpu_entry_run_the_captured_kernels():
   linear, x, out = captured_linear("CPU", lambda x: (x * 2 + 1).realize())
@@ -107,10 +107,55 @@ def test_run_calls_time_call_and_cpu_entry_run_the_captured_kernels():
 def test_graph_batches_and_the_runner_they_build():
   linear, x, _ = captured_linear("NULL", lambda x: ((x * 2).contiguous() + x).realize())
   batched = ti.graph_batches(linear, "NULL")
-  graphs = [c.src[0] for c in batched.src if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph"]
-  assert len(graphs) == 1 and len(batched.src) < len(linear.src)
+  graphs = [c.src[0] for c in batched.src if ti.is_graph_batch(c.src[0])]
+  assert len(graphs) == 1 and len(batched.src) < len(linear.src) and not any(ti.is_graph_batch(c.src[0]) for c in linear.src)
+  assert ti.unbatched_calls(batched) == list(linear.src), "the batch holds the calls it batched, in order"
   runner = ti.graph_runner(graphs[0], (x.uop.base,))
   slots = ti.runner_slots(runner)
   assert list(slots) == [0] and slots[0] and max(slots[0]) < len(linear.src), slots  # the input feeds some of the batch's nodes
   assert ti.always_repointed(runner) == set() and not ti.repointable(runner)  # fixed shapes; NULL's runner re-points every launch
   runner((x.uop.base,), {})
+  ti.repoint_only(runner, slots[0])  # NULL's runner has no selective re-pointing (only CUDA's does: see the CUDA test below); it still runs
+  runner((x.uop.base,), {})
+
+def test_program_record_and_program_uop_round_trip_a_kernel():
+  linear, x, out = captured_linear("CPU", lambda x: (x * 2 + 1).realize())
+  ast = linear.src[0].src[0]
+  program = ti.program_record(ast)
+  assert program.estimates == {"ops": 8 * 2, "lds": 8 * 4 * 2, "mem": 8 * 4 * 2}, program.estimates  # a mul and an add per float; 8 loaded, 8 stored
+  assert program.global_size == tuple(ast.arg.global_size) and len(program.signature) == len(program.globals) == 2
+  assert {program.signature[i].slot for i in program.outs} == {0} and program.signature[program.ins[0]].dtype == "dtypes.float"
+  rebuilt = ti.program_uop(program, ti.program_binary(ast))
+  assert ti.program_binary(rebuilt) == ti.program_binary(ast) and ti.program_record(rebuilt) == dataclasses.replace(program, estimates=None)
+  entry, y = ti.cpu_entry(rebuilt, "CPU"), Tensor(np.arange(8, dtype=np.float32) - 3).realize()  # the rebuilt kernel runs, on other buffers
+  result = Buffer("CPU", 8, dtypes.float32).allocate()
+  buffers = {program.outs[0]: result, program.ins[0]: y.uop.base.buffer}
+  entry.fxn(*(ctypes.c_uint64(ti.buffer_address(buffers[i])) for i in program.globals), *([ctypes.c_uint64(0)] if entry.core_id is not None else []))
+  got = np.empty(8, np.float32)
+  ti.copy_out(result, memoryview(got).cast("B"))
+  np.testing.assert_equal(got, (np.arange(8) - 3) * 2 + 1)
+
+def test_program_record_refuses_symbolic_shapes():
+  from tinygrad import Variable
+  n = Variable("n", 1, 8)
+  jit = TinyJit(lambda x: (x * 2).realize())
+  with ti.record_kernel_linear() as recorded:
+    for i in (3, 4): jit(Tensor(np.ones(8, np.float32)).realize()[:n.bind(i)])
+  with pytest.raises(bundle.ArtifactError, match="symbolic variables"): ti.program_record(ti.unbatched_calls(recorded[0])[-1].src[0])
+
+def _cuda_present() -> bool:
+  try: return Device.DEFAULT.startswith("CUDA") or bool(Device["CUDA"])
+  except Exception: return False
+
+@pytest.mark.skipif(not _cuda_present(), reason="only CUDA's graph runner re-points selectively (run on a GPU machine)")
+def test_repoint_only_repoints_exactly_the_nodes_it_is_told():
+  linear, x, out = captured_linear("CUDA", lambda x: ((x * 2).contiguous() + x).realize())
+  batch = next(c.src[0] for c in ti.graph_batches(linear, "CUDA").src if ti.is_graph_batch(c.src[0]))
+  runner, y = ti.graph_runner(batch, (x.uop.base,)), Tensor(np.full(8, 10, np.float32), device="CUDA").realize()
+  assert ti.repointable(runner)
+  ti.repoint_only(runner, set())
+  runner((y.uop.base,), {}, wait=True)
+  np.testing.assert_equal(out.numpy(), np.arange(8) * 3, "a node was re-pointed at y that it was not told to")
+  ti.repoint_only(runner, ti.runner_slots(runner)[0])
+  runner((y.uop.base,), {}, wait=True)
+  np.testing.assert_equal(out.numpy(), np.full(8, 30))

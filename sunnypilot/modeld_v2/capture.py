@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.helpers import BEAM, Context, getenv
-from tinygrad.uop.ops import Ops, ProgramInfo, UOp
+from tinygrad.uop.ops import Ops, UOp
 
 from sunnypilot.modeld_v2.part_builder import PartBuilder
 from sunnypilot.modeld_v2.part_format import (
@@ -30,19 +31,25 @@ from sunnypilot.modeld_v2.part_format import (
   Check,
   InputArg,
   InputSlot,
-  Param,
   Part,
-  Program,
   Returned,
   Returns,
-  RuntimeVar,
   device_kind,
   dtype_name,
   label,
   parse_dtype,
 )
 from sunnypilot.modeld_v2.replay import InputError, Replay, replay_part, write_tensor
-from sunnypilot.modeld_v2.tinygrad_internals import host_backed_null, record_kernel_linear, watched_beam_search
+from sunnypilot.modeld_v2.tinygrad_internals import (
+  host_backed_null,
+  program_binary,
+  program_record,
+  record_kernel_linear,
+  unbatched_calls,
+  watched_beam_search,
+)
+
+logger = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def compile_session() -> Iterator[bool]:
@@ -82,12 +89,12 @@ class Captured(NamedTuple):
   inputs: dict[str, Any]  # the capture call's inputs, as serialize_jit laid them out
 
 def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
-            beam: int = 0, log: Callable[[str], None] = print) -> Captured:
+            beam: int = 0, log: Callable[[str], None] = logger.info) -> Captured:
   """TinyJit-capture `fn` on fresh inputs from `make_inputs()` (call 0 runs eagerly and compiles, call 1 captures) and serialize it,
   self-checked against the TinyJit replay. `null_holds_data`: inside `compile_session()` on NULL (see serialize_jit). `beam`: search each
   kernel's optimizations with BEAM=beam on this device (see search_level); an unsearched capture first counts the kernels for the progress."""
   if beam:
-    kernels = len(capture(fn, make_inputs, prune, seed, null_holds_data).part[0]["programs"])
+    kernels = len(Part.from_json(*capture(fn, make_inputs, prune, seed, null_holds_data).part).programs)
     log(f"searching {kernels} kernels with BEAM={beam} on {Device.DEFAULT} ...")
     with beam_progress(beam, kernels, log): return _capture(fn, make_inputs, prune, seed, null_holds_data)
   with Context(BEAM=0): return _capture(fn, make_inputs, prune, seed, null_holds_data)  # no search, whatever the environment says
@@ -110,12 +117,9 @@ def input_layout(kwargs: dict[str, Any]) -> list[tuple[str, str | None, Tensor]]
   return layout
 
 def _flat_calls(linear: UOp) -> list[UOp]:
-  calls = []
-  for call in linear.src:
-    ast = call.src[0]
-    if ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph": calls += _flat_calls(ast.src[0])
-    elif ast.op in (Ops.PROGRAM, Ops.COPY): calls.append(call)
-    else: raise ArtifactError(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
+  calls = unbatched_calls(linear)
+  if (ast := next((c.src[0] for c in calls if c.src[0].op not in (Ops.PROGRAM, Ops.COPY)), None)) is not None:
+    raise ArtifactError(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
   return calls
 
 def _ret_tensors(ret: Any) -> tuple[Returns, list[Tensor]]:
@@ -125,24 +129,6 @@ def _ret_tensors(ret: Any) -> tuple[Returns, list[Tensor]]:
   if isinstance(ret, (tuple, list)) and all(isinstance(t, Tensor) for t in ret): return Returns(type(ret).__name__, ()), list(ret)
   if isinstance(ret, dict) and all(isinstance(t, Tensor) for t in ret.values()): return Returns("dict", (), tuple(ret)), list(ret.values())
   raise ArtifactError(f"cannot serialize a JIT return of type {type(ret).__name__}: return a Tensor, a tuple/list/dict of Tensors, or None")
-
-def estimates(est: Any) -> dict[str, int]:
-  """tinygrad's estimates of one kernel as plain ints: ops (FLOPs), lds (bytes its loads and stores move), mem (bytes touched, each once).
-  Shapes are fixed at capture, so each is a number; a symbolic one (never seen) is recorded as -1."""
-  return {k: int(v) if isinstance(v, int) else -1 for k, v in (("ops", est.ops), ("lds", est.lds), ("mem", est.mem))}
-
-def program_record(ast: UOp) -> Program:
-  """A compiled PROGRAM uop as a part's program (its binary's blob range is set when the builder stores it)."""
-  info: ProgramInfo = ast.arg
-  if any(v.arg.name not in info.runtimevars for v in info.vars):
-    raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
-  signature = ast.to_elf().signature
-  params = tuple(Param(n, s, dtype_name(dt), tuple(shape)) for n, s, dt, shape in signature[:len(signature) - len(info.vars)])
-  est = ast.src[0].arg.estimates
-  return Program(info.function_name, (0, 0), repr(info.target), tuple(info.global_size), None if info.local_size is None else tuple(info.local_size),
-                 tuple(info.globals), tuple(info.outs), tuple(info.ins), params,
-                 tuple(RuntimeVar(v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax) for v in info.vars),
-                 estimates(est) if est is not None else None)
 
 def part_device(calls: list[UOp]) -> str:
   """The device a captured kernel list runs on: its first device buffer's (host buffers, NPY and PYTHON, are copied from), else the default."""
@@ -174,7 +160,8 @@ class PartSerializer:
     if isinstance(a, BufferView): self.first_access.setdefault((a.buffer, a.offset, a.nbytes), mode)
 
   def program(self, ast: UOp) -> int:
-    if (key := (ast.arg.name, lib := ast.src[-1].arg)) not in self.program_index: self.program_index[key] = self.builder.add_program(program_record(ast), lib)
+    if (key := (ast.arg.name, lib := program_binary(ast))) not in self.program_index:
+      self.program_index[key] = self.builder.add_program(program_record(ast), lib)
     return self.program_index[key]
 
   def call(self, call: UOp) -> Call:

@@ -83,8 +83,10 @@ def make_step(plan: Plan, runners: dict):
 
 # *** compile ***
 
+logger = logging.getLogger(__name__)
+
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
-                  off_policy: str | None = None, on_policy: str | None = None, log=print, beam: int | None = None, fuse_layers: bool = False,
+                  off_policy: str | None = None, on_policy: str | None = None, log=logger.info, beam: int | None = None, fuse_layers: bool = False,
                   generation: str | None = None) -> dict:
   """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
   Returns a summary. Fails before any work when `output` cannot be written or `beam` cannot search here. `beam`: search every kernel
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
     compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
-                  log=logging.getLogger(__name__).info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
+                  log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
   except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0

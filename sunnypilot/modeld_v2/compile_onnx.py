@@ -27,6 +27,8 @@ from sunnypilot.modeld_v2.onnx_compile import OnnxCompile
 from sunnypilot.modeld_v2.onnx_model import ModelError, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
 from sunnypilot.modeld_v2.part_format import dtype_name, np_dtype
 
+logger = logging.getLogger(__name__)
+
 def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
   """`name=1x3x224x224` -> ("name", (1, 3, 224, 224))."""
   if not (m := re.fullmatch(r"(.+)=(\d+(?:x\d+)*)", text)) or any(int(d) < 1 for d in m[2].split("x")):
@@ -67,7 +69,7 @@ def make_step(runner: Any, outputs: list[str]) -> Callable[..., dict[str, Any]]:
     return {name: fresh(out[name]) for name in outputs}
   return step
 
-def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | None = None, log: Callable[[str], None] = print,
+def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | None = None, log: Callable[[str], None] = logger.info,
                  beam: int | None = None, fuse_layers: bool = False) -> dict:
   """Compile the ONNX at `onnx` into a bundle at `output`; returns a summary. Fails before any work when `output` cannot be written, `beam`
   cannot search here, or an input's shape is not fixed. `beam`, `fuse_layers`: as for compile_modeld."""
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     shapes = dict(parse_shape(s) for s in args.shape)
     if len(shapes) != len(args.shape): raise ModelError(f"--shape gives an input twice: {args.shape}")
-    compile_onnx(args.output, args.onnx, shapes, log=logging.getLogger(__name__).info, beam=args.beam, fuse_layers=args.fuse_layers)
+    compile_onnx(args.output, args.onnx, shapes, log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers)
   except (ModelError, ArtifactError) as e:
     parser.exit(2, f"compile_onnx: error: {e}\n")
   return 0

@@ -24,6 +24,7 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
 
   from sunnypilot.modeld_v2.bundle import write_bundle
   from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
+  from sunnypilot.modeld_v2.part_format import Part
   from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM, make_frame_prepare
   level = search_level(beam)
   frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
@@ -46,8 +47,8 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
   metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}
   size = write_bundle(output, {"run": part}, {"input_specs": specs, "output_specs": {"warped": (out_shape, "|u1", dev)}, "metadata": metadata},
                       flags={"BEAM": level})
-  kernels = sum(c["kind"] == "program" for c in part[0]["calls"])
-  return {"output": output, "kernels": kernels, "calls": len(part[0]["calls"]), "bytes": size}
+  calls = Part.from_json(*part).calls
+  return {"output": output, "kernels": sum(c.kind == "program" for c in calls), "calls": len(calls), "bytes": size}
 
 @interruptible("compile_warp")
 def main(argv: list[str] | None = None) -> int:

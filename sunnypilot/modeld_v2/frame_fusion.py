@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +22,29 @@ from sunnypilot.modeld_v2.warp import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES
 SPLIT_FRAMES = tuple(sorted(WARP_FRAMES))  # the seed's name for a --split-frames warp's frame inputs, in the replay's (sorted) input order
 HOST_ALIGN = 64  # every slot of the packed host buffer starts on a cache line, so float views are aligned on any device
 TFM = (HOST_TRANSFORM, (2, 3, 3))  # the warp's M_inv (road, wide), first in the host buffer
+
+@dataclass(frozen=True)
+class FusedLayout:
+  """What a fused part records under metadata["fused"] (written by `fuse`, read by the loader): where each float32 host input sits in the
+  packed host buffer."""
+  warp: str  # the warp bundle's file name
+  frame: str  # the NV12 geometry the warp reads: "width,height,stride,y_height,uv_height,buffer_size"
+  split_frames: bool  # frames are inputs bound by pointer (True) or packed into the host buffer (False)
+  host_layout: dict[str, int]  # name -> byte offset in the host buffer; `frames` (two camera frames) too when packed
+  host_bytes: int
+  host_shapes: dict[str, tuple[int, ...]]  # every float32 host input, `tfm` first
+  frame_size: int  # bytes the warp reads of one camera frame
+
+  def to_json(self) -> dict:
+    return {"warp": self.warp, "frame": self.frame, "split_frames": self.split_frames, "host_layout": dict(self.host_layout), "host_bytes": self.host_bytes,
+            "host_shapes": {k: list(v) for k, v in self.host_shapes.items()}, "frame_size": self.frame_size}
+
+  @staticmethod
+  def from_json(fused: Any) -> FusedLayout:
+    try:
+      return FusedLayout(str(fused["warp"]), str(fused["frame"]), bool(fused["split_frames"]), {k: int(v) for k, v in fused["host_layout"].items()},
+                         int(fused["host_bytes"]), {k: tuple(int(d) for d in v) for k, v in fused["host_shapes"].items()}, int(fused["frame_size"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as e: raise ArtifactError(f"the fused part's layout is malformed: {e!r}") from None
 
 def pack_layout(shapes: dict[str, tuple], frame_size: int) -> tuple[dict[str, int], int]:
   """Byte offsets of `tfm` and each float32 host input in the packed host buffer, then `frames` (two camera frames) if frame_size.
@@ -83,8 +108,6 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   part = builder.part(model.device, [s.name for s in inputs], inputs, calls, onetime, model.returns)
   fused_specs = {"host": TensorSpec((packed,), "|u1", "NPY")} | {n: extras["input_specs"][n] for n in states} | \
                 {n: TensorSpec((frame_size,), "|u1", model.device) for n in frame_specs}
-  fused_meta = meta | {"fused": {"warp": warp_name, "frame": warp_meta["frame"], "split_frames": bool(frame_specs),
-                                 "host_layout": offsets, "host_bytes": packed,
-                                 "host_shapes": {HOST_TRANSFORM: list(TFM[1])} | {k: list(v) for k, v in host.items()},
-                                 "frame_size": frame_size}}
+  layout = FusedLayout(warp_name, warp_meta["frame"], bool(frame_specs), offsets, packed, dict([TFM]) | host, frame_size)
+  fused_meta = meta | {"fused": layout.to_json()}
   return {"run": (part, builder.blob())}, extras | {"input_specs": fused_specs, "metadata": fused_meta}

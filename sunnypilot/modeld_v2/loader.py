@@ -12,34 +12,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, TensorSpec, read_parts, state_names
-from sunnypilot.modeld_v2.frame_fusion import fuse
+from sunnypilot.modeld_v2.frame_fusion import FusedLayout, fuse
 from sunnypilot.modeld_v2.replay import Replay, replay_part
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class FusedLayout:
-  """What a fused part records under metadata["fused"] (frame_fusion.fuse): where each float32 host input sits in the packed host buffer."""
-  warp: str  # the warp bundle's file name
-  frame: str  # the NV12 geometry the warp reads: "width,height,stride,y_height,uv_height,buffer_size"
-  split_frames: bool  # frames are inputs bound by pointer (True) or packed into the host buffer (False)
-  host_layout: dict[str, int]  # name -> byte offset in the host buffer; `frames` (two camera frames) too when packed
-  host_bytes: int
-  host_shapes: dict[str, tuple[int, ...]]  # every float32 host input, `tfm` first
-  frame_size: int  # bytes the warp reads of one camera frame
-
-  @staticmethod
-  def from_json(fused: Any) -> FusedLayout:
-    try:
-      return FusedLayout(str(fused["warp"]), str(fused["frame"]), bool(fused["split_frames"]), {k: int(v) for k, v in fused["host_layout"].items()},
-                         int(fused["host_bytes"]), {k: tuple(int(d) for d in v) for k, v in fused["host_shapes"].items()}, int(fused["frame_size"]))
-    except (KeyError, TypeError, ValueError, AttributeError) as e: raise ArtifactError(f"the fused part's layout is malformed: {e!r}") from None
 
 SEED_KEYS = ("run", "input_specs", "output_specs", "metadata")
 
 @dataclass(frozen=True)
 class LoadedBundle:
-  """A bundle read for a device. `bundle["run"]` (and "input_specs", "output_specs", "metadata") is the seed's interface: its
+  """A bundle read for a device. `bundle["run"]` (and "input_specs", "output_specs", "metadata"; `in` and `.get` too) is the seed's interface: its
   load_model returned a dict with those keys, and code written against it indexes the result."""
   run: Replay
   input_specs: dict[str, TensorSpec]
@@ -53,6 +35,10 @@ class LoadedBundle:
   def __getitem__(self, key: str) -> Any:
     if key not in SEED_KEYS: raise KeyError(key)
     return getattr(self, key)
+
+  def __contains__(self, key: object) -> bool: return key in SEED_KEYS
+
+  def get(self, key: str, default: Any = None) -> Any: return self[key] if key in SEED_KEYS else default
 
 def load_device(device: str | None = None) -> str:
   """The device to load on, opened. Opening it may compile tinygrad's own helper kernels, which tinygrad caches under ~/.cache: with a

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import check_output_path, write_bundle
+from sunnypilot.modeld_v2.part_format import Part
 from sunnypilot.modeld_v2.tinygrad_internals import onnx_ops, patched_onnx_ops
 
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
@@ -62,8 +63,8 @@ class OnnxCompile:
     specs = lambda s: {k: (list(shape), np.dtype(dtype).str, self.device) for k, (shape, dtype) in s.items()}
     size = write_bundle(self.output, {"run": part}, {"input_specs": specs(input_specs), "output_specs": specs(output_specs), "metadata": metadata},
                         flags={"BEAM": self.level})
-    header = part[0]
-    return {"output": self.output, "kernels": sum(c["kind"] == "program" for c in header["calls"]), "calls": len(header["calls"]),
-            "programs": len(header["programs"]), "onetime": len(header["onetime_calls"]),
-            "weight_bytes": sum(b["init"][1] - b["init"][0] for b in header["buffers"] if "init" in b), "bytes": size,
+    record = Part.from_json(*part)
+    return {"output": self.output, "kernels": sum(c.kind == "program" for c in record.calls), "calls": len(record.calls),
+            "programs": len(record.programs), "onetime": len(record.onetime_calls),
+            "weight_bytes": sum(b.init[1] - b.init[0] for b in record.buffers if b.init is not None), "bytes": size,
             "compile_s": time.perf_counter() - self.t0}

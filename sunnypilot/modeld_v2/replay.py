@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.device import Buffer
-from tinygrad.helpers import Target, getenv
-from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
+from tinygrad.helpers import getenv
+from tinygrad.uop.ops import Ops, UOp
 
 from sunnypilot.modeld_v2.part_format import (
   Arg,
@@ -28,7 +28,6 @@ from sunnypilot.modeld_v2.part_format import (
   InputArg,
   InputSlot,
   Part,
-  Program,
   device_kind,
   dtype_name,
   parse_dtype,
@@ -42,6 +41,8 @@ from sunnypilot.modeld_v2.tinygrad_internals import (
   graph_runner,
   host_array,
   host_visible,
+  is_graph_batch,
+  program_uop,
   repoint_only,
   repointable,
   run_calls,
@@ -55,16 +56,6 @@ MAX_GRAPH_INSTANCES = 36  # per graph batch: camerad's 18 buffer pairs, twice ov
 
 class InputError(ValueError):
   """Inputs that do not match what the part was captured with."""
-
-def program_uop(program: Program, lib: bytes) -> UOp:
-  """A compiled PROGRAM uop rebuilt from plain data: its last src is a BINARY, so tinygrad never compiles it again."""
-  params = tuple(UOp.param(slot, parse_dtype(dt), shape, name=name) for name, slot, dt, shape in program.signature)
-  runtime_vars = tuple(UOp.param(slot, parse_dtype(dt), (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
-                       for name, slot, dt, lo, hi in program.runtime_vars)  # core_id: the CPU runtime sets it per core
-  info = ProgramInfo(name=program.name, global_size=program.global_size, vars=runtime_vars, local_size=program.local_size, globals=program.globals,
-                     outs=program.outs, ins=program.ins, target=Target.parse(program.target))
-  return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
-                               UOp(Ops.BINARY, arg=lib)), arg=info)
 
 def copy_into(buf: Buffer, data: bytes | memoryview) -> None:
   """Copy bytes into a buffer once: host-visible memory directly, other devices through the allocator (ctypes wants a writable view)."""
@@ -177,7 +168,7 @@ class _Graph:
     self.input_uops: list[UOp | None] = [None] * len(replay.inputs)
     self.graphs: dict[UOp, _Batch] = {}
     # per top-level call: a graph batch (its ast) or a lone call, as the LINEAR run_linear takes
-    self.steps = [(c.src[0], None) if c.src[0].op is Ops.CUSTOM_FUNCTION and c.src[0].arg == "graph" else (None, UOp(Ops.LINEAR, src=(c,)))
+    self.steps = [(c.src[0], None) if is_graph_batch(c.src[0]) else (None, UOp(Ops.LINEAR, src=(c,)))
                   for c in self.linear.src]
 
   def build(self, part_calls: tuple[Call, ...]) -> UOp: return linear_of(self.replay, self.programs, part_calls)
@@ -202,7 +193,7 @@ class _Graph:
 
   @property
   def call_kinds(self) -> list[str]:
-    return [c.src[0].arg if c.src[0].op is Ops.CUSTOM_FUNCTION else c.src[0].op.name for c in self.linear.src]
+    return ["graph" if is_graph_batch(c.src[0]) else c.src[0].op.name for c in self.linear.src]
 
 class Replay:
   """Replays a part. Called with the keyword inputs of the captured function (Tensors and dicts of Tensors such as `output_buffers`);

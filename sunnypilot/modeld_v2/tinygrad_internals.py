@@ -11,12 +11,21 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
 - `watched_beam_search`: `tinygrad.codegen.opt.search` calls its globals `beam_search(s, rawbufs, var_vals, amt, ...)` per kernel and
   `_time_program(prg, var_vals, rawbufs, ...)` -> a list of seconds per candidate.
 - `onnx_ops` / `patched_onnx_ops`: `tinygrad.nn.onnx.onnx_ops` is the {ONNX op type: function} table OnnxRunner looks ops up in at run time.
+- `program_record`, `program_binary`, `program_uop`: a compiled kernel is a PROGRAM uop whose `arg` is a `ProgramInfo` (name, global and
+  local size, `globals`/`outs`/`ins` argument indices, `vars`, `target`; `runtimevars` maps the variables the runtime sets itself, core_id,
+  to their argument index), whose first src is a SINK with a `KernelInfo` arg (its `estimates`: ops, lds, mem, or None), second a LINEAR of
+  the parameter PARAMs, and whose last src is a BINARY holding the compiled code (a PROGRAM with one is never compiled again).
+  `to_elf().signature` lists (name, argument index, dtype, shape) per parameter, buffers first; runtime variables are PARAMs in the ALU
+  address space with vmin_vmax; `Target.parse(repr(target))` round-trips a target.
+- `is_graph_batch`, `unbatched_calls`: a LINEAR holds CALLs whose first src is the ast (a PROGRAM, a COPY, or a graph batch: a
+  CUSTOM_FUNCTION with arg "graph" whose first src is the LINEAR of the calls it batches).
 - `graph_batches`, `run_calls`, `graph_runner`, `runner_slots`, `repointable`, `always_repointed`, `repoint_only`: the replay's graph
   back-end runs tinygrad's own JIT path on a LINEAR of CALLs. `tinygrad.engine.jit.graph_split_rewrite(linear, max_batch_size)` batches
   calls into CUSTOM_FUNCTION "graph" calls; `tinygrad.engine.realize.run_linear(linear, var_vals, input_uops, jit=, wait=)` runs them;
   `Device[d].graph(batch, input_uops=)` builds a runner (a `GraphRunner`) whose `uop_replace[node]` lists (argument, input slot) pairs,
   whose `var_vals_replace` / `launch_dims_replace` nodes are re-pointed at every launch, and, on CUDA (`CUDAGraph`), whose `updatable`
-  lists the nodes the next launch re-points.
+  lists the nodes the next launch re-points (only CUDA's runner has one: `repoint_only` is exercised on a GPU by
+  tests/test_tinygrad_internals.py, and on NULL only as far as its runner allows).
 - `time_call`: `tinygrad.engine.realize.ExecContext(input_uops=, update_stats=, wait=)`, `exec_copy(ctx, call, ast)` and
   `exec_kernel(ctx, call, ast)` -> device seconds per launch.
 - `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose `fxn` is the ctypes function taking each buffer as a
@@ -37,8 +46,10 @@ from typing import Any, NamedTuple
 import numpy as np
 from tinygrad import Device
 from tinygrad.device import Buffer
-from tinygrad.helpers import JIT, JIT_BATCH_SIZE
-from tinygrad.uop.ops import Ops, UOp
+from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target
+from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
+
+from sunnypilot.modeld_v2.part_format import ArtifactError, Param, Program, RuntimeVar, dtype_name, parse_dtype
 
 PINNED_VERSION = "0.14.0"
 
@@ -112,6 +123,46 @@ def patched_onnx_ops(replacements: dict[str, Callable]) -> Iterator[None]:
   table.update(replacements)
   try: yield
   finally: table.update(saved)
+
+def _estimates(est: Any) -> dict[str, int]:
+  """tinygrad's estimates of one kernel as plain ints: ops (FLOPs), lds (bytes its loads and stores move), mem (bytes touched, each once).
+  Shapes are fixed at capture, so each is a number; a symbolic one (never seen) is recorded as -1."""
+  return {k: int(v) if isinstance(v, int) else -1 for k, v in (("ops", est.ops), ("lds", est.lds), ("mem", est.mem))}
+
+def program_record(ast: UOp) -> Program:
+  """A compiled PROGRAM uop as a part's program (its binary's blob range is set when the builder stores it)."""
+  info: ProgramInfo = ast.arg
+  if any(v.arg.name not in info.runtimevars for v in info.vars):
+    raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
+  signature = ast.to_elf().signature
+  params = tuple(Param(n, s, dtype_name(dt), tuple(shape)) for n, s, dt, shape in signature[:len(signature) - len(info.vars)])
+  est = ast.src[0].arg.estimates
+  return Program(info.function_name, (0, 0), repr(info.target), tuple(info.global_size), None if info.local_size is None else tuple(info.local_size),
+                 tuple(info.globals), tuple(info.outs), tuple(info.ins), params,
+                 tuple(RuntimeVar(v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax) for v in info.vars),
+                 _estimates(est) if est is not None else None)
+
+def program_binary(ast: UOp) -> bytes:
+  """A compiled PROGRAM uop's code, as the device loads it."""
+  return ast.src[-1].arg
+
+def program_uop(program: Program, lib: bytes) -> UOp:
+  """A compiled PROGRAM uop rebuilt from a part's program and its binary: its last src is a BINARY, so tinygrad never compiles it again."""
+  params = tuple(UOp.param(slot, parse_dtype(dt), shape, name=name) for name, slot, dt, shape in program.signature)
+  runtime_vars = tuple(UOp.param(slot, parse_dtype(dt), (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
+                       for name, slot, dt, lo, hi in program.runtime_vars)  # core_id: the CPU runtime sets it per core
+  info = ProgramInfo(name=program.name, global_size=program.global_size, vars=runtime_vars, local_size=program.local_size, globals=program.globals,
+                     outs=program.outs, ins=program.ins, target=Target.parse(program.target))
+  return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
+                               UOp(Ops.BINARY, arg=lib)), arg=info)
+
+def is_graph_batch(ast: UOp) -> bool:
+  """Whether a call's ast is a batch of calls for the device's graph runner (what `graph_batches` makes)."""
+  return ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph"
+
+def unbatched_calls(linear: UOp) -> list[UOp]:
+  """A LINEAR's calls in order, each graph batch replaced by the calls it batches."""
+  return [c for call in linear.src for c in (unbatched_calls(call.src[0].src[0]) if is_graph_batch(call.src[0]) else [call])]
 
 def graph_batches(linear: UOp, device: str) -> UOp:
   """`linear` with its calls batched into the device's graph runner as TinyJit batches them; unchanged without one (or with JIT=2)."""
