@@ -11,9 +11,9 @@ from sunnypilot.modeld_v2.bundle import next_name
 from sunnypilot.modeld_v2.compat import SeedAdapterNames
 from sunnypilot.modeld_v2.cuda_host import CudaHostRegistration, host_pages
 from sunnypilot.modeld_v2.frame_feeds import FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
-from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES
+from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES, FusedLayout
 from sunnypilot.modeld_v2.generations import of_bundle
-from sunnypilot.modeld_v2.loader import FusedLayout, load_device, load_fused
+from sunnypilot.modeld_v2.loader import load_device, load_fused
 from sunnypilot.modeld_v2.output_readbacks import CopiedOutput, OutputReadback, PinnedOutput, ViewedOutput
 from sunnypilot.modeld_v2.replay import write_tensor
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
