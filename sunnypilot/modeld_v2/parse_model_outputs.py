@@ -44,9 +44,9 @@ def safe_exp(x: np.ndarray) -> np.ndarray: return np.exp(np.minimum(x, EXP_CLIP)
 
 def sigmoid(x: np.ndarray) -> np.ndarray: return 1.0 / (1.0 + safe_exp(-x))
 
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-  e = safe_exp(x - np.max(x, axis=axis, keepdims=True))
-  return e / np.sum(e, axis=axis, keepdims=True)
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:  # the array methods: np.max / np.sum add ~3 us of dispatch each
+  e = safe_exp(x - x.max(axis=axis, keepdims=True))
+  return e / e.sum(axis=axis, keepdims=True)
 
 # name -> (shape of one selection, hypotheses, selections) for the mixture-density heads; a MHP_HEADS head of exactly one mean/std pair of
 # its selections is read without hypotheses (openpilot's is_mhp)
