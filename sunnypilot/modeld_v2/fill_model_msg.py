@@ -48,7 +48,8 @@ class Fields:
     self.parsed, self.values, self.missing = parsed, {}, {}
 
   def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]]) -> None:
-    if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
+    if not all(name in self.parsed for name in needs):
+      return self.skip(fields, f"the model has no {' / '.join(name for name in needs if name not in self.parsed)} output")
     values = make()
     assert tuple(values) == fields, f"part made {list(values)}, declared {list(fields)}"  # in order: a tuple compare, no set per part
     self.values.update(values)
@@ -82,7 +83,7 @@ def plan_t_idxs(plan_x: np.ndarray) -> np.ndarray:
     x0, x1 = px[ti], px[ti + 1]
     p = (X_IDXS[xi] - x0) / (x1 - x0) if abs(x1 - x0) > 1e-9 else float("nan")
     t[xi] = p * T_IDXS[ti + 1] + (1 - p) * T_IDXS[ti]
-  return np.array(t)
+  return np.array(t, np.float32)  # the message's float32: the byte template concatenates it with the other float32 arrays, no cast
 
 def _poly_fit_matrix() -> np.ndarray:
   """numpy.polynomial's polyfit on the fixed T_IDXS as one matrix: the least-squares solve of its column-scaled Vandermonde matrix (the
