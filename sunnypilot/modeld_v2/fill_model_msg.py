@@ -48,8 +48,7 @@ class Fields:
     self.parsed, self.values, self.missing = parsed, {}, {}
 
   def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]]) -> None:
-    if not all(name in self.parsed for name in needs):
-      return self.skip(fields, f"the model has no {' / '.join(name for name in needs if name not in self.parsed)} output")
+    if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
     values = make()
     assert tuple(values) == fields, f"part made {list(values)}, declared {list(fields)}"  # in order: a tuple compare, no set per part
     self.values.update(values)
