@@ -66,7 +66,8 @@ def xyzt(t: Floats, x: Floats, y: Floats, z: Floats, x_std: Floats | None = None
 # the fixed axes as read-only float32 arrays (the float32 the message stores): the byte template copies an array at once, a list value by value
 T_AXIS, X_AXIS = np.array(T_IDXS, np.float32), np.array(X_IDXS, np.float32)
 T_AXIS.flags.writeable = X_AXIS.flags.writeable = False
-X_IDXS_F32 = [float(np.float32(x)) for x in X_IDXS]  # a float32 plan point compares with X_IDXS in float32 (numpy's rule for a Python float)
+# numpy compares a float32 plan point with a Python float in float32; X_IDXS (3 k^2 / 16 m) are exact in float32, so a float64 compare agrees
+assert all(float(np.float32(x)) == x for x in X_IDXS), "X_IDXS must be float32 values for plan_t_idxs' compares"
 
 def plan_t_idxs(plan_x: np.ndarray) -> np.ndarray:
   """The time at which the plan reaches each X_IDXS distance, linear between plan points: 0 at the first; 10 s for the first distance
@@ -75,7 +76,7 @@ def plan_t_idxs(plan_x: np.ndarray) -> np.ndarray:
   same point."""
   px, t, ti = plan_x.tolist(), [0.0] + [float("nan")] * (IDX_N - 1), 0
   for xi in range(1, IDX_N):
-    while ti < IDX_N - 1 and px[ti + 1] < X_IDXS_F32[xi]: ti += 1  # the last plan point short of this distance
+    while ti < IDX_N - 1 and px[ti + 1] < X_IDXS[xi]: ti += 1  # the last plan point short of this distance
     if ti == IDX_N - 1:
       t[xi] = T_IDXS[-1]
       break
