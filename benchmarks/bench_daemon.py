@@ -12,6 +12,12 @@ modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model r
 camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last line times modeld's
 parse, fill and serialize (byte templates) in this process on the bundle's output layout (the parse/fill split modeld's stamps cannot
 make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read medians and p10.
+
+  python -m benchmarks.bench_daemon --publish-layouts [--baseline DIR] [--publish-runs 300] [--json out/publish.json]
+
+times only that in-process split, on every stand-in generation's output layout (no bundle built, no daemon); with --baseline, another
+commit's tree (mkdir DIR; git archive REV | tar -x -C DIR) runs its parse, fill and serialize beside this checkout's, by turns on the
+same outputs, and every frame's bytes are compared.
 """
 from __future__ import annotations
 
