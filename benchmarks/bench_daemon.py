@@ -12,6 +12,12 @@ modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model r
 camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last line times modeld's
 parse, fill and serialize (byte templates) in this process on the bundle's output layout (the parse/fill split modeld's stamps cannot
 make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read medians and p10.
+
+  python -m benchmarks.bench_daemon --publish-layouts [--baseline DIR] [--publish-runs 300] [--json out/publish.json]
+
+times only that in-process split, on every stand-in generation's output layout (no bundle built, no daemon); with --baseline, another
+commit's tree (mkdir DIR; git archive REV | tar -x -C DIR) runs its parse, fill and serialize beside this checkout's, by turns on the
+same outputs, and every frame's bytes are compared.
 """
 from __future__ import annotations
 
@@ -114,36 +120,76 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
           "camera_replay_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
           "modeld_log_tail": modeld.lines[-3:]}
 
-def publish_split(model_path: str, runs: int = 300) -> dict:
-  """modeld's parse (OutputParser), fill (the field values) and serialize (the byte templates) of the three messages, in this process, on
-  random outputs of the bundle's layout: the split modeld's stamps cannot make; and, for comparison, the pycapnp path the templates
-  replaced (fill into Event builders, then to_bytes)."""
+def bundle_layout(model_path: str) -> tuple[dict[str, list[int]], int]:
+  """A bundle's output_slices and output width."""
   from sunnypilot.modeld_v2.bundle import read_bundle
+  extras = read_bundle(model_path)[0]["extras"]
+  return extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
+
+def stand_in_layout(generation: str) -> tuple[dict[str, list[int]], int]:
+  """A stand-in generation's output_slices as its fused bundle has them (its parts' heads one after another) and their width."""
+  from sunnypilot.modeld_v2.parse_model_outputs import POLICY_SLICES, VISION_SLICES, slices_of
+  from sunnypilot.modeld_v2.stand_in_models import GENERATIONS
+  sizes = VISION_SLICES | POLICY_SLICES if generation == "native" else {}
+  for part in GENERATIONS.get(generation, {}).values(): sizes |= part.heads
+  slices = {name: [s.start, s.stop] for name, s in slices_of(sizes).items()}
+  return slices, max(stop for _, stop in slices.values())
+
+def baseline_publish_state(root: str) -> object:
+  """The publish_state module of another checkout at `root` (e.g. an earlier commit's tree from git archive), imported beside this one's:
+  its sunnypilot modules take the package's name only while it is imported, then this checkout's come back."""
+  import importlib
+  ours = {k: m for k, m in sys.modules.items() if k.split(".")[0] == "sunnypilot"}
+  for k in ours: del sys.modules[k]
+  sys.path.insert(0, os.path.abspath(root))
+  try: module = importlib.import_module("sunnypilot.modeld_v2.publish_state")
+  finally:
+    sys.path.remove(os.path.abspath(root))
+    for k in [k for k in sys.modules if k.split(".")[0] == "sunnypilot"]: del sys.modules[k]
+    sys.modules.update(ours)
+  if not os.path.abspath(module.__file__).startswith(os.path.abspath(root)): raise ValueError(f"{root} has no sunnypilot/modeld_v2")
+  return module
+
+def publish_split(slices: dict[str, list[int]], width: int, runs: int = 300, baseline: object = None) -> dict:
+  """modeld's parse (OutputParser), fill (the field values) and serialize (the byte templates) of the three messages, in this process, on
+  random outputs of one layout: the split modeld's stamps cannot make; and, for comparison, the pycapnp path the templates replaced (fill
+  into Event builders, then to_bytes). `baseline`: another checkout's publish_state module, whose parse, fill and serialize run on the
+  same outputs, before or after this one's by turns, frame by frame ("baseline ..." keys; "same bytes": every frame's three messages
+  equal)."""
   from sunnypilot.modeld_v2.messaging import new_message
   from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
-  extras = read_bundle(model_path)[0]["extras"]
-  slices, width = extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
-  rng, state, reference = np.random.default_rng(0), PublishState(log=lambda s: None), PublishState(log=lambda s: None)
-  car = new_message("carState").carState
-  times: dict[str, list[float]] = {"parse": [], "fill": [], "serialize": [], "parse+fill+serialize": [], "pycapnp fill+to_bytes (parse included)": []}
+  paths = {"": (PublishState(log=lambda s: None), FrameInfo)}
+  if baseline is not None: paths["baseline "] = (baseline.PublishState(log=lambda s: None), baseline.FrameInfo)
+  rng, reference, car = np.random.default_rng(0), PublishState(log=lambda s: None), new_message("carState").carState
+  stages = ("parse", "fill", "serialize", "parse+fill+serialize")
+  times: dict[str, list[float]] = {f"{who}{k}": [] for who in paths for k in stages} | {"pycapnp fill+to_bytes (parse included)": []}
+  same = True
   for i in range(runs + 20):
-    outputs = rng.standard_normal((1, width)).astype(np.float32)
-    frame = FrameInfo(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
-    t0 = time.perf_counter()
-    parsed = state.parser(slices)(outputs)
-    t1 = time.perf_counter()
-    values = state.fill(None, outputs, slices, frame, car, False, parsed)
-    t2 = time.perf_counter()
-    state.serialize(values, frame)
-    t3 = time.perf_counter()
+    outputs, out = rng.standard_normal((1, width)).astype(np.float32), {}
+    for who in (list(paths) if i % 2 else list(paths)[::-1]):  # by turns: neither path always runs on caches the other warmed
+      state, info = paths[who]
+      frame = info(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
+      t0 = time.perf_counter()
+      parsed = state.parser(slices)(outputs)
+      t1 = time.perf_counter()
+      values = state.fill(None, outputs, slices, frame, car, False, parsed)
+      t2 = time.perf_counter()
+      out[who] = state.serialize(values, frame, log_mono_time=i)
+      t3 = time.perf_counter()
+      if i >= 20:
+        for k, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3), (t0, t3)), strict=True): times[f"{who}{k}"].append((b - a) * 1e3)
+    same = same and len({tuple(o.values()) for o in out.values()}) == 1
     msgs = {s: new_message(s) for s in SERVICES}
     t4 = time.perf_counter()
-    reference.fill(msgs, outputs, slices, frame, car, False)
+    reference.fill(msgs, outputs, slices, FrameInfo(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3), car, False)
     for msg in msgs.values(): msg.to_bytes()
-    t5 = time.perf_counter()
-    if i >= 20:
-      for k, (a, b) in zip(times, ((t0, t1), (t1, t2), (t2, t3), (t0, t3), (t4, t5)), strict=True): times[k].append((b - a) * 1e3)
-  return {k: percentiles(v) for k, v in times.items()}
+    if i >= 20: times["pycapnp fill+to_bytes (parse included)"].append((time.perf_counter() - t4) * 1e3)
+  return {k: percentiles(v) for k, v in times.items()} | ({"same bytes": same} if baseline is not None else {})
+
+def split_line(split: dict) -> str:
+  """p50 / p10 / p99 ms of each timed stage, and whether a baseline wrote the same bytes."""
+  parts = [f"{k} {v['p50']:.3f} / {v['p10']:.3f} / {v['p99']:.3f}" for k, v in split.items() if isinstance(v, dict)]
+  return ", ".join(parts) + (f"; same bytes as the baseline on every frame: {'yes' if split['same bytes'] else 'NO'}" if "same bytes" in split else "")
 
 def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
 
@@ -176,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--frames", type=int, default=2000, help="timed frames per bundle and rate")
   parser.add_argument("--workdir", default="out/bench_daemon")
   parser.add_argument("--publish-only", action="store_true", help="only the in-process parse/fill/serialize table (no daemon runs)")
+  parser.add_argument("--publish-layouts", action="store_true",
+                      help="only the in-process parse/fill/serialize split, on every stand-in generation's output layout (no bundle built, no daemon runs)")
+  parser.add_argument("--baseline", metavar="DIR", help="with --publish-layouts: another commit's tree (mkdir DIR; git archive REV | tar -x -C DIR) whose "
+                      "publish path runs beside this one's, by turns on the same outputs")
+  parser.add_argument("--publish-runs", type=int, default=300, help="timed frames of the in-process split, per layout")
   parser.add_argument("--json")
   args = parser.parse_args(argv)
   try:
@@ -183,12 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     size = tuple(int(x) for x in args.camera.split("x"))
   except ValueError as e: parser.error(f"--beams, --rates and --camera must be numbers: {e}")
   if args.frames < 1 or any(r < 0 for r in rates) or any(b < 0 for b in beams): parser.error("--frames must be positive, --rates and --beams not negative")
+  if args.baseline and not args.publish_layouts: parser.error("--baseline needs --publish-layouts")
+  if args.publish_runs < 1: parser.error("--publish-runs must be positive")
   log = lambda s: print(s, file=sys.stderr, flush=True)
+  if args.publish_layouts: return publish_layouts(args, log)
   runs, split = [], {}
   for beam in beams:
     artifacts = os.path.join(args.workdir, f"beam{beam}")
     built = build(args.model, args.generation, [size], artifacts, log, beam)
-    split[beam] = publish_split(built["model"])
+    split[beam] = publish_split(*bundle_layout(built["model"]), args.publish_runs)
     for rate in rates if not args.publish_only else ():
       log(f"BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
       runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log) | {"beam": beam})
@@ -197,9 +251,39 @@ def main(argv: list[str] | None = None) -> int:
         f"latencies in ms, {args.frames} timed frames per row")
   if runs: print(table(runs))
   for beam, s in split.items():
-    print(f"\nBEAM={beam} bundle's layout, in this process (p50 / p99 ms): " + ", ".join(f"{k} {v['p50']:.3f} / {v['p99']:.3f}" for k, v in s.items()))
+    print(f"\nBEAM={beam} bundle's layout, in this process (p50 / p10 / p99 ms): " + split_line(s))
   write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "device": Device.DEFAULT, "runs": runs,
                          "publish_split_ms": split, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+  return 0
+
+def layouts_table(splits: dict[str, dict]) -> str:
+  """One row per layout and path (a baseline's first): p50 (p10) ms of each stage."""
+  cell = lambda d: f"{d['p50']:.3f} ({d['p10']:.3f})"
+  lines = ["| layout | path | parse | fill | serialize | together | pycapnp fill+to_bytes (parse included) | same bytes as baseline |", "|---" * 8 + "|"]
+  for generation, split in splits.items():
+    same = {True: "yes", False: "NO"}.get(split.get("same bytes"), "-")
+    pycapnp = cell(split["pycapnp fill+to_bytes (parse included)"])
+    rows = ([("baseline", "baseline ", "-", "-")] if "same bytes" in split else []) + [("this", "", pycapnp, same)]
+    for name, key, pycapnp, equal in rows:
+      stages = " | ".join(cell(split[key + k]) for k in ("parse", "fill", "serialize", "parse+fill+serialize"))
+      lines.append(f"| {generation} | {name} | {stages} | {pycapnp} | {equal} |")
+  return "\n".join(lines)
+
+def publish_layouts(args: argparse.Namespace, log) -> int:
+  """--publish-layouts: the in-process split on every stand-in generation's layout, beside a baseline checkout's when one is given."""
+  from sunnypilot.modeld_v2.stand_in_models import NAMES
+  try: baseline = baseline_publish_state(args.baseline) if args.baseline else None
+  except (ImportError, ValueError) as e:
+    print(f"error: --baseline {args.baseline}: {e}", file=sys.stderr)
+    return 2
+  splits = {}
+  for generation in NAMES:
+    log(f"{generation}: {args.publish_runs} frames ...")
+    splits[generation] = publish_split(*stand_in_layout(generation), args.publish_runs, baseline)
+  print(f"modeld's publish path in this process, per stand-in layout, {args.publish_runs} frames, p50 (p10) ms"
+        + (f"; baseline {args.baseline} by turns on the same outputs" if baseline else ""))
+  print(layouts_table(splits))
+  write_json(args.json, {"publish_split_ms": splits, "baseline": args.baseline})
   return 0
 
 if __name__ == "__main__":

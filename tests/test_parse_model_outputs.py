@@ -511,3 +511,48 @@ def test_output_slices_take_both_layouts_of_plan_and_lead():
     check_output_slices({"plan": [0, plan], "lead": [plan, plan + lead]}, plan + lead)
   for name, size in (("plan", 991), ("plan", 989), ("lead", 143), ("lead", 145)):
     with pytest.raises(ValueError, match=f"{name} has {size} values"): check_output_slices({name: [0, size]}, 5000)
+
+def openpilot_plan_t_idxs(plan_x: np.ndarray) -> list[float]:
+  """openpilot fill_model_msg.py's loop, written out: numpy float32 plan points against Python-float X_IDXS, the search restarted at the
+  first plan point for every distance."""
+  t = [float("nan")] * 33
+  t[0] = 0.0
+  for xi in range(1, 33):
+    ti = 0
+    while ti < 32 and plan_x[ti + 1] < X[xi].item(): ti += 1
+    if ti == 32:
+      t[xi] = 10.0
+      break
+    x0, x1 = float(plan_x[ti]), float(plan_x[ti + 1])
+    p = (X[xi].item() - x0) / (x1 - x0) if abs(x1 - x0) > 1e-9 else float("nan")
+    t[xi] = p * T[ti + 1].item() + (1 - p) * T[ti].item()
+  return t
+
+def test_lane_line_times_equal_openpilots_loop_bit_for_bit():
+  """plan_t_idxs (Python floats, the search carried on) writes what openpilot's loop writes, as float32, on plans that go back and
+  forth, stand still (coincident points: NaN), end short of the distances, or land on a distance or just beside it."""
+  from sunnypilot.modeld_v2.fill_model_msg import plan_t_idxs
+  rng, x32 = np.random.default_rng(21), X.astype(np.float32)
+  for i in range(600):
+    kind = i % 4
+    if kind == 0: plan_x = (rng.standard_normal(33) * 60).astype(np.float32)
+    elif kind == 1: plan_x = np.cumsum(rng.uniform(0, 10, 33)).astype(np.float32)
+    elif kind == 2: plan_x = np.round(np.cumsum(rng.uniform(-2, 9, 33))).astype(np.float32)
+    else:  # on a distance or one float32 step beside it, sometimes the next point too (coincident: NaN where the search stops there)
+      plan_x = x32 * np.float32(rng.uniform(0.6, 1.4))
+      k = rng.integers(1, 32, 6)
+      plan_x[k] = np.nextafter(x32[k], x32[k] + np.float32(rng.choice([-1, 0, 1])), dtype=np.float32)
+      plan_x[k + 1] = np.where(rng.random(6) < 0.5, plan_x[k], plan_x[k + 1])
+    np.testing.assert_array_equal(plan_t_idxs(plan_x), np.array(openpilot_plan_t_idxs(plan_x), np.float32), err_msg=f"plan {i}")
+
+def test_fcw_history_compares_as_openpilots_float32_arrays():
+  """HardBrake (Python floats) against openpilot's float32 arrays, np.append and array compares, with probabilities on the float32
+  thresholds and one step beside them."""
+  from sunnypilot.modeld_v2.fill_model_msg import HardBrake
+  t5, t3 = np.array([0.05, 0.05, 0.15, 0.15, 0.15], np.float32), np.array([0.7, 0.7], np.float32)
+  edges = [v for t in (0.05, 0.15, 0.7) for v in (t, np.float32(t), *(np.nextafter(np.float32(t), d, dtype=np.float32) for d in (0, 1)))]
+  rng, hard_brake, h5, h3 = np.random.default_rng(3), HardBrake(), np.zeros(5, np.float32), np.zeros(2, np.float32)
+  for _ in range(3000):
+    b5, b3 = (edges[rng.integers(len(edges))] if rng.random() < 0.8 else rng.random() for _ in range(2))
+    h5, h3 = np.append(h5[1:], np.float32(b5)), np.append(h3[1:], np.float32(b3))
+    assert hard_brake.update(b5, b3) == bool((h5 > t5).all() and (h3 > t3).all())

@@ -50,7 +50,7 @@ class Fields:
   def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]]) -> None:
     if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
     values = make()
-    assert values.keys() == set(fields), f"part made {sorted(values)}, declared {sorted(fields)}"
+    assert tuple(values) == fields, f"part made {list(values)}, declared {list(fields)}"  # in order: a tuple compare, no set per part
     self.values.update(values)
 
   def skip(self, fields: tuple[str, ...], reason: str) -> None: self.missing.update(dict.fromkeys(fields, reason))
@@ -63,21 +63,27 @@ def xyzt(t: Floats, x: Floats, y: Floats, z: Floats, x_std: Floats | None = None
   if x_std is not None: out |= {"xStd": x_std, "yStd": y_std, "zStd": z_std}
   return out
 
-def plan_t_idxs(plan_x: np.ndarray) -> list[float]:
+# the fixed axes as read-only float32 arrays (the float32 the message stores): the byte template copies an array at once, a list value by value
+T_AXIS, X_AXIS = np.array(T_IDXS, np.float32), np.array(X_IDXS, np.float32)
+T_AXIS.flags.writeable = X_AXIS.flags.writeable = False
+# numpy compares a float32 plan point with a Python float in float32; X_IDXS (3 k^2 / 16 m) are exact in float32, so a float64 compare agrees
+assert all(float(np.float32(x)) == x for x in X_IDXS), "X_IDXS must be float32 values for plan_t_idxs' compares"
+
+def plan_t_idxs(plan_x: np.ndarray) -> np.ndarray:
   """The time at which the plan reaches each X_IDXS distance, linear between plan points: 0 at the first; 10 s for the first distance
-  beyond the plan's end and NaN after it; NaN where two plan points coincide."""
-  t = [float("nan")] * IDX_N
-  t[0] = 0.0
+  beyond the plan's end and NaN after it; NaN where two plan points coincide. On Python floats (numpy scalars cost ~10x per step);
+  openpilot restarts its search at the first plan point for every distance, this carries it on: the distances grow, so it stops at the
+  same point."""
+  px, t, ti = plan_x.tolist(), [0.0] + [float("nan")] * (IDX_N - 1), 0
   for xi in range(1, IDX_N):
-    ti = 0
-    while ti < IDX_N - 1 and plan_x[ti + 1] < X_IDXS[xi]: ti += 1  # the last plan point short of this distance
+    while ti < IDX_N - 1 and px[ti + 1] < X_IDXS[xi]: ti += 1  # the last plan point short of this distance
     if ti == IDX_N - 1:
       t[xi] = T_IDXS[-1]
       break
-    x0, x1 = float(plan_x[ti]), float(plan_x[ti + 1])
+    x0, x1 = px[ti], px[ti + 1]
     p = (X_IDXS[xi] - x0) / (x1 - x0) if abs(x1 - x0) > 1e-9 else float("nan")
     t[xi] = p * T_IDXS[ti + 1] + (1 - p) * T_IDXS[ti]
-  return t
+  return np.array(t, np.float32)  # the message's float32: the byte template concatenates it with the other float32 arrays, no cast
 
 def _poly_fit_matrix() -> np.ndarray:
   """numpy.polynomial's polyfit on the fixed T_IDXS as one matrix: the least-squares solve of its column-scaled Vandermonde matrix (the
@@ -95,15 +101,16 @@ def poly_path(position: np.ndarray) -> dict[str, np.ndarray]:
 
 class HardBrake:
   """FCW: hard braking is predicted when the 5 m/s2 probability (2 s ahead) stayed above its thresholds over the last 5 frames and the
-  3 m/s2 one over the last 2."""
-  def __init__(self):
-    self.brake_5ms2 = np.zeros(len(FCW_THRESHOLDS_5MS2), np.float32)
-    self.brake_3ms2 = np.zeros(len(FCW_THRESHOLDS_3MS2), np.float32)
+  3 m/s2 one over the last 2. The histories are float32 values held as Python floats: each compare is the float32 one, without numpy calls."""
+  THRESHOLDS_5MS2, THRESHOLDS_3MS2 = FCW_THRESHOLDS_5MS2.tolist(), FCW_THRESHOLDS_3MS2.tolist()
+
+  def __init__(self): self.brake_5ms2, self.brake_3ms2 = [0.0] * len(self.THRESHOLDS_5MS2), [0.0] * len(self.THRESHOLDS_3MS2)
 
   def update(self, brake_5ms2: float, brake_3ms2: float) -> bool:
-    self.brake_5ms2 = np.append(self.brake_5ms2[1:], np.float32(brake_5ms2))
-    self.brake_3ms2 = np.append(self.brake_3ms2[1:], np.float32(brake_3ms2))
-    return bool((self.brake_5ms2 > FCW_THRESHOLDS_5MS2).all() and (self.brake_3ms2 > FCW_THRESHOLDS_3MS2).all())
+    self.brake_5ms2 = self.brake_5ms2[1:] + [float(np.float32(brake_5ms2))]
+    self.brake_3ms2 = self.brake_3ms2[1:] + [float(np.float32(brake_3ms2))]
+    return all(p > t for p, t in zip(self.brake_5ms2, self.THRESHOLDS_5MS2, strict=True)) and \
+      all(p > t for p, t in zip(self.brake_3ms2, self.THRESHOLDS_3MS2, strict=True))
 
 class Confidence:
   """Every 2 s (frame ids divisible by 40) the per-2 s-slice disengage probabilities enter a rolling buffer of the last 5 updates; the
@@ -134,14 +141,17 @@ def meta_fields(layout: MetaLayout | None) -> tuple[str, ...]:
   disengage = [field for field, attr in DISENGAGE_FIELDS.items() if layout is None or getattr(layout, attr) is not None]
   return ("meta.engagedProb", "meta.hardBrakePredicted", "confidence", "meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
 
+ALL_META_FIELDS = meta_fields(None)
+META_FIELDS = {n: meta_fields(layout) for n, layout in META_LAYOUTS.items()}  # per meta length: made once, not per frame
+
 def action_values(action: Action) -> dict[str, Any]:
   return dict(zip(ACTION_FIELDS, (action.desired_curvature, action.desired_acceleration, action.should_stop), strict=True))
 
 def _plan(p: dict[str, np.ndarray]) -> dict[str, Any]:
   plan, std = p["plan"], p["plan_std"]
   cols = (Plan.POSITION, Plan.VELOCITY, Plan.ACCELERATION, Plan.T_FROM_CURRENT_EULER, Plan.ORIENTATION_RATE)
-  out = {name: xyzt(T_IDXS, *plan[:, c].T) for name, c in zip(PLAN_FIELDS, cols, strict=True)}
-  out["position"] = xyzt(T_IDXS, *plan[:, Plan.POSITION].T, *std[:, Plan.POSITION].T)  # only the position carries stds
+  out = {name: xyzt(T_AXIS, *plan[:, c].T) for name, c in zip(PLAN_FIELDS, cols, strict=True)}
+  out["position"] = xyzt(T_AXIS, *plan[:, Plan.POSITION].T, *std[:, Plan.POSITION].T)  # only the position carries stds
   return out
 
 def _temporal_pose(p: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -152,8 +162,8 @@ def _temporal_pose(p: dict[str, np.ndarray]) -> dict[str, Any]:
   return {"temporalPose": {"trans": now[Plan.VELOCITY], "transStd": std[Plan.VELOCITY], "rot": now[Plan.ORIENTATION_RATE],
                            "rotStd": std[Plan.ORIENTATION_RATE]}}
 
-def _lines(p: dict[str, np.ndarray], name: str, count: int, t: list[float]) -> list[dict[str, Floats]]:
-  return [xyzt(t, X_IDXS, p[name][i, :, 0], p[name][i, :, 1]) for i in range(count)]
+def _lines(p: dict[str, np.ndarray], name: str, count: int, t: np.ndarray) -> list[dict[str, Floats]]:
+  return [xyzt(t, X_AXIS, p[name][i, :, 0], p[name][i, :, 1]) for i in range(count)]
 
 def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
   leads = []
@@ -165,19 +175,18 @@ def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
 
 def _meta(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
   probs = {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
-  out: dict[str, Any] = {f"meta.disengagePredictions.{field}": values for field, values in probs.items()}
-  out["meta.disengagePredictions.t"] = META_T_IDXS
-  out["meta.engagedProb"] = float(meta[layout.engaged][0])
+  out: dict[str, Any] = {"meta.engagedProb": float(meta[layout.engaged][0])}  # in meta_fields' order
   out["meta.hardBrakePredicted"] = hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0])
   out["confidence"] = confidence.update(frame_id, probs["gasDisengageProbs"], probs["brakeDisengageProbs"], probs["steerOverrideProbs"])
-  return out
+  out["meta.disengagePredictions.t"] = META_T_IDXS
+  return out | {f"meta.disengagePredictions.{field}": values for field, values in probs.items()}
 
 def lane_line_probs(p: dict[str, np.ndarray]) -> np.ndarray: return p["lane_lines_prob"][1::2]  # sigmoid of every logit, then each line's second
 
 def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> Fields:
   """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan."""
   f = Fields(p)
-  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else []  # when the plan reaches each X_IDXS: lane lines and road edges
+  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else None  # when the plan reaches each X_IDXS: lane lines and road edges
   f.part(("plan",), PLAN_FIELDS, lambda: _plan(p))
   f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p))
   f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
@@ -190,9 +199,9 @@ def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake:
   f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"]})
   f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1)})
   layout = META_LAYOUTS.get(len(p["meta"])) if "meta" in p else None
-  if "meta" in p and layout is None: f.skip(meta_fields(None), f"no known layout for a meta head of {len(p['meta'])} entries")
-  else: f.part(("meta",), meta_fields(layout), lambda: _meta(p["meta"], layout, hard_brake, confidence, frame_id))
-  if layout is not None and (unfilled := tuple(sorted(set(meta_fields(None)) - set(meta_fields(layout))))):
+  if "meta" in p and layout is None: f.skip(ALL_META_FIELDS, f"no known layout for a meta head of {len(p['meta'])} entries")
+  else: f.part(("meta",), META_FIELDS[len(p["meta"])] if layout else ALL_META_FIELDS, lambda: _meta(p["meta"], layout, hard_brake, confidence, frame_id))
+  if layout is not None and (unfilled := tuple(f for f in ALL_META_FIELDS if f not in META_FIELDS[len(p["meta"])])):
     f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
   return f
 

@@ -117,10 +117,10 @@ class PublishState:
   def serialize(self, values: dict[str, dict[str, Any]], frame: FrameInfo, log_mono_time: int | None = None) -> dict[str, bytes]:
     """The Event bytes of fill's `values` per service, with frame.valid and logMonoTime (now unless given): what fill(msgs) then
     to_bytes() gives, written into a template of each message's bytes instead of through pycapnp (message_template.py)."""
-    mono = time.monotonic_ns() if log_mono_time is None else log_mono_time
+    mono, valid = time.monotonic_ns() if log_mono_time is None else log_mono_time, frame.valid  # valid: a property, made once
     out = {}
     for service in SERVICES:
-      out[service], skipped = self.serializer.serialize(service, {"logMonoTime": mono, "valid": frame.valid[service], service: values[service]})
+      out[service], skipped = self.serializer.serialize(service, {"logMonoTime": mono, "valid": valid[service], service: values[service]})
       for path in skipped: self._report_skipped(path)
     return out
 

@@ -1,0 +1,24 @@
+"""bench_daemon's in-process publish split beside another commit's tree (--baseline): that tree's modules run, this checkout's come back
+afterwards, and a baseline that publishes different bytes is reported as such."""
+import shutil
+import sys
+from pathlib import Path
+
+from benchmarks.bench_daemon import baseline_publish_state, publish_split, stand_in_layout
+from sunnypilot.modeld_v2 import publish_state
+
+def test_a_baseline_tree_runs_beside_this_one_and_its_bytes_are_compared(tmp_path):
+  ours = publish_state
+  source = Path(ours.__file__).parents[2] / "sunnypilot"
+  for name in ("same", "changed"): shutil.copytree(source, tmp_path / name / "sunnypilot", ignore=shutil.ignore_patterns("__pycache__"))
+  fill = tmp_path / "changed" / "sunnypilot" / "modeld_v2" / "fill_model_msg.py"
+  text = fill.read_text()
+  assert text.count('"probTime": LEAD_T_OFFSETS[i]') == 1
+  fill.write_text(text.replace('"probTime": LEAD_T_OFFSETS[i]', '"probTime": LEAD_T_OFFSETS[i] + 1.0'))  # one published value differs
+  for name, same in (("same", True), ("changed", False)):
+    baseline = baseline_publish_state(str(tmp_path / name))
+    assert baseline is not ours and baseline.__file__.startswith(str(tmp_path / name))
+    split = publish_split(*stand_in_layout("split_current"), runs=2, baseline=baseline)
+    assert split["same bytes"] is same and split["baseline fill"]["n"] == split["fill"]["n"] == 2
+  assert sys.modules["sunnypilot.modeld_v2.publish_state"] is ours and all(
+    not getattr(m, "__file__", None) or not m.__file__.startswith(str(tmp_path)) for k, m in sys.modules.items() if k.split(".")[0] == "sunnypilot")
