@@ -127,12 +127,9 @@ def bundle_layout(model_path: str) -> tuple[dict[str, list[int]], int]:
   return extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
 
 def stand_in_layout(generation: str) -> tuple[dict[str, list[int]], int]:
-  """A stand-in generation's output_slices as its fused bundle has them (its parts' heads one after another) and their width."""
-  from sunnypilot.modeld_v2.parse_model_outputs import POLICY_SLICES, VISION_SLICES, slices_of
-  from sunnypilot.modeld_v2.stand_in_models import GENERATIONS
-  sizes = VISION_SLICES | POLICY_SLICES if generation == "native" else {}
-  for part in GENERATIONS.get(generation, {}).values(): sizes |= part.heads
-  slices = {name: [s.start, s.stop] for name, s in slices_of(sizes).items()}
+  """A stand-in generation's output_slices as its fused bundle has them, and their width."""
+  from sunnypilot.modeld_v2.stand_in_models import output_layout
+  slices = output_layout(generation)
   return slices, max(stop for _, stop in slices.values())
 
 def baseline_publish_state(root: str) -> object:

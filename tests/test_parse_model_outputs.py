@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2 import messaging
-from sunnypilot.modeld_v2.constants import POLICY_SLICES, VISION_SLICES, slices_of
 from sunnypilot.modeld_v2.desire_helper import DesireHelper
 from sunnypilot.modeld_v2.drive_helpers import action_times
 from sunnypilot.modeld_v2.messaging import new_message
 from sunnypilot.modeld_v2.parse_model_outputs import OutputParser, parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
-from sunnypilot.modeld_v2.stand_in_models import GENERATIONS as STAND_INS
-from sunnypilot.modeld_v2.stand_in_models import NAMES
+from sunnypilot.modeld_v2.stand_in_models import NAMES, output_layout
 
 # openpilot's constants, written out
 T = np.array([10.0 * (i / 32) ** 2 for i in range(33)])
@@ -144,11 +142,7 @@ def test_safe_exp_clips_float16_overflow():
   close(p["meta"], np.full(55, 1 / (1 + np.exp(11.0))), rtol=1e-5)
   close(p["desire_state"], [1.0, 0, 0, 0, 0, 0, 0, 0], atol=1e-7)
 
-def layout(generation: str) -> dict[str, list[int]]:
-  """A stand-in generation's heads, its parts' outputs one after another, as a fused bundle's output_slices."""
-  sizes = VISION_SLICES | POLICY_SLICES if generation == "native" else {}
-  for part in STAND_INS.get(generation, {}).values(): sizes |= part.heads
-  return {name: [s.start, s.stop] for name, s in slices_of(sizes).items()}
+layout = output_layout  # every generation's fused output_slices, the fixture of the parse and template tests
 
 def per_head_parse(vec: np.ndarray, slices: dict[str, list[int]]) -> dict[str, np.ndarray]:
   """openpilot's parse_model_outputs.py one head at a time, in float32 (parse_mdn, sigmoid, softmax with exponents clipped at 11)."""

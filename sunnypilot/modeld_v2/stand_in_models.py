@@ -153,6 +153,12 @@ class _Graph:
     for key, value in metadata.items(): model.metadata_props.add(key=key, value=value)
     return model
 
+def output_layout(generation: str) -> dict[str, list[int]]:
+  """A stand-in generation's heads as its fused bundle's output_slices: its parts' outputs one after another (no model is built)."""
+  sizes = VISION_SLICES | POLICY_SLICES if generation == "native" else {}
+  for part in GENERATIONS.get(generation, {}).values(): sizes |= part.heads
+  return {name: [s.start, s.stop] for name, s in slices_of(sizes).items()}
+
 def output_slices_prop(sizes: dict[str, int]) -> str:
   """comma's format: base64 of a pickled {name: slice}."""
   return base64.b64encode(pickle.dumps(slices_of(sizes))).decode()
