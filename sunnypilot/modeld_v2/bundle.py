@@ -173,11 +173,6 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
 
 def read_bundle(path: str) -> tuple[dict, memoryview]:
   """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data."""
-  head, blob, _ = read_verified(path)
-  return head, blob
-
-def read_verified(path: str) -> tuple[dict, memoryview, str]:
-  """`read_bundle`, with the content hash the bytes were checked against (hex): what a cache may key on, read in the same pass."""
   try:
     with open_regular(path) as f:  # into a writable, uninitialised buffer: weights are copied to the device straight from it
       data = memoryview(np.empty(os.fstat(f.fileno()).st_size, np.uint8))
@@ -198,7 +193,7 @@ def read_verified(path: str) -> tuple[dict, memoryview, str]:
     raise ArtifactError(f"{path}: header is not valid JSON: {str(e)[:120]}") from None
   try: _check_head(head)
   except ArtifactError as e: raise ArtifactError(f"{path}: malformed header: {e}") from None
-  return head, body[head_len:], digest.hex()
+  return head, body[head_len:]
 
 def check_provenance(prov: dict, device: str | None = None, path: str = "bundle", allow_device: bool = False) -> str:
   """Raise unless a bundle with provenance `prov` runs here; returns the device to load on."""
@@ -215,7 +210,7 @@ def check_provenance(prov: dict, device: str | None = None, path: str = "bundle"
 def read_parts(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[Part, memoryview]], dict]:
   """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch.
   Each part is `(Part record, blob)`; the extras' `input_specs` and `output_specs` come back as {name: TensorSpec}."""
-  head, blob, _ = read_verified(path)
+  head, blob = read_bundle(path)
   check_provenance(head["provenance"], device, path, allow_device)
   records = check_parts(head, blob, path)
   parts = {name: (records[name], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}

@@ -43,6 +43,6 @@ class CudaHostRegistration:
     """A device tensor over a page-aligned host array (registered here): kernels read and write the array itself."""
     return Tensor.from_blob(self.map(array.ctypes.data, array.nbytes), (array.size,), dtype=array.dtype.name, device=self.dev.device)
 
-def host_pages(nbytes: int, dtype: Any = np.uint8) -> np.ndarray:
-  """A zeroed, page-aligned host array (an anonymous mapping), as the driver registers whole pages."""
-  return np.frombuffer(mmap.mmap(-1, max(nbytes * np.dtype(dtype).itemsize, 1)), dtype, count=nbytes)
+def host_pages(count: int, dtype: Any = np.uint8) -> np.ndarray:
+  """A zeroed, page-aligned host array of `count` elements (an anonymous mapping), as the driver registers whole pages."""
+  return np.frombuffer(mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1)), dtype, count=count)

@@ -9,6 +9,7 @@ import numpy as np
 from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.cuda_host import CudaHostRegistration
+from sunnypilot.modeld_v2.part_format import device_kind
 from sunnypilot.modeld_v2.replay import ALIGNMENT, write_tensor
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, WARP_FRAMES
 
@@ -72,7 +73,7 @@ class InPlaceFrames(UploadFrames):
   def __init__(self, device: str, frame_size: int):
     super().__init__(device, frame_size)
     self.camera_tensors: dict[int, Tensor] = {}  # pointer -> the camera buffer mapped as a tensor, once (one stream may feed both inputs)
-    self.cuda = CudaHostRegistration(device) if device.split(":")[0] == "CUDA" else None  # camera buffers, dropped on reconnect
+    self.cuda = CudaHostRegistration(device) if device_kind(device) == "CUDA" else None  # camera buffers, dropped on reconnect
 
   def feed(self, key: str, buf: Any) -> None:
     if not is_camera_buffer(buf): return super().feed(key, buf)

@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import next_name, state_names
+from sunnypilot.modeld_v2.onnx_compile import random_value
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 
 def random_inputs(specs: dict, device: str, seed: int = 0) -> dict:
-  """Realized tensors of random values for a bundle's input specs (uint8 over 0..255, floats in [-1, 1)): never time on zeros."""
+  """Realized tensors of random values for a bundle's input specs, drawn as the compilers draw capture inputs: never time on zeros."""
   from tinygrad import Tensor
   rng = np.random.default_rng(seed)
-  make = lambda s: rng.integers(0, 256, s.shape).astype(s.dtype) if np.dtype(s.dtype) == np.uint8 else rng.uniform(-1, 1, s.shape).astype(s.dtype)
-  return {k: Tensor(make(s), device=device).realize() for k, s in specs.items()}
+  return {k: Tensor(random_value(rng, s.shape, s.dtype), device=device).realize() for k, s in specs.items()}
 
 def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str]:
   """A bundle's replay after one call on random inputs: the model alone, or with the warp fused in front (camera frames uploaded). And what

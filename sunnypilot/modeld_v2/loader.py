@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, TensorSpec, read_parts, state_names
-from sunnypilot.modeld_v2.frame_fusion import FusedLayout, fuse
+from sunnypilot.modeld_v2.frame_fusion import FusedLayout, frame_part
 from sunnypilot.modeld_v2.replay import Replay, replay_part
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,7 @@ def load_fused(model_path: str, warp_path: str, device: str | None = None, allow
   """A model bundle with a warp bundle fused in front (see frame_fusion), both read for `device`. `allow_device` loads bundles built for
   another device anyway: mock execution of QCOM bundles on NULL. `mapped`: see Replay."""
   dev = load_device(device)
-  model, warp = read_parts(model_path, dev, allow_device), read_parts(warp_path, dev, allow_device)
-  return loaded(*fuse(model, warp, os.path.basename(warp_path)), dev, mapped)
+  return loaded(*frame_part(warp_path, *read_parts(model_path, dev, allow_device), dev, allow_device), dev, mapped)
 
 def load_bundle(path: str, device: str | None = None, allow_device: bool = False) -> LoadedBundle:
   """Read a bundle for `device` (`allow_device`: as for load_fused)."""

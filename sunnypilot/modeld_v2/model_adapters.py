@@ -15,6 +15,7 @@ from sunnypilot.modeld_v2.frame_fusion import SPLIT_FRAMES, FusedLayout
 from sunnypilot.modeld_v2.generations import of_bundle
 from sunnypilot.modeld_v2.loader import load_device, load_fused
 from sunnypilot.modeld_v2.output_readbacks import CopiedOutput, OutputReadback, PinnedOutput, ViewedOutput
+from sunnypilot.modeld_v2.part_format import device_kind
 from sunnypilot.modeld_v2.replay import write_tensor
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
 
@@ -38,7 +39,7 @@ class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
   memory."""
   def __init__(self, model_path: str, warp_path: str, device: str | None = None, map_camera_buffers: bool = True, allow_device: bool = False):
     self.model_device = load_device(device)
-    kind = self.model_device.split(":")[0]
+    kind = device_kind(self.model_device)
     # CUDA with mapping: the packed host inputs (and the outputs, see PinnedOutput) live in registered host memory the graph reads in place
     self._host_cuda = CudaHostRegistration(self.model_device) if map_camera_buffers and kind == "CUDA" else None
     self.bundle = load_fused(model_path, warp_path, device=self.model_device, allow_device=allow_device, mapped=("host",) if self._host_cuda else ())
@@ -46,7 +47,7 @@ class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
     assert self.bundle.fused is not None, "load_fused returns a fused part"
     self.layout: FusedLayout = self.bundle.fused
     self.warp_frame_size = self.layout.frame_size
-    self.split = [name for name in SPLIT_FRAMES if name in self.replay.input_names]  # the warp reads the camera buffers in place
+    self.split = list(SPLIT_FRAMES) if self.layout.split_frames else []  # the warp reads the camera buffers in place
     self.in_place = bool(self.split) and map_camera_buffers and kind in MAPS_HOST_MEMORY
     self.states = {name: Tensor(np.zeros(self.bundle.input_specs[name].shape, self.bundle.input_specs[name].dtype), device=self.model_device).realize()
                    for name in self.bundle.state_names}

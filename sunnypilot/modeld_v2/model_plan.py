@@ -105,7 +105,10 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
   slices = merge_slices({k: (own_slices[k], infos[k]["outputs"][outputs[k]][0][-1]) for k in infos})
   dtypes = {k: {n: d for n, (_, d) in info["inputs"].items()} for k, info in infos.items()}
   metadata = {k: v for info in reversed(infos.values()) for k, v in info["metadata"].items()}
-  shapes = {n: s for info in infos.values() for n, (s, _) in info["inputs"].items()}
+  shapes: dict[str, tuple] = {}  # every model's inputs by name: an input two models share has one shape
+  for k, info in infos.items():
+    for name, (shape, _) in info["inputs"].items():
+      if shapes.setdefault(name, shape) != shape: raise ModelError(f"input {name} is {shapes[name]} in one model and {shape} in {paths[k]}")
   try: found = derive(layout, shapes, slices, generation)
   except GenerationError as e: raise ModelError(f"{', '.join(paths.values())}: {e}") from None
   common = {"layout": layout, "paths": paths, "dtypes": dtypes, "outputs": outputs, "slices": slices, "metadata": metadata, "input_shapes": shapes,
@@ -128,11 +131,7 @@ def _plan_native(infos: dict, **common) -> Plan:
 
 def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common) -> QueuedPlan:
   paths, slices = common["paths"], common["slices"]
-  roles = {k: _queued_roles(paths[k], info) for k, info in infos.items()}
-  shapes: dict[str, tuple] = {}
-  for k, info in infos.items():
-    for name, (shape, _) in info["inputs"].items():
-      if shapes.setdefault(name, shape) != shape: raise ModelError(f"input {name} is {shapes[name]} in one model and {shape} in {paths[k]}")
+  roles, shapes = {k: _queued_roles(paths[k], info) for k, info in infos.items()}, common["input_shapes"]
   found = {role: name for model_roles in roles.values() for name, role in model_roles.items() if role != HOST}
   if ROAD_IMAGE not in found or WIDE_IMAGE not in found:
     raise ModelError(f"{', '.join(paths.values())}: a queued model takes a road and a wide image ({RULES}); these take {sorted(shapes)}")

@@ -51,8 +51,6 @@ from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
 
 from sunnypilot.modeld_v2.part_format import ArtifactError, Param, Program, RuntimeVar, dtype_name, parse_dtype
 
-PINNED_VERSION = "0.14.0"
-
 class Recording(list):
   """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
   def __init__(self):
