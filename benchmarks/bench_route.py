@@ -29,25 +29,25 @@ def replay_fps(segment: str, artifacts: str, out: str, flags: list[str]) -> floa
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
+  from sunnypilot.modeld_v2.cli import camera_size, positive_int
   from sunnypilot.modeld_v2.demo import build_artifacts
   from sunnypilot.modeld_v2.route_segment import FrameDecoder, open_segment
   from sunnypilot.modeld_v2.synthetic_route import write_segment
-  from sunnypilot.modeld_v2.warp import parse_size
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--camera", default="1928x1208")
-  parser.add_argument("--frames", type=int, default=200)
+  parser.add_argument("--camera", type=camera_size, default="1928x1208", help="a comma camera's frame size (default 1928x1208)")
+  parser.add_argument("--frames", type=positive_int, default=200, help="frames in the synthetic segment (default 200)")
   parser.add_argument("--model", default="tiny", choices=("tiny", "full"))
   parser.add_argument("--json", help="also write the numbers here")
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
-  camera = parse_size(args.camera)
+  camera = args.camera
   log = lambda s: print(s, file=sys.stderr, flush=True)
   artifacts = os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_native_{args.model}")
   build_artifacts(artifacts, camera, "native", args.model, {}, log)
   onnx = os.path.join(artifacts, f"native_{args.model}_stand_in.onnx")
   with tempfile.TemporaryDirectory() as tmp:
     segment = os.path.join(tmp, "2026-01-01--00-00-00--0")
-    log(f"writing a {args.frames}-frame {args.camera} segment ...")
+    log(f"writing a {args.frames}-frame {camera[0]}x{camera[1]} segment ...")
     write_segment(segment, camera, args.frames, distinct=20)
     t = time.perf_counter()
     decoded = sum(1 for _ in FrameDecoder(open_segment(segment)))
@@ -57,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(onnx):
       log("replaying in lockstep with the onnxruntime check ...")
       rows["lockstep replay + onnxruntime check"] = replay_fps(segment, artifacts, os.path.join(tmp, "out"), ["--onnx", onnx])
-  print(f"route replay, {Device.DEFAULT}, {args.camera}, native {args.model} stand-in, {args.frames} frames\n")
+  print(f"route replay, {Device.DEFAULT}, {camera[0]}x{camera[1]}, native {args.model} stand-in, {args.frames} frames\n")
   print("| path | frames/s |\n|---|---|")
   for name, fps in rows.items(): print(f"| {name} | {fps:.1f} |")
-  write_json(args.json, {"device": Device.DEFAULT, "camera": args.camera, "model": args.model, "frames": args.frames, "frames_per_s": rows})
+  write_json(args.json, {"device": Device.DEFAULT, "camera": f"{camera[0]}x{camera[1]}", "model": args.model, "frames": args.frames, "frames_per_s": rows})
   return 0
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-import mmap
 import os
 import subprocess
 import sys
@@ -10,13 +9,6 @@ from tinygrad import Device, Tensor, dtypes
 from sunnypilot.modeld_v2.warp import NV12Frame
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-class CameraBuffer:
-  """A VisionBuf stand-in holding `data`: a page-aligned shared mapping with `.data`, as visionipc hands modeld its camera buffers."""
-  def __init__(self, data: np.ndarray):
-    self.map = mmap.mmap(-1, data.nbytes)
-    self.data = memoryview(self.map)
-    np.frombuffer(self.data, np.uint8)[:] = data.reshape(-1).view(np.uint8)
 
 def realized(a: np.ndarray, device: str | None = None) -> Tensor: return Tensor(a, device=device or Device.DEFAULT).realize()
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from tinygrad import Device
 
+from benchmarks.bench import CameraBuffer
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.capture import capture
 from sunnypilot.modeld_v2.compile_modeld import compile_model
@@ -11,7 +12,7 @@ from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.replay import Replay
 from sunnypilot.modeld_v2.warp import camerad_frame
 
-from conftest import CameraBuffer, conv_net
+from conftest import conv_net
 
 def _cuda_present() -> bool:
   try: return Device.DEFAULT.startswith("CUDA") or bool(Device["CUDA"])

@@ -11,13 +11,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from benchmarks.bench import CameraBuffer
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
 
-from conftest import CameraBuffer, realized, reference_warp
+from conftest import realized, reference_warp
 
 STEPS = 20
 FRAME = camerad_frame(1344, 760)  # the frames of native_artifacts' warps

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor
 
+from benchmarks.bench import CameraBuffer
 from sunnypilot.modeld_v2.bundle import TensorSpec
 from sunnypilot.modeld_v2.frame_feeds import InPlaceFrames, PackedFrames, UploadFrames
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.output_readbacks import CopiedOutput, PinnedOutput, ViewedOutput
 from sunnypilot.modeld_v2.warp import camerad_frame
-
-from conftest import CameraBuffer
 
 FRAME = camerad_frame(1344, 760)
 

@@ -5,13 +5,11 @@ peer_step; they run where torch sees a GPU (the benchmark's diff column checks t
 import numpy as np
 import pytest
 
-from benchmarks.bench import OrtPeer, PeerAdapter, set_inputs
+from benchmarks.bench import CameraBuffer, OrtPeer, PeerAdapter, set_inputs
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.warp import camerad_frame
-
-from conftest import CameraBuffer
 
 FRAME = camerad_frame(1344, 760)
 
