@@ -10,7 +10,7 @@ import uuid
 
 import numpy as np
 import pytest
-from test_parse_model_outputs import T, sig
+from test_parse_model_outputs import T, openpilot_plan_t_idxs, sig
 
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix
 from sunnypilot.modeld_v2.compile_warp import compile_warp
@@ -339,20 +339,6 @@ def test_demo_runs(artifacts, tmp_path):
 
 # *** today's layout, every field; delays ***
 
-def lane_times(plan_x: np.ndarray) -> list[float]:
-  """openpilot's fill_model_msg: when the plan reaches each X_IDXS distance (10 s for the first beyond its end, NaN after)."""
-  x_idxs = [192.0 * (i / 32) ** 2 for i in range(33)]
-  t = [0.0] + [float("nan")] * 32
-  for xi in range(1, 33):
-    ti = 0
-    while ti < 32 and plan_x[ti + 1] < x_idxs[xi]: ti += 1
-    if ti == 32:
-      t[xi] = 10.0
-      break
-    p = (x_idxs[xi] - plan_x[ti]) / (plan_x[ti + 1] - plan_x[ti]) if abs(plan_x[ti + 1] - plan_x[ti]) > 1e-9 else float("nan")
-    t[xi] = p * T[ti + 1] + (1 - p) * T[ti]
-  return t
-
 class Expected:
   """Every field of today's single-hypothesis layout from rawPredictions, by openpilot's and sunnypilot's formulas written out here, with the
   history they keep: FCW's last 5/2 hard-brake probabilities, the 2 s confidence buffer. An mlsim generation: curvature from the plan."""
@@ -377,7 +363,7 @@ class Expected:
     eq(m.temporalPose.trans, plan[0, 3:6]), eq(m.temporalPose.transStd, plan_std[0, 3:6]), eq(m.temporalPose.rot, plan[0, 12:15])
     lanes, lanes_std = head("lane_lines")[:264].reshape(4, 33, 2), exp(head("lane_lines")[264:]).reshape(4, 33, 2)
     edges, edges_std = head("road_edges")[:132].reshape(2, 33, 2), exp(head("road_edges")[132:]).reshape(2, 33, 2)
-    t = lane_times(plan[:, 0])
+    t = openpilot_plan_t_idxs(plan[:, 0])
     for lines, values in ((m.laneLines, lanes), (m.roadEdges, edges)):
       assert len(lines) == len(values)
       for line, value in zip(lines, values):

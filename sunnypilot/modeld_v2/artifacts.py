@@ -75,15 +75,14 @@ def find_warp(artifacts: str, main: NV12Frame, extra: NV12Frame | None, device: 
     return None
   return min(matches)[1]
 
-def check_artifacts(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning) -> str | None:
-  """Before waiting for camerad: the problem with the artifacts folder in one line (no model for this device, no warp at all), or None."""
+def check_artifacts(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning) -> list | None:
+  """Before waiting for camerad: the model's new_img planes (what its warp must make; None if it takes none), read once here so the daemon
+  never reads the model's header again. ArtifactError with the folder's problem in one line: no model for this device, no warp at all."""
   model = os.path.join(artifacts, "model.bin")
-  if not os.path.isfile(model): return f"{model} not found (build it with compile_modeld)"
-  try:
-    head, _ = read_bundle(model)
-    check_provenance(head["provenance"], device, model)
-    if head["extras"].get("metadata", {}).get("kind") != "model": return f"{model} is not a driving model bundle"
-  except ArtifactError as e: return str(e)
-  if not warp_bundles(artifacts, device, report, model_planes(head)):
-    return f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)"
-  return None
+  if not os.path.isfile(model): raise ArtifactError(f"{model} not found (build it with compile_modeld)")
+  head, _ = read_bundle(model)
+  check_provenance(head["provenance"], device, model)
+  if head["extras"].get("metadata", {}).get("kind") != "model": raise ArtifactError(f"{model} is not a driving model bundle")
+  if not warp_bundles(artifacts, device, report, planes := model_planes(head)):
+    raise ArtifactError(f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)")
+  return planes

@@ -16,10 +16,10 @@ from sunnypilot.modeld_v2.messaging import lateral_delay
 
 V_EGO_MAX = 100.0  # m/s (360 km/h): a larger |vEgo| is a broken message, not a car
 DELAY_MAX = 5.0  # s: an actuator delay beyond this is a broken setting or estimate
-# (roll, pitch, yaw) bounds in radians: calibrationd publishes pitch and yaw clipped to its widest limits (mici's pitch) plus 0.005
-# (openpilot selfdrive/locationd/calibrationd.py, sanity_clip); it never estimates roll, a mount rolled beyond 0.5 rad is no mount
 HEIGHT_LIMITS = (0.5, 3.0)  # metres: a camera height outside this is a broken calibration, not a windshield mount
 CAMERA_OFFSET_MAX = 1.0  # metres either way: sunnypilot's CameraOffset moves the camera within the car, never out of it
+# (roll, pitch, yaw) bounds in radians: calibrationd publishes pitch and yaw clipped to its widest limits (mici's pitch) plus 0.005
+# (openpilot selfdrive/locationd/calibrationd.py, sanity_clip); it never estimates roll, a mount rolled beyond 0.5 rad is no mount
 RPY_LIMITS = ((-0.5, 0.5), (-0.148101, 0.22735988), (-0.07412048084718224, 0.07412048084718235))
 
 def delay_ok(value: float) -> bool:

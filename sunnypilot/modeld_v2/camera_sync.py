@@ -85,12 +85,6 @@ class CameraSync:
       self.exit.wait(0.05)
     return False
 
-  def reconnect(self) -> bool:
-    """No frames for a while: camerad went away or restarted, and its buffers with it. True once connected to it again; the daemon then
-    loads the warp for its geometry (the same one: only the camera mappings and their bindings are dropped)."""
-    from msgq.visionipc import VisionIpcClient
-    return bool(VisionIpcClient.available_streams("camerad", False)) and self.connect()
-
   def alive(self) -> None:
     """The camera counts as alive from now (a frame arrived, or the daemon just finished loading for it)."""
     self.last_frame = time.monotonic()

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sunnypilot.modeld_v2.constants import IDX_N, PLAN_WIDTH
+from sunnypilot.modeld_v2.parse_model_outputs import mdn_layout
 
 @dataclass(frozen=True)
 class Rules:
@@ -44,7 +44,6 @@ GENERATIONS: dict[str, Rules] = {
   "multi_policy": MLSIM,
   "split_current": MLSIM,
 }
-PLAN_SINGLE = 2 * IDX_N * PLAN_WIDTH  # 990: a plan head of one mean/std pair of 33x15, today's policies (no hypotheses)
 
 class GenerationError(ValueError):
   """No generation, or more than one, fits a model: name it."""
@@ -53,7 +52,7 @@ def candidates(layout: str, input_shapes: dict[str, Sequence[int]], slices: dict
   """The generations whose inputs and heads fit a model: its layout (model_plan.LAYOUTS), every ONNX input's shape, its output slices."""
   names, plan = set(input_shapes), slices.get("plan")
   features = input_shapes.get("features_buffer")
-  single_plan = plan is not None and plan[1] - plan[0] == PLAN_SINGLE
+  single_plan = plan is not None and mdn_layout("plan", plan[1] - plan[0])[1] == 1  # today's policies: one mean/std pair, no hypotheses
   fits = {
     "native": layout == "native",
     "supercombo_20hz": layout == "supercombo" and features is not None and features[1] >= 99,

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.artifacts import check_artifacts, find_warp, model_planes
-from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, read_bundle, replaced_atomically
+from sunnypilot.modeld_v2.artifacts import check_artifacts, find_warp
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, replaced_atomically
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
@@ -105,7 +105,7 @@ class ModelD:
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
     self.bus = BusInputs(self.episodes)
     self.camera = CameraSync(self.exit, self.episodes)
-    self.new_img: list | None = None  # the planes the model takes: what a warp must make
+    self.new_img: list | None = None  # the planes the model takes, what a warp must make: main sets it from check_artifacts
     self.refused: set[str] = set()  # warps that failed to load with the model: not tried again until a restart
     self.slices: dict = {}  # the loaded model's output slices
     self.cameras: tuple = ()  # the (main, extra) cameras' intrinsics for the live geometry
@@ -137,7 +137,6 @@ class ModelD:
     model_path, warp = os.path.join(self.artifacts, "model.bin"), None
     t = time.perf_counter()
     try:
-      if self.new_img is None: self.new_img = model_planes(read_bundle(model_path)[0])
       warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=self.refused)
       if warp is None: return False
       self.adapter = NativeTinygradAdapter(model_path, warp)
@@ -215,7 +214,9 @@ class ModelD:
       frames = self.camera.recv_frames() if loaded else None
       t_recv = time.monotonic_ns()
       if frames is None:
-        if self.camera.stalled(RECONNECT_AFTER_S) and self.camera.reconnect():  # a new stream: new buffers, frame ids from its own start
+        # camerad went away or restarted, and its buffers with it: once connected again, load for its geometry (the same one: only the
+        # camera mappings and their bindings are dropped); a new stream has new buffers and frame ids from its own start
+        if self.camera.stalled(RECONNECT_AFTER_S) and self.camera.connect():
           previous, loaded, drops = self.geometry, self.load(), FrameDrops()
           self.camera.alive()
           if loaded and self.geometry != previous: log.info(f"camera geometry changed to {self.geometry}: reloaded")
@@ -293,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     stopped_by.append(signum)
     daemon.exit.set()
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stop)
-  if problem := check_artifacts(args.artifacts, report=daemon.log_once): parser.exit(2, f"modeld: error: {problem}\n")
+  try: daemon.new_img = check_artifacts(args.artifacts, report=daemon.log_once)
+  except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
   try: code = daemon.run(args.max_frames)
   except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")
   finally: claim.close()

@@ -5,8 +5,6 @@ Mirrors openpilot selfdrive/modeld/parse_model_outputs.py (commaai/openpilot @75
 pair of its shape, as today's models' 990-float plan and 144-float lead are; `safe_exp` clips exponents at 11, as float16 logits overflow).
 sunnypilot's TinygradSplitRunner (sunnypilot/models/runners/tinygrad/tinygrad_runner.py @06b23b5a) adds a `planplus` head's mean to the
 plan's. A head the model lacks is simply absent from the result. Arrays carry no batch axis; standard deviations are under `<name>_std`.
-The layout names (VISION_SLICES, POLICY_SLICES, FEATURE_LEN, DESIRE_LEN, slices_of) are re-exported from constants for the stand-in
-generator and the compiler.
 """
 from __future__ import annotations
 
@@ -14,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sunnypilot.modeld_v2.constants import DESIRE_LEN as DESIRE_LEN
 from sunnypilot.modeld_v2.constants import (
+  DESIRE_LEN,
   DESIRE_PRED_LEN,
   DESIRED_CURV_WIDTH,
   IDX_N,
@@ -33,10 +31,6 @@ from sunnypilot.modeld_v2.constants import (
   POSE_WIDTH,
   WIDE_FROM_DEVICE_WIDTH,
 )
-from sunnypilot.modeld_v2.constants import FEATURE_LEN as FEATURE_LEN
-from sunnypilot.modeld_v2.constants import POLICY_SLICES as POLICY_SLICES
-from sunnypilot.modeld_v2.constants import VISION_SLICES as VISION_SLICES
-from sunnypilot.modeld_v2.constants import slices_of as slices_of
 
 EXP_CLIP = 11.0  # exp(11) ~ 6e4, the largest float16 finite value's order: a larger exponent overflows half-precision models
 

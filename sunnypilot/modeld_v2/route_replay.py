@@ -438,7 +438,9 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
     if not os.path.isfile(path): fail(p, f"{path}: no such file")
   from sunnypilot.modeld_v2.artifacts import check_artifacts
-  if problem := check_artifacts(args.artifacts): fail(p, problem)
+  from sunnypilot.modeld_v2.bundle import ArtifactError
+  try: check_artifacts(args.artifacts)
+  except ArtifactError as e: fail(p, str(e))
 
 def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
   """Each segment in a process of its own (its own modeld and msgq prefix), `jobs` at a time, with the same `flags`; the worst exit code."""

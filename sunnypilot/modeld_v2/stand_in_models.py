@@ -36,8 +36,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
-from sunnypilot.modeld_v2.constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES
-from sunnypilot.modeld_v2.parse_model_outputs import FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
+from sunnypilot.modeld_v2.constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES, FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
 
 OPSET = 17
 IR_VERSION = 8  # what opset 17 needs; newer onnx writes newer IR versions that older onnxruntimes refuse
