@@ -203,11 +203,11 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
   from tinygrad import Device
 
   from benchmarks.legacy import LegacyModelAdapter
-  from sunnypilot.modeld_v2.calibration import sensor_for_size, warp_matrices
+  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
   from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
   warps, dev = built["warps"][size], Device.DEFAULT
   bufs = synthetic_buffers(warps["frame"])
-  m_inv = warp_matrices(sensor_for_size(*size))
+  m_inv = warp_matrices(SENSOR_CAMERAS[sensor_for_size(*size)])
   adapters = {"fused split": NativeTinygradAdapter(built["model"], warps[True]),
               "fused split, one buffer pair": NativeTinygradAdapter(built["model"], warps[True]),
               "fused split upload": NativeTinygradAdapter(built["model"], warps[True], map_camera_buffers=False),

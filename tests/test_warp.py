@@ -111,7 +111,7 @@ def test_preview_of_a_synthetic_road_scene(bundles, tmp_path):
   image = pixels.reshape(height, width + 1)[:, 1:]
   # what the model sees of the road camera equals the numpy reference warp of the same synthetic frame
   road = road_scene(frame, SENSOR_CAMERAS["ar0231"][0].focal_length)
-  planes, ties = reference_warp(road, frame, warp_matrices("ar0231")[0])
+  planes, ties = reference_warp(road, frame, warp_matrices(SENSOR_CAMERAS["ar0231"])[0])
   y = image[:MODEL_H, :MODEL_W]
   assert ((y[0::2, 0::2] == planes[0]) | ties[0]).all() and ((image[MODEL_H:, :MODEL_W // 2] == planes[4]) | ties[4]).all()
   # and it shows a road: bright lane-line pixels below the horizon (model row 47.6), sky above it

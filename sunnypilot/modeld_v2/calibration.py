@@ -59,10 +59,11 @@ def get_warp_matrix(device_from_calib_euler, intrinsics: np.ndarray, bigmodel_fr
   calib_from_model = np.linalg.inv(model_intrinsics @ VIEW_FROM_DEVICE)
   return camera_from_calib(device_from_calib_euler, intrinsics) @ calib_from_model
 
-def warp_matrices(sensor: str, rpy=DEFAULT_RPY) -> np.ndarray:
-  """M_inv for (road, wide) as modeld feeds them to the warp: float32 (2, 3, 3)."""
-  road, wide = SENSOR_CAMERAS[sensor]
-  return np.stack([get_warp_matrix(rpy, road.intrinsics), get_warp_matrix(rpy, wide.intrinsics, bigmodel_frame=True)]).astype(np.float32)
+def warp_matrices(cameras: tuple[CameraConfig, CameraConfig], rpy=DEFAULT_RPY) -> np.ndarray:
+  """M_inv for the (main, extra) cameras as modeld feeds them to the warp (the extra into the big model frame): float32 (2, 3, 3). The
+  main camera is the road one, or the wide one when there is no road camera."""
+  main, extra = cameras
+  return np.stack([get_warp_matrix(rpy, main.intrinsics), get_warp_matrix(rpy, extra.intrinsics, bigmodel_frame=True)]).astype(np.float32)
 
 CALIBRATION_HEIGHT = 1.22  # metres: the camera height sunnypilot assumes before liveCalibration reports one
 

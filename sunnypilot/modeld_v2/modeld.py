@@ -32,7 +32,7 @@ import numpy as np
 from sunnypilot.modeld_v2.artifacts import check_artifacts, find_warp
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, replaced_atomically
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes
-from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, get_warp_matrix, sensor_for_size
+from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, sensor_for_size, warp_matrices
 from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.cli import delay_arg, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.constants import DT_MDL
@@ -164,8 +164,7 @@ class ModelD:
   def transforms(self, rpy) -> np.ndarray:
     """M_inv for both cameras, recomputed only when the calibration changes."""
     if self.rpy != (rpy := tuple(rpy)):
-      self.rpy, self.m_inv = rpy, np.stack([get_warp_matrix(rpy, self.cameras[0].intrinsics),
-                                            get_warp_matrix(rpy, self.cameras[1].intrinsics, bigmodel_frame=True)])
+      self.rpy, self.m_inv = rpy, warp_matrices(self.cameras, rpy)
     return self.m_inv
 
   def offset_transforms(self, sm) -> np.ndarray:

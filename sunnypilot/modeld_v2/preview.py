@@ -48,7 +48,7 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   if frames is None: frames = tuple(road_scene(frame, cam.focal_length) for cam in SENSOR_CAMERAS[sensor])
   if short := [f"{name} has {len(f):,} bytes" for name, f in zip(("road", "wide"), frames) if len(f) < frame.size]:
     raise ValueError(f"{', '.join(short)}; the warp reads {frame.size:,}-byte NV12 buffers ({meta['frame']})")
-  m_inv = Tensor(warp_matrices(sensor, rpy), device=Device.DEFAULT).realize()
+  m_inv = Tensor(warp_matrices(SENSOR_CAMERAS[sensor], rpy), device=Device.DEFAULT).realize()
   bufs = [Tensor(np.ascontiguousarray(f[:frame.size]), device=Device.DEFAULT).realize() for f in frames]
   inputs = dict(zip(WARP_FRAMES, bufs, strict=True)) if meta["split_frames"] else {PACKED_FRAMES: Tensor(np.stack(frames)).realize()}
   planes = model.run(**inputs, **{WARP_TRANSFORM: m_inv}).numpy()

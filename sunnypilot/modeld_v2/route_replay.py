@@ -117,14 +117,14 @@ class ReferenceCheck:
     if self.error is not None: raise RouteError(f"the reference failed: {type(self.error).__name__}: {self.error}")
 
   def step(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None:
-    from sunnypilot.modeld_v2.calibration import warp_matrices
+    from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, warp_matrices
     from sunnypilot.modeld_v2.drive_helpers import action_times
     from sunnypilot.modeld_v2.messaging import new_message
     from sunnypilot.modeld_v2.modeld import host_inputs, lateral_active, rhd_of
     from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo
     car, lat_delay = self.bus.car_state(state), self.bus.lateral_delay(state, self.args.lat_delay)
     lat_t, long_t = action_times(lat_delay, self.args.long_delay)
-    m_inv = warp_matrices(self.segment.sensor, self.bus.calibration(state))
+    m_inv = warp_matrices(SENSOR_CAMERAS[self.segment.sensor], self.bus.calibration(state))
     values = host_inputs(m_inv, self.publish_state.desire_input(), rhd_of(state, self.args.rhd), car.vEgo, lat_delay, lat_t, long_t,
                          self.publish_state.lat_planner_state)
     outputs = self.reference.step(road, wide, self.segment.frame, values)
