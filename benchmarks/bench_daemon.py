@@ -7,8 +7,10 @@ Per bundle (one per --beams level) and rate (Hz; 0 = lockstep, each frame sent o
 this process serves camerad's 18 rotating buffers per camera with camera_replay's CameraReplay and subscribes to modelV2; modeld runs as a
 separate process with --timings. Latency is from the frame's last VisionIPC send returning (CameraReplay.send) to modelV2 received here;
 a frame with no modelV2 is a drop. modeld's CPU time per frame comes from /proc over the timed frames. modeld's own stamps split each
-published frame: VisionIPC delivery (send returned -> modeld's receive returned), inputs, copy, run, readback, parse+fill, serialize, send.
-modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback, its modelExecutionTime).
+published frame: VisionIPC delivery (send returned -> modeld's receive returned), inputs, copy, run, readback, parse+fill, serialize and
+send of modelV2, then the other two messages (made and sent after modelV2). modeld's added latency = (VisionIPC send returned -> modelV2
+sent) - the model run (copy + run + readback); "added in modeld" starts at modeld's receive. --modeld-core pins modeld to a core (modeld
+--core, as openpilot's modeld on a device); --publish-idle-ms sleeps before each in-process publish, as modeld idles between frames.
 camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last line times modeld's
 parse, fill and serialize (byte templates) in this process on the bundle's output layout (the parse/fill split modeld's stamps cannot
 make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read medians and p10.
@@ -65,8 +67,9 @@ class Receiver:
         t = time.monotonic_ns()
         with log.Event.from_bytes(raw) as event: self.arrived[event.modelV2.frameId] = t
 
-def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
-  """One modeld process, `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep frames."""
+def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None) -> dict:
+  """One modeld process (pinned to `core` if given: modeld --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep
+  frames."""
   from sunnypilot.modeld_v2.camera_replay import CameraReplay, synthetic_frames
   from sunnypilot.modeld_v2.route_replay import Modeld
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
@@ -76,7 +79,7 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
   timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
   replay = CameraReplay(frame)
   receiver = Receiver()
-  modeld = Modeld(artifacts, ["--timings", timings], echo=False)
+  modeld = Modeld(artifacts, ["--timings", timings, *(["--core", str(core)] if core is not None else [])], echo=False)
   try:
     modeld.wait_running(300)
     sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
@@ -108,7 +111,7 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log) -> dict:
   own = [f for f in got if f in stamps]
   ms = lambda ns: ns / 1e6
   stage = lambda a, b: percentiles([ms(stamps[f][b] - stamps[f][a]) for f in own])
-  names = ("inputs", "copy", "run", "readback", "parse_fill", "serialize", "send")
+  names = ("inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
   return {"rate_hz": rate, "frames": frames, "received": len(got), "drops": frames - len(got), "wall_s": elapsed_s,
           "achieved_hz": len(got) / elapsed_s if elapsed_s else 0.0, "modeld_cpu_ms_per_frame": 1e3 * cpu_s / max(len(got), 1),
           "latency_ms": percentiles([ms(receiver.arrived[f] - sent[f]) for f in got]),
@@ -147,12 +150,12 @@ def baseline_publish_state(root: str) -> object:
   if not os.path.abspath(module.__file__).startswith(os.path.abspath(root)): raise ValueError(f"{root} has no sunnypilot/modeld_v2")
   return module
 
-def publish_split(slices: dict[str, list[int]], width: int, runs: int = 300, baseline: object = None) -> dict:
+def publish_split(slices: dict[str, list[int]], width: int, runs: int = 300, baseline: object = None, idle_s: float = 0.0) -> dict:
   """modeld's parse (OutputParser), fill (the field values) and serialize (the byte templates) of the three messages, in this process, on
   random outputs of one layout: the split modeld's stamps cannot make; and, for comparison, the pycapnp path the templates replaced (fill
   into Event builders, then to_bytes). `baseline`: another checkout's publish_state module, whose parse, fill and serialize run on the
   same outputs, before or after this one's by turns, frame by frame ("baseline ..." keys; "same bytes": every frame's three messages
-  equal)."""
+  equal). `idle_s`: a sleep before each path's frame, as modeld sleeps in its receive between frames (caches and clocks go cold)."""
   from sunnypilot.modeld_v2.messaging import new_message
   from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
   paths = {"": (PublishState(log=lambda s: None), FrameInfo)}
@@ -166,6 +169,7 @@ def publish_split(slices: dict[str, list[int]], width: int, runs: int = 300, bas
     for who in (list(paths) if i % 2 else list(paths)[::-1]):  # by turns: neither path always runs on caches the other warmed
       state, info = paths[who]
       frame = info(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
+      if idle_s: time.sleep(idle_s)
       t0 = time.perf_counter()
       parsed = state.parser(slices)(outputs)
       t1 = time.perf_counter()
@@ -177,6 +181,7 @@ def publish_split(slices: dict[str, list[int]], width: int, runs: int = 300, bas
         for k, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3), (t0, t3)), strict=True): times[f"{who}{k}"].append((b - a) * 1e3)
     same = same and len({tuple(o.values()) for o in out.values()}) == 1
     msgs = {s: new_message(s) for s in SERVICES}
+    if idle_s: time.sleep(idle_s)
     t4 = time.perf_counter()
     reference.fill(msgs, outputs, slices, FrameInfo(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3), car, False)
     for msg in msgs.values(): msg.to_bytes()
@@ -187,6 +192,8 @@ def split_line(split: dict) -> str:
   """p50 / p10 / p99 ms of each timed stage, and whether a baseline wrote the same bytes."""
   parts = [f"{k} {v['p50']:.3f} / {v['p10']:.3f} / {v['p99']:.3f}" for k, v in split.items() if isinstance(v, dict)]
   return ", ".join(parts) + (f"; same bytes as the baseline on every frame: {'yes' if split['same bytes'] else 'NO'}" if "same bytes" in split else "")
+
+def idle_note(args: argparse.Namespace) -> str: return f", {args.publish_idle_ms:g} ms asleep before each" if args.publish_idle_ms else ""
 
 def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
 
@@ -200,9 +207,9 @@ def table(runs: list[dict]) -> str:
                  f"| {q(r['added_ms'], 'p10')} | {q(r['added_ms'])} | {q(r['added_ms'], 'p99')} | {q(r['added_in_modeld_ms'], 'p99')} | {q(r['model_run_ms'])} "
                  f"| {r['modeld_cpu_ms_per_frame']:.2f} | {q(r['camera_replay_publish_ms'])} |")
   lines += ["", "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
-            "| BEAM | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus |", "|---" * 11 + "|"]
+            "| BEAM | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus | the other two |", "|---" * 12 + "|"]
   for r in runs:
-    cells = [r["delivery_ms"], *r["stages_ms"].values(), r["bus_ms"]]
+    cells = [r["delivery_ms"], *[v for k, v in r["stages_ms"].items() if k != "others"], r["bus_ms"], r["stages_ms"]["others"]]
     lines.append(f"| {r['beam']} | {rate_name(r['rate_hz'])} | " + " | ".join(f"{q(c)} ({q(c, 'p99')})" for c in cells) + " |")
   return "\n".join(lines)
 
@@ -224,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--baseline", metavar="DIR", help="with --publish-layouts: another commit's tree (mkdir DIR; git archive REV | tar -x -C DIR) whose "
                       "publish path runs beside this one's, by turns on the same outputs")
   parser.add_argument("--publish-runs", type=int, default=300, help="timed frames of the in-process split, per layout")
+  parser.add_argument("--publish-idle-ms", type=float, default=0.0, help="sleep this long before each in-process frame (50: modeld's idle at 20 Hz)")
+  parser.add_argument("--modeld-core", type=int, help="pin modeld to this CPU core (modeld --core: SCHED_FIFO where permitted)")
   parser.add_argument("--json")
   args = parser.parse_args(argv)
   try:
@@ -233,22 +242,24 @@ def main(argv: list[str] | None = None) -> int:
   if args.frames < 1 or any(r < 0 for r in rates) or any(b < 0 for b in beams): parser.error("--frames must be positive, --rates and --beams not negative")
   if args.baseline and not args.publish_layouts: parser.error("--baseline needs --publish-layouts")
   if args.publish_runs < 1: parser.error("--publish-runs must be positive")
+  if not 0 <= args.publish_idle_ms <= 1000: parser.error("--publish-idle-ms must be within 0 to 1000")
+  if args.modeld_core is not None and args.modeld_core not in os.sched_getaffinity(0): parser.error(f"--modeld-core {args.modeld_core} is not a core here")
   log = lambda s: print(s, file=sys.stderr, flush=True)
   if args.publish_layouts: return publish_layouts(args, log)
   runs, split = [], {}
   for beam in beams:
     artifacts = os.path.join(args.workdir, f"beam{beam}")
     built = build(args.model, args.generation, [size], artifacts, log, beam)
-    split[beam] = publish_split(*bundle_layout(built["model"]), args.publish_runs)
+    split[beam] = publish_split(*bundle_layout(built["model"]), args.publish_runs, idle_s=args.publish_idle_ms / 1e3)
     for rate in rates if not args.publish_only else ():
       log(f"BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
-      runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log) | {"beam": beam})
+      runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log, args.modeld_core) | {"beam": beam})
       write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "runs": runs, "partial": True})  # row by row
   print(f"modeld end to end: {args.model} {args.generation} (random-weight stand-in), {args.camera}, device {Device.DEFAULT}, "
         f"latencies in ms, {args.frames} timed frames per row")
   if runs: print(table(runs))
   for beam, s in split.items():
-    print(f"\nBEAM={beam} bundle's layout, in this process (p50 / p10 / p99 ms): " + split_line(s))
+    print(f"\nBEAM={beam} bundle's layout, in this process{idle_note(args)} (p50 / p10 / p99 ms): " + split_line(s))
   write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "device": Device.DEFAULT, "runs": runs,
                          "publish_split_ms": split, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   return 0
@@ -276,8 +287,8 @@ def publish_layouts(args: argparse.Namespace, log) -> int:
   splits = {}
   for generation in NAMES:
     log(f"{generation}: {args.publish_runs} frames ...")
-    splits[generation] = publish_split(*stand_in_layout(generation), args.publish_runs, baseline)
-  print(f"modeld's publish path in this process, per stand-in layout, {args.publish_runs} frames, p50 (p10) ms"
+    splits[generation] = publish_split(*stand_in_layout(generation), args.publish_runs, baseline, args.publish_idle_ms / 1e3)
+  print(f"modeld's publish path in this process, per stand-in layout, {args.publish_runs} frames{idle_note(args)}, p50 (p10) ms"
         + (f"; baseline {args.baseline} by turns on the same outputs" if baseline else ""))
   print(layouts_table(splits))
   write_json(args.json, {"publish_split_ms": splits, "baseline": args.baseline})

@@ -1,3 +1,5 @@
+import gc
+
 from sunnypilot.modeld_v2 import messaging
 
 def test_set_fields_resolves_shared_parents_and_skips_under_a_missing_one():
@@ -12,3 +14,15 @@ def test_set_fields_resolves_shared_parents_and_skips_under_a_missing_one():
   m.position.x, m.position.y, m.frameId = [3.0], [4.0], 7
   ref.logMonoTime = msg.logMonoTime
   assert msg.to_bytes() == ref.to_bytes()
+
+def test_set_fields_makes_no_reference_cycles():
+  """modeld runs with the garbage collector off (openpilot's config_realtime_process): a message built through set_fields every frame
+  (the pycapnp path, where no byte template fits) must leave nothing that only the collector could free."""
+  values = {"frameId": 1, "meta.engagedProb": 0.5, "position.x": [1.0, 2.0], "leadsV3": [{"x": [1.0]}], "noSuchStruct.x": 1}
+  messaging.set_fields(messaging.new_message("modelV2").modelV2, values)
+  gc.collect()
+  gc.disable()
+  try:
+    for _ in range(10): messaging.set_fields(messaging.new_message("modelV2").modelV2, values)
+    assert gc.collect() == 0
+  finally: gc.enable()

@@ -185,6 +185,8 @@ def test_100_frames_in_100_frames_out(artifacts, openpilot_prefix):
     assert msgs["cameraOdometry"].timestampEof == m.timestampEof and msgs["drivingModelData"].frameIdExtra == frame_id
     check_fields(msgs, slices)
   assert daemon.stop() == 0, "SIGTERM is a clean exit"
+  # the collector is off while frames run (openpilot's config_realtime_process): a reference cycle made per frame would never be freed
+  assert any("published frames; the frame loop left 0 objects in reference cycles" in line for line in daemon.lines), daemon.lines[-3:]
   assert all(daemon.messages[i]["modelV2"][1] for i in range(21, 100)), "valid once a calibration arrived (camerad's replay sends one per second)"
   assert [daemon.raw(i) for i in range(100)] == reference(artifacts, list(range(100))), "outputs equal the adapter run directly on the same frames"
 
@@ -192,7 +194,9 @@ def test_split_09_frames_in_messages_out(split_09, openpilot_prefix):
   """A 0.9.x vision+policy pair end to end: every frame published, host inputs filled by name as openpilot did, fields from its heads."""
   from sunnypilot.modeld_v2.loader import load_bundle
   slices = load_bundle(os.path.join(split_09, "model.bin")).metadata["output_slices"]
-  daemon = Daemon(split_09)
+  core = max(os.sched_getaffinity(0))
+  daemon = Daemon(split_09, args=("--core", str(core)))  # pinned as openpilot's modeld is on a device (SCHED_FIFO only where permitted)
+  assert os.sched_getaffinity(daemon.proc.pid) == {core} and any(f"pinned to core {core}" in line for line in daemon.lines)
   for frame_id in range(30):
     daemon.send(frame_id)
     check_fields(daemon.receive(frame_id), slices)

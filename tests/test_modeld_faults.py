@@ -239,7 +239,8 @@ def test_zero_length_message(artifacts, openpilot_prefix):
   assert code == 0
 
 @pytest.mark.parametrize("flag,value", [("--lat-delay", "nan"), ("--lat-delay", "-inf"), ("--long-delay", "-0.375"), ("--long-delay", "6"),
-                                        ("--lat-delay", "abc"), ("--max-frames", "0"), ("--max-frames", "-3")])
+                                        ("--lat-delay", "abc"), ("--max-frames", "0"), ("--max-frames", "-3"), ("--core", "100000"),
+                                        ("--core", "seven")])
 def test_bad_arguments_are_refused_at_parse_time(flag, value, tmp_path):
   """--long-delay -0.375 made action_t zero: ZeroDivisionError on the first frame; NaN delays reached the model."""
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", str(tmp_path), flag, value], cwd=ROOT,

@@ -24,22 +24,25 @@ def ensure_prefix_dir() -> None:
 
 def has_service(name: str) -> bool: return name in log.Event.schema.union_fields
 
+def _struct_at(nodes: dict[str, tuple[Any, frozenset[str]] | None], key: str) -> tuple[Any, frozenset[str]] | None:
+  """The struct at dotted path `key` and its field names, None where this schema lacks one on the way; `nodes` caches them per call. A
+  module function, not a closure: a closure calling itself is a reference cycle, and modeld runs with the garbage collector off."""
+  if key not in nodes:
+    head, _, name = key.rpartition(".")
+    up = _struct_at(nodes, head)
+    node = getattr(up[0], name) if up is not None and name in up[1] else None
+    nodes[key] = None if node is None else (node, frozenset(node.schema.fieldnames))
+  return nodes[key]
+
 def set_fields(builder: Any, values: dict[str, Any], prefix: str = "") -> list[str]:
   """Write {dotted field path: value} into a capnp struct builder (a dict fills a struct, a list of dicts a struct list, an array a list), setting only
   fields this schema has: openpilot's cereal and the bundled one differ. Returns the paths it skipped. Each struct on the way is looked
   up, and its field names read, once per call (modeld fills ~130 fields per frame, many under the same parents)."""
   skipped = []
   nodes: dict[str, tuple[Any, frozenset[str]] | None] = {"": (builder, frozenset(builder.schema.fieldnames))}  # parent path -> struct, names
-  def resolve(key: str) -> tuple[Any, frozenset[str]] | None:
-    if key not in nodes:
-      head, _, name = key.rpartition(".")
-      up = resolve(head)
-      node = getattr(up[0], name) if up is not None and name in up[1] else None
-      nodes[key] = None if node is None else (node, frozenset(node.schema.fieldnames))
-    return nodes[key]
   for path, value in values.items():
     head, _, leaf = path.rpartition(".")
-    if (up := resolve(head)) is None or leaf not in up[1]: skipped.append(prefix + path)
+    if (up := _struct_at(nodes, head)) is None or leaf not in up[1]: skipped.append(prefix + path)
     elif isinstance(value, dict): skipped += set_fields(getattr(up[0], leaf), value, f"{prefix}{path}.")
     elif isinstance(value, list) and value and isinstance(value[0], dict):
       items = up[0].init(leaf, len(value))

@@ -18,6 +18,7 @@ checking the bundles artifacts.py's.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -44,12 +45,15 @@ from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
-# launched, outputs read back (the device done), outputs parsed and messages filled, messages serialized, messages sent
-STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send")
+# launched, outputs read back (the device done), outputs parsed and messages filled, modelV2 serialized, modelV2 sent (what controls
+# wait for, so it goes first), drivingModelData and cameraOdometry serialized and sent
+STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
 ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone
 DRIVING_STYLE = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # sunnypilot's default driving_style input (modeld.py @002f69b0)
+# openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
+DEVICE_CORE, REALTIME_PRIORITY = 7, 54
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,17 @@ def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, 
   return {HOST_TRANSFORM: m_inv, "desire": desire, "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
           "lateral_control_params": [max(v_ego, 0.0), lat_delay], "driving_style": DRIVING_STYLE, "prepare_only": [float(prepare_only)],
           "lat_planner_state": lat_planner_state}
+
+def config_realtime(core: int | None) -> str:
+  """openpilot's config_realtime_process (common/realtime.py @0318f5a6): the garbage collector off, so that no collection pauses a frame
+  (the frame loop makes no reference cycles: modeld counts them on exit, the tests check it), and with a core the process pinned to it at
+  SCHED_FIFO priority REALTIME_PRIORITY (openpilot does that on a device only; on a PC --core asks for it). Returns what it did, for the log."""
+  gc.disable()
+  if core is None: return "garbage collector off"
+  os.sched_setaffinity(0, [core])
+  try: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+  except PermissionError: return f"garbage collector off, pinned to core {core}; SCHED_FIFO {REALTIME_PRIORITY} not permitted here: normal priority"
+  return f"garbage collector off, pinned to core {core} at SCHED_FIFO {REALTIME_PRIORITY}"
 
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
@@ -159,6 +174,7 @@ class ModelD:
       self.adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
       self.adapter.run()
     self.adapter.reset_warmup_buffers()
+    gc.collect()  # what loading left in reference cycles, once: the collector is off while frames run
     return True
 
   def transforms(self, rpy) -> np.ndarray:
@@ -196,10 +212,11 @@ class ModelD:
     self.episodes.happened("outputs", f"frame {frame_id}: non-finite model outputs: recurrent states reset, its messages marked valid=False")
     return False
 
-  def run(self, max_frames: int | None = None) -> int:
+  def run(self, max_frames: int | None = None, core: int | None = None) -> int:
     from sunnypilot.modeld_v2.device_params import camera_offset, device_params, read_car_params
     from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     params = device_params()
+    log.info(config_realtime(DEVICE_CORE if core is None and params is not None else core))
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
@@ -252,14 +269,24 @@ class ModelD:
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t, finite)
       values = self.publish_state.fill(None, filled, self.slices, frame, car, lateral_active(sm), parsed)
       t_fill = time.monotonic_ns()
-      data = self.publish_state.serialize(values, frame)
+      model_v2 = self.publish_state.serialize(values, frame, SERVICES[:1])["modelV2"]
       t_serialize = time.monotonic_ns()
-      for service, raw in data.items(): pm.send(service, raw)
+      pm.send("modelV2", model_v2)
+      t_send = time.monotonic_ns()
+      for service, raw in self.publish_state.serialize(values, frame, SERVICES[1:]).items(): pm.send(service, raw)
       if self.timings is not None:
-        self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, time.monotonic_ns()])
+        self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, t_send, time.monotonic_ns()])
       published += 1
-    log.info(f"exiting after {published} published frames")
+      if published == 1: gc.collect()  # the first frame built the message templates (pycapnp's schema objects hold reference cycles)
+    log.info(f"exiting after {published} published frames; the frame loop left {gc.collect()} objects in reference cycles")
     return 0
+
+def core_arg(text: str) -> int:
+  """A CPU core this process may run on."""
+  try: core = int(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"expected a CPU core number, got {text!r}") from None
+  if core not in (allowed := os.sched_getaffinity(0)): raise argparse.ArgumentTypeError(f"core {core} is not one this process may use: {sorted(allowed)}")
+  return core
 
 @interruptible("modeld")
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{CAMERA_OFFSET_MAX:g} either way: the camera seen as moved sideways by this much (a shear of the warp); the CameraOffset "
                       "parameter on a device")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
+  parser.add_argument("--core", type=core_arg, help="pin modeld to this CPU core at SCHED_FIFO priority "
+                      f"{REALTIME_PRIORITY} (where permitted), as openpilot's modeld does on a device (core {DEVICE_CORE}, the default there)")
   parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
   args = parser.parse_args(argv)
   prefix = os.environ.get("OPENPILOT_PREFIX")
@@ -295,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stop)
   try: daemon.new_img = check_artifacts(args.artifacts, report=daemon.log_once)
   except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
-  try: code = daemon.run(args.max_frames)
+  try: code = daemon.run(args.max_frames, args.core)
   except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")
   finally: claim.close()
   if args.timings:

@@ -114,12 +114,14 @@ class PublishState:
         for path in set_fields(getattr(msgs[service], service), values[service]): self._report_skipped(f"{service}.{path}")
     return values
 
-  def serialize(self, values: dict[str, dict[str, Any]], frame: FrameInfo, log_mono_time: int | None = None) -> dict[str, bytes]:
-    """The Event bytes of fill's `values` per service, with frame.valid and logMonoTime (now unless given): what fill(msgs) then
-    to_bytes() gives, written into a template of each message's bytes instead of through pycapnp (message_template.py)."""
+  def serialize(self, values: dict[str, dict[str, Any]], frame: FrameInfo, services: Sequence[str] = SERVICES,
+                log_mono_time: int | None = None) -> dict[str, bytes]:
+    """The Event bytes of fill's `values` for each of `services`, with frame.valid and logMonoTime (now unless given): what fill(msgs)
+    then to_bytes() gives, written into a template of each message's bytes instead of through pycapnp (message_template.py). modeld
+    asks for modelV2 alone first and sends it before making the other two."""
     mono, valid = time.monotonic_ns() if log_mono_time is None else log_mono_time, frame.valid  # valid: a property, made once
     out = {}
-    for service in SERVICES:
+    for service in services:
       out[service], skipped = self.serializer.serialize(service, {"logMonoTime": mono, "valid": valid[service], service: values[service]})
       for path in skipped: self._report_skipped(path)
     return out
