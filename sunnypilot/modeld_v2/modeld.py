@@ -45,8 +45,8 @@ from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
-# launched, outputs read back (the device done), outputs parsed and messages filled, modelV2 serialized, modelV2 sent (what controls
-# wait for, so it goes first), drivingModelData and cameraOdometry serialized and sent
+# launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
+# wait for, so it goes first), drivingModelData and cameraOdometry filled, serialized and sent
 STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
@@ -216,7 +216,8 @@ class ModelD:
     from sunnypilot.modeld_v2.device_params import camera_offset, device_params, read_car_params
     from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     params = device_params()
-    log.info(config_realtime(DEVICE_CORE if core is None and params is not None else core))
+    device_core = DEVICE_CORE if params is not None and DEVICE_CORE in os.sched_getaffinity(0) else None  # a PC with openpilot may lack core 7
+    log.info(config_realtime(device_core if core is None else core))
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
@@ -267,18 +268,19 @@ class ModelD:
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         bool(sm.seen.get("liveCalibration")), lat_t, long_t, finite)
-      values = self.publish_state.fill(None, filled, self.slices, frame, car, lateral_active(sm), parsed)
+      values = {"modelV2": self.publish_state.fill_model_v2(filled, self.slices, frame, car, lateral_active(sm), parsed)}
       t_fill = time.monotonic_ns()
       model_v2 = self.publish_state.serialize(values, frame, SERVICES[:1])["modelV2"]
       t_serialize = time.monotonic_ns()
-      pm.send("modelV2", model_v2)
+      pm.send("modelV2", model_v2)  # what controls wait for: the other two messages are made after it is sent
       t_send = time.monotonic_ns()
-      for service, raw in self.publish_state.serialize(values, frame, SERVICES[1:]).items(): pm.send(service, raw)
+      for service, raw in self.publish_state.serialize(self.publish_state.fill_rest(), frame, SERVICES[1:]).items(): pm.send(service, raw)
       if self.timings is not None:
         self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, t_send, time.monotonic_ns()])
       published += 1
       if published == 1: gc.collect()  # the first frame built the message templates (pycapnp's schema objects hold reference cycles)
-    log.info(f"exiting after {published} published frames; the frame loop left {gc.collect()} objects in reference cycles")
+    log.info(f"the frame loop left {gc.collect()} objects in reference cycles (the collector is off while it runs)")
+    log.info(f"exiting after {published} published frames")
     return 0
 
 def core_arg(text: str) -> int:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,6 +56,13 @@ class FrameInfo:
     return {"modelV2": ok, "drivingModelData": ok, "cameraOdometry": ok and self.dropped_frames < 1}
 
 
+class FrameParts(NamedTuple):
+  """What the frame's other messages need from fill_model_v2: the parsed outputs, the action and lane-change state it computed."""
+  parsed: dict[str, np.ndarray]
+  action: Action | None
+  lane_change: dict[str, int]
+  frame: FrameInfo
+
 class PublishState:
   def __init__(self, lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS, send_raw: bool = False,
                log: Callable[[str], None] | None = None, rules: Rules = GENERATIONS["split_09"]):
@@ -69,6 +76,7 @@ class PublishState:
     self.reported: set[str] = set()
     self.serializer = Serializer()  # a byte template per service: serialize()
     self._parser: tuple[dict, tuple, OutputParser] | None = None  # (the slices last asked for, their layout, its parser): parser()
+    self.frame_parts: FrameParts | None = None  # what fill_model_v2 leaves for fill_rest
 
   def desire_input(self) -> np.ndarray:
     """The model's desire input for this frame: DesireHelper's desire one-hot, index 0 (none) zeroed, and only on its rising edge (the
@@ -84,7 +92,17 @@ class PublishState:
     """Fill the Event builders msgs[s] for s in SERVICES, Event.valid included (msgs None: only return the values), from the raw output
     vector and its `output_slices` (or `parsed`, the daemon's parse_outputs of them), advancing the action, FCW, confidence, lane-change
     and lat_planner_state by one frame. `car_state`: carState (a reader or any CarStateLike); `lateral_active`: carControl.latActive.
-    Returns the values written, {service: {field path: value}}, including fields this schema lacks."""
+    Returns the values written, {service: {field path: value}}, including fields this schema lacks. fill_model_v2 then fill_rest, in one."""
+    values = {"modelV2": self.fill_model_v2(outputs, slices, frame, car_state, lateral_active, parsed)} | self.fill_rest()
+    for service in SERVICES if msgs is not None else ():
+      msgs[service].valid = frame.valid[service]
+      for path in set_fields(getattr(msgs[service], service), values[service]): self._report_skipped(f"{service}.{path}")
+    return values
+
+  def fill_model_v2(self, outputs: np.ndarray, slices: dict[str, Sequence[int]], frame: FrameInfo, car_state: CarStateLike, lateral_active: bool,
+                    parsed: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """modelV2's values of this frame, advancing the frame's state (as fill says); fill_rest() then gives the other two messages' values of
+    the same frame. modeld sends modelV2, which controls wait for, in between."""
     if parsed is None: parsed = self.parser(slices)(outputs)
     if "plan" in parsed:
       self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0), self.rules,
@@ -93,26 +111,28 @@ class PublishState:
       solution = parsed["lat_planner_solution"]
       self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_IDXS, solution[:, 2]), np.interp(DT_MDL, T_IDXS, solution[:, 3])]
     action = self.action if "plan" in parsed else None
-    fields = {"modelV2": model_v2_fields(parsed, action, self.hard_brake, self.confidence, frame.frame_id),
-              "drivingModelData": driving_model_data_fields(parsed, action), "cameraOdometry": camera_odometry_fields(parsed)}
+    fields = model_v2_fields(parsed, action, self.hard_brake, self.confidence, frame.frame_id)
     lane_change = self._update_lane_change(parsed, car_state, lateral_active)
-    values = {
-      "modelV2": fields["modelV2"].values | lane_change | {
-        "frameId": frame.frame_id, "frameIdExtra": frame.frame_id_extra, "frameAge": max(frame.road_frame_id - frame.frame_id, 0),
-        "frameDropPerc": frame.frame_drop_perc, "timestampEof": frame.timestamp_eof, "modelExecutionTime": frame.model_execution_time,
-      } | ({"rawPredictions": np.ascontiguousarray(outputs, np.float32).tobytes()} if self.send_raw else {}),
+    self._report_missing("modelV2", fields)
+    self.frame_parts = FrameParts(parsed, action, lane_change, frame)
+    return fields.values | lane_change | {
+      "frameId": frame.frame_id, "frameIdExtra": frame.frame_id_extra, "frameAge": max(frame.road_frame_id - frame.frame_id, 0),
+      "frameDropPerc": frame.frame_drop_perc, "timestampEof": frame.timestamp_eof, "modelExecutionTime": frame.model_execution_time,
+    } | ({"rawPredictions": np.ascontiguousarray(outputs, np.float32).tobytes()} if self.send_raw else {})
+
+  def fill_rest(self) -> dict[str, dict[str, Any]]:
+    """drivingModelData's and cameraOdometry's values of the frame fill_model_v2 last filled."""
+    if self.frame_parts is None: raise RuntimeError("fill_rest before fill_model_v2")
+    parsed, action, lane_change, frame = self.frame_parts
+    fields = {"drivingModelData": driving_model_data_fields(parsed, action), "cameraOdometry": camera_odometry_fields(parsed)}
+    for service, f in fields.items(): self._report_missing(service, f)
+    return {
       "drivingModelData": fields["drivingModelData"].values | lane_change | {
         "frameId": frame.frame_id, "frameIdExtra": frame.frame_id_extra, "frameDropPerc": frame.frame_drop_perc,
         "modelExecutionTime": frame.model_execution_time,
       },
       "cameraOdometry": fields["cameraOdometry"].values | {"frameId": frame.frame_id, "timestampEof": frame.timestamp_eof},
     }
-    for service in SERVICES:
-      self._report_missing(service, fields[service])
-      if msgs is not None:
-        msgs[service].valid = frame.valid[service]
-        for path in set_fields(getattr(msgs[service], service), values[service]): self._report_skipped(f"{service}.{path}")
-    return values
 
   def serialize(self, values: dict[str, dict[str, Any]], frame: FrameInfo, services: Sequence[str] = SERVICES,
                 log_mono_time: int | None = None) -> dict[str, bytes]:
