@@ -153,8 +153,8 @@ def open_regular(path: str) -> BinaryIO:
 
 def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None) -> int:
   """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
-  atomically: a temporary file renamed into place, removed on any failure. `flags` override the build flags provenance records. Returns
-  the size in bytes."""
+  atomically: a temporary file renamed into place, removed on any failure (an OSError, such as a full disk, raised as an ArtifactError).
+  `flags` override the build flags provenance records. Returns the size in bytes."""
   if not parts: raise ArtifactError("a bundle needs at least one part")
   headers = {name: header.to_json() if isinstance(header, Part) else header for name, (header, _) in parts.items()}
   devices = {device_kind(h["device"]) for h in headers.values()}
@@ -166,7 +166,9 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
   head = {"provenance": provenance(next(iter(headers.values()))["device"], flags), "parts": index, "extras": extras}
   data = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
   digest = hashlib.sha256(data + blob).digest()
-  with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+  try:
+    with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+  except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None  # a full disk: one line from every compiler
   return PREAMBLE.size + len(data) + len(blob)
 
 # *** reading ***
