@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
+from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
 from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--warp-to", required=True, help="model input WxH, e.g. 512x256")
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--split-frames", action="store_true", help="one input per camera (frame, big_frame), bound to the camera buffers by pointer")
-  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow once: "
-                      "tinygrad caches the searches); the bundle then ships the searched kernels. Default: the BEAM environment setting, else 0")
+  add_compile_flags(parser, layers=False)
   args = parser.parse_args(argv)
   try:
     parse_frame(args.frame), parse_size(args.warp_to)
