@@ -200,3 +200,25 @@ def test_every_metadata_field_mutated_is_an_artifact_error_or_still_works(native
         except ArtifactError: rejected += 1
         except Exception as e: pytest.fail(f"{which} metadata{''.join(f'[{k!r}]' for k in path)} = {bad!r:.40}: {type(e).__name__}: {e}")
   assert rejected > 50
+
+def test_warp_discovery_skips_a_warp_for_the_reason_the_reader_refuses_it(native_artifacts, tmp_path):
+  """modeld's warp discovery and read_parts apply one set of warp rules: each warp the reader refuses is skipped with the reader's own
+  message, a frame input of another size included (the frame it declares would read past the buffer)."""
+  from sunnypilot.modeld_v2.artifacts import warp_bundles
+  warp = os.path.join(native_artifacts, "warp_split.bin")
+  head, blob = bundle.read_bundle(warp)
+  size = head["extras"]["input_specs"]["frame"][0][0]
+  cases = {"frame_inputs": (("input_specs", "big_frame"), [[size + 1], "|u1", "CPU"], "frame inputs"),
+           "frame_number": (("metadata", "frame"), 7, "warp frame is int"), "frame_short": (("metadata", "frame"), "1344,760", "warp frame: --frame"),
+           "split_flag": (("metadata", "split_frames"), 1, "warp split_frames is int"), "size_odd": (("metadata", "model_size"), [511, 256], "warp model_size")}
+  for name, ((table, key), value, _) in cases.items():
+    edited = copy.deepcopy(head)
+    edited["extras"][table][key] = value
+    data = json.dumps(edited).encode()
+    with open(tmp_path / f"{name}.bin", "wb") as f:
+      f.write(bundle.PREAMBLE.pack(bundle.MAGIC, bundle.FORMAT_VERSION, len(data), hashlib.sha256(data + blob).digest()) + data + blob)
+  lines = []
+  assert warp_bundles(str(tmp_path), report=lines.append) == [] and len(lines) == len(cases), lines
+  for name, (_, _, message) in cases.items():
+    with pytest.raises(ArtifactError, match=re.escape(message)) as refused: read_parts(str(tmp_path / f"{name}.bin"))
+    assert f"skipping {refused.value}" in lines, f"{name}: {lines}"

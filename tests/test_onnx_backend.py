@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from sunnypilot.modeld_v2.bundle_compile import layer_boundaries
 from sunnypilot.modeld_v2.compile_onnx import compile_onnx
-from sunnypilot.modeld_v2.onnx_compile import layer_boundaries
 
 from conftest import NO_COMPILE, run_python
 

@@ -24,7 +24,7 @@ from sunnypilot.modeld_v2 import (
   synthetic_route,
 )
 from sunnypilot.modeld_v2.bundle import ArtifactError, write_bundle
-from sunnypilot.modeld_v2.warp import camerad_frame
+from sunnypilot.modeld_v2.warp import camerad_frame, unpadded_frame
 
 from conftest import ROOT, conv_net
 
@@ -97,6 +97,38 @@ def test_empty_and_unwritable_outputs_are_refused_before_work(tmp_path, native_a
       assert exit_code(main, argv(output)) == 2, f"{name} {output!r}"
       err = capsys.readouterr().err
       assert message in err and err.count("\n") == 1, f"{name}: {err}"
+
+def test_compile_warp_checks_its_output_first_as_a_library_call_and_as_a_cli(tmp_path, capsys, no_work):
+  """compile_warp() checked its output only in its CLI: as a library call it captured first and failed only at the write. Now the check
+  opens the library call: an ArtifactError before any work, and the CLI prints that same line and exits 2; nothing is left behind."""
+  paths = special_files(tmp_path)
+  before = sorted(os.listdir(tmp_path)), kinds(paths)
+  outputs = {**{path: "not a regular file" if kind != "folder" else "is a folder" for kind, path in paths.items()}, "": "the output path is empty",
+             "/proc/version": "cannot write /proc/version", str(tmp_path / "missing" / "w.bin"): "does not exist"}
+  for output, message in outputs.items():
+    with pytest.raises(ArtifactError, match=message) as refused: compile_warp.compile_warp(FRAME, "512x256", output)
+    assert exit_code(compile_warp.main, ["--frame", FRAME, "--warp-to", "512x256", "--output", output]) == 2, repr(output)
+    assert capsys.readouterr().err == f"compile_warp: error: {refused.value}\n", repr(output)
+  assert (sorted(os.listdir(tmp_path)), kinds(paths)) == before, "no file made, none replaced"
+
+def test_compile_warp_on_a_full_disk_leaves_no_partial_file(tmp_path, capsys, monkeypatch):
+  """The disk fills while the bundle is written: the library call raises an ArtifactError naming the file, the CLI prints it in one line
+  and exits 2 (it was exit 1 with a bare errno line); no output and no temporary file either way."""
+  class FullDisk:
+    def __init__(self, path, mode): self.f = open(path, mode)
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.f.close()
+    def write(self, data):
+      self.f.write(data[:len(data) // 2])
+      raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(bundle, "open", FullDisk, raising=False)
+  tiny, out = unpadded_frame(64, 32).spec, str(tmp_path / "w.bin")
+  with pytest.raises(ArtifactError, match=f"cannot write {out}: No space left on device"): compile_warp.compile_warp(tiny, "32x16", out, log=lambda s: None)
+  assert os.listdir(tmp_path) == []
+  assert exit_code(compile_warp.main, ["--frame", tiny, "--warp-to", "32x16", "--output", out]) == 2
+  err = capsys.readouterr().err
+  assert err.splitlines()[-1] == f"compile_warp: error: cannot write {out}: No space left on device" and "Traceback" not in err, err
+  assert os.listdir(tmp_path) == []
 
 @pytest.fixture(scope="module")
 def small_bundle_part():

@@ -1,6 +1,6 @@
 """Finding and checking the daemon's artifacts: the model bundle and the warp bundles in an --artifacts folder. Every header field that
-discovery, the live frame match and fusion read is checked here, before use: a stale or crafted file is skipped with one line, never a
-crash when the camera connects."""
+discovery, the live frame match and fusion read is checked before use (by the bundle reader's rules, then against the model): a stale or
+crafted file is skipped with one line, never a crash when the camera connects."""
 from __future__ import annotations
 
 import glob
@@ -9,27 +9,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, check_provenance, read_bundle
-from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, NV12Frame, parse_frame
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_metadata, check_provenance, read_bundle
+from sunnypilot.modeld_v2.warp import NV12Frame, parse_frame
 
 log = logging.getLogger(__name__)
 
 def spec_shape(spec: Any) -> list | None:
   """The shape of a header's tensor spec ([shape, dtype, device]), or None if it is not one."""
   return spec[0] if isinstance(spec, list) and spec and isinstance(spec[0], list) else None
-
-def warp_problem(extras: dict, new_img: list | None) -> str | None:
-  """Why a warp bundle's extras cannot serve a model taking `new_img` planes, or None."""
-  meta, inputs, outputs = extras.get("metadata"), extras.get("input_specs"), extras.get("output_specs")
-  if not (isinstance(meta, dict) and isinstance(inputs, dict) and isinstance(outputs, dict)): return "no metadata, input_specs or output_specs"
-  if not isinstance(meta.get("frame"), str): return f"metadata frame {meta.get('frame')!r} is not a frame spec"
-  try: frame = parse_frame(meta["frame"])
-  except ValueError as e: return f"metadata frame: {e}"
-  if not isinstance(split := meta.get("split_frames"), bool): return f"metadata split_frames {split!r} is not true or false"
-  frames = dict.fromkeys(WARP_FRAMES, [frame.size]) if split else {PACKED_FRAMES: [2, frame.size]}
-  if (got := {name: spec_shape(inputs.get(name)) for name in frames}) != frames: return f"its frame inputs {got} do not hold {frame.spec} frames"
-  if new_img is not None and (made := spec_shape(outputs.get("warped"))) != new_img: return f"it makes {made} planes, the model takes new_img {new_img}"
-  return None
 
 def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning,
                  new_img: list | None = None) -> list[tuple[str, dict]]:
@@ -45,8 +32,10 @@ def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[st
       meta = head["extras"]["metadata"]
       if meta.get("kind") != "warp": continue
       check_provenance(head["provenance"], device, path)
-      if (problem := warp_problem(head["extras"], new_img)) is None: out.append((path, meta))
-      else: report(f"skipping {path}: {problem}")
+      check_metadata(head["extras"], path)  # the bundle reader's rules: a frame spec, a split flag, frame inputs that hold the frame
+      if new_img is not None and (made := spec_shape(head["extras"].get("output_specs", {}).get("warped"))) != new_img:
+        report(f"skipping {path}: it makes {made} planes, the model takes new_img {new_img}")
+      else: out.append((path, meta))
     except ArtifactError as e: report(f"skipping {e}")
     except Exception as e:  # any file in the folder may be damaged or crafted (deep JSON, huge numbers): skipped with its reason, never a crash
       report(f"skipping {path}: unusable header ({type(e).__name__}: {str(e)[:160]})")

@@ -23,7 +23,7 @@ from tinygrad.helpers import getenv
 
 from sunnypilot.modeld_v2.parse_model_outputs import check_output_slices
 from sunnypilot.modeld_v2.part_format import ArtifactError, Part, device_kind, expect, ints, within
-from sunnypilot.modeld_v2.warp import parse_frame, parse_size
+from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, parse_frame, parse_size
 
 FORMAT_VERSION = 1
 MAGIC = b"SPMV2ART"
@@ -153,8 +153,8 @@ def open_regular(path: str) -> BinaryIO:
 
 def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None) -> int:
   """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
-  atomically: a temporary file renamed into place, removed on any failure. `flags` override the build flags provenance records. Returns
-  the size in bytes."""
+  atomically: a temporary file renamed into place, removed on any failure (an OSError, such as a full disk, raised as an ArtifactError).
+  `flags` override the build flags provenance records. Returns the size in bytes."""
   if not parts: raise ArtifactError("a bundle needs at least one part")
   headers = {name: header.to_json() if isinstance(header, Part) else header for name, (header, _) in parts.items()}
   devices = {device_kind(h["device"]) for h in headers.values()}
@@ -166,7 +166,9 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
   head = {"provenance": provenance(next(iter(headers.values()))["device"], flags), "parts": index, "extras": extras}
   data = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
   digest = hashlib.sha256(data + blob).digest()
-  with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+  try:
+    with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+  except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None  # a full disk: one line from every compiler
   return PREAMBLE.size + len(data) + len(blob)
 
 # *** reading ***
@@ -223,8 +225,7 @@ def check_parts(head: dict, blob: Any, path: str = "bundle") -> dict[str, Part]:
   for name, p in head["parts"].items():
     try: parts[name] = Part.from_json(p["header"], blob[slice(*within(p["blob"], len(blob), "blob"))])
     except ArtifactError as e: raise ArtifactError(f"{path}: malformed part {name!r}: {e}") from None
-  try: check_metadata(head["extras"])
-  except ArtifactError as e: raise ArtifactError(f"{path}: malformed metadata: {e}") from None
+  check_metadata(head["extras"], path)
   return parts
 
 # *** structure: every reference stays inside its own tables and blob, so a malformed header is an error, not a wild pointer ***
@@ -252,17 +253,28 @@ def _check_strings(value: Any, what: str, depth: int = 1) -> None:
     if depth > 1: _check_strings(v, f"{what}[{k!r:.40}]", depth - 1)
     else: expect(v, str, f"{what}[{k!r:.40}]")
 
-def check_metadata(extras: dict) -> None:
-  """The metadata the runtime and inspect read: a warp's frame geometry, model size and split flag; a model's layout, roles and
-  `output_slices` (parse_model_outputs.check_output_slices)."""
+def check_metadata(extras: dict, path: str = "bundle") -> None:
+  """Raise an ArtifactError naming `path` unless a read bundle's metadata is what the runtime, inspect and modeld's warp discovery read:
+  a warp's frame geometry, model size, split flag and frame inputs; a model's layout, roles and `output_slices`
+  (parse_model_outputs.check_output_slices)."""
+  try: _check_metadata(extras)
+  except ArtifactError as e: raise ArtifactError(f"{path}: malformed metadata: {e}") from None
+
+def _check_warp(extras: dict) -> None:
+  meta, inputs = extras["metadata"], extras.get("input_specs", {})
+  frame_spec, size = expect(meta.get("frame"), str, "warp frame"), ints(meta.get("model_size"), "warp model_size")
+  split = expect(meta.get("split_frames"), bool, "warp split_frames")
+  try: frame = parse_frame(frame_spec)
+  except ValueError as e: raise ArtifactError(f"warp frame: {e}") from None
+  try: parse_size("x".join(map(str, size)))
+  except ValueError as e: raise ArtifactError(f"warp model_size: {e}") from None
+  frames = dict.fromkeys(WARP_FRAMES, [frame.size]) if split else {PACKED_FRAMES: [2, frame.size]}  # what compile_warp declares
+  if (got := {name: inputs[name][0] if name in inputs else None for name in frames}) != frames:
+    raise ArtifactError(f"the warp's frame inputs {got} do not hold {frame.spec} frames")
+
+def _check_metadata(extras: dict) -> None:
   meta = extras.get("metadata", {})
-  if meta.get("kind") == "warp":
-    frame, size = expect(meta.get("frame"), str, "warp frame"), ints(meta.get("model_size"), "warp model_size")
-    expect(meta.get("split_frames"), bool, "warp split_frames")
-    try:
-      parse_frame(frame)
-      parse_size("x".join(map(str, size)))
-    except ValueError as e: raise ArtifactError(f"warp metadata: {e}") from None
+  if meta.get("kind") == "warp": _check_warp(extras)
   if meta.get("kind") != "model": return
   if "layout" in meta: expect(meta["layout"], str, "layout")
   if "input_roles" in meta: _check_strings(meta["input_roles"], "input_roles")

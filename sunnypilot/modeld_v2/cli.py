@@ -66,11 +66,12 @@ def model_files(args: argparse.Namespace) -> dict[str, str]:
   """{compile_model keyword: path} of the model files given."""
   return {key: path for key in MODEL_FILES if (path := getattr(args, key, None))}
 
-def add_compile_flags(parser: argparse.ArgumentParser) -> None:
-  """--beam and --fuse-layers, as every model compiler takes them."""
+def add_compile_flags(parser: argparse.ArgumentParser, layers: bool = True) -> None:
+  """--beam, as every compiler takes it, and --fuse-layers for a compiler of ONNX models (`layers`)."""
   parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
                       "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
                       "Default: the BEAM environment setting, else 0")
+  if not layers: return
   parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
                       "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, next_name
+from sunnypilot.modeld_v2.bundle_compile import BundleCompile
 from sunnypilot.modeld_v2.cli import add_compile_flags, add_model_flags, interruptible
 from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.input_queues import (  # POLICY_INPUTS, derive_frame_skip, make_*_input_queues: the seed's adapter imports them from here
@@ -37,7 +38,6 @@ from sunnypilot.modeld_v2.input_queues import (  # POLICY_INPUTS, derive_frame_s
   make_supercombo_input_queues,
 )
 from sunnypilot.modeld_v2.model_plan import Plan, QueuedPlan, plan_model
-from sunnypilot.modeld_v2.onnx_compile import OnnxCompile
 from sunnypilot.modeld_v2.onnx_model import ModelError
 
 __all__ = ["compile_model", "main", "make_step",  # then the seed's names (see compat.py)
@@ -90,10 +90,10 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
                   generation: str | None = None) -> dict:
   """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
   Returns a summary. Fails before any work when `output` cannot be written or `beam` cannot search here. `beam`: search every kernel
-  with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see onnx_compile.layer_boundaries).
+  with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see bundle_compile.layer_boundaries).
   `generation`: the model's generation (generations.GENERATIONS) when its ONNX does not tell."""
   from tinygrad.nn.onnx import OnnxRunner
-  job = OnnxCompile(output, (onnx, vision, policy, off_policy, on_policy), beam)
+  job = BundleCompile(output, (onnx, vision, policy, off_policy, on_policy), beam)
   plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip, generation)
   frame_skip = plan.queues.frame_skip if isinstance(plan, QueuedPlan) else None
   log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), generation {plan.generation} ({plan.generation_source}), "

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import ArtifactError
+from sunnypilot.modeld_v2.bundle_compile import BundleCompile
 from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
-from sunnypilot.modeld_v2.onnx_compile import OnnxCompile
 from sunnypilot.modeld_v2.onnx_model import ModelError, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
 from sunnypilot.modeld_v2.part_format import dtype_name, np_dtype
 
@@ -74,7 +74,7 @@ def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | No
   """Compile the ONNX at `onnx` into a bundle at `output`; returns a summary. Fails before any work when `output` cannot be written, `beam`
   cannot search here, or an input's shape is not fixed. `beam`, `fuse_layers`: as for compile_modeld."""
   from tinygrad.nn.onnx import OnnxRunner
-  job = OnnxCompile(output, (onnx,), beam)
+  job = BundleCompile(output, (onnx,), beam)
   model, specs = plan_inputs(onnx, shapes)
   outputs = [v.name for v in model.graph.output]
   log(f"{onnx}: inputs {', '.join(f'{n} {s} {np.dtype(d).name}' for n, (s, d) in specs.items()) or 'none'}; outputs {', '.join(outputs)}; on {job.device}")

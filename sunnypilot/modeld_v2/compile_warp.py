@@ -11,44 +11,34 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
+from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
 from sunnypilot.modeld_v2.warp import camerad_frame, parse_frame, parse_size
 
 logger = logging.getLogger(__name__)
 
-def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, seed: int = 42, beam: int | None = None,
+def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, beam: int | None = None,
                  log: Callable[[str], None] = logger.info) -> dict:
-  """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary.
-  `beam`: search the kernels with BEAM on this device (None: tinygrad's BEAM setting); refused on NULL before any work."""
-  from tinygrad import Device, Tensor
+  """Capture the warp for one frame geometry and model size, self-check it, write the bundle. Returns a summary. Fails before any work
+  (ArtifactError) when `output` cannot be written or `beam` cannot search here (None: tinygrad's BEAM setting; refused on NULL), and
+  (ValueError) on a malformed frame or size."""
+  from tinygrad import Tensor
 
-  from sunnypilot.modeld_v2.bundle import write_bundle
-  from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
-  from sunnypilot.modeld_v2.part_format import Part
+  from sunnypilot.modeld_v2.bundle_compile import BundleCompile
   from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM, make_frame_prepare
-  level = search_level(beam)
   frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
+  job = BundleCompile(output, (), beam)
   warp = make_frame_prepare(frame, model_w, model_h)
-  rng, dev = np.random.default_rng(seed), Device.DEFAULT
-  def make_inputs() -> dict:
-    frames, m_inv = rng.integers(0, 256, (2, frame.size), dtype=np.uint8), Tensor((rng.standard_normal((2, 3, 3)) * 8).astype(np.float32), device=dev)
-    if split_frames: return {WARP_FRAMES[i]: Tensor(frames[i], device=dev).realize() for i in range(2)} | {WARP_TRANSFORM: m_inv.realize()}
-    return {PACKED_FRAMES: Tensor(frames, device=dev).realize(), WARP_TRANSFORM: m_inv.realize()}
   if split_frames:  # the parameters' names are the bundle's input names (WARP_FRAMES, WARP_TRANSFORM)
     fn = lambda frame, big_frame, M_inv: Tensor.stack(warp(frame, M_inv[0]), warp(big_frame, M_inv[1]))
-    specs = dict.fromkeys(WARP_FRAMES, ((frame.size,), "|u1", dev))
+    specs = dict.fromkeys(WARP_FRAMES, ((frame.size,), np.uint8))
   else:
     fn = lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame[i], M_inv[i]) for i in range(2)))
-    specs = {PACKED_FRAMES: ((2, frame.size), "|u1", dev)}
-  log(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {dev} ...")
-  with compile_session() as null_holds_data: part = capture(fn, make_inputs, null_holds_data=null_holds_data, beam=level, log=log).part
-  specs |= {WARP_TRANSFORM: ((2, 3, 3), "<f4", dev)}
-  out_shape = (2, 6, model_h // 2, model_w // 2)
+    specs = {PACKED_FRAMES: ((2, frame.size), np.uint8)}
+  specs |= {WARP_TRANSFORM: ((2, 3, 3), np.float32)}
+  log(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {job.device} ...")
+  _, part, _ = job.capture(lambda: fn, lambda: job.random_inputs(specs), fuse_layers=True, log=log)  # no ONNX runners: no layers to bound
   metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}
-  size = write_bundle(output, {"run": part}, {"input_specs": specs, "output_specs": {"warped": (out_shape, "|u1", dev)}, "metadata": metadata},
-                      flags={"BEAM": level})
-  calls = Part.from_json(*part).calls
-  return {"output": output, "kernels": sum(c.kind == "program" for c in calls), "calls": len(calls), "bytes": size}
+  return job.write(part, specs, {"warped": ((2, 6, model_h // 2, model_w // 2), np.uint8)}, metadata)
 
 @interruptible("compile_warp")
 def main(argv: list[str] | None = None) -> int:
@@ -58,21 +48,15 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--warp-to", required=True, help="model input WxH, e.g. 512x256")
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--split-frames", action="store_true", help="one input per camera (frame, big_frame), bound to the camera buffers by pointer")
-  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow once: "
-                      "tinygrad caches the searches); the bundle then ships the searched kernels. Default: the BEAM environment setting, else 0")
+  add_compile_flags(parser, layers=False)
   args = parser.parse_args(argv)
   try:
     parse_frame(args.frame), parse_size(args.warp_to)
   except ValueError as e:
     parser.error(str(e))
-  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
-  from sunnypilot.modeld_v2.capture import search_level
-  try:
-    check_output_path(args.output)
-    search_level(args.beam)
-  except ArtifactError as e: parser.exit(2, f"compile_warp: error: {e}\n")
+  from sunnypilot.modeld_v2.bundle import ArtifactError
   try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames, beam=args.beam)
-  except (ArtifactError, OSError) as e: parser.exit(1, f"compile_warp: error: {e}\n")
+  except ArtifactError as e: parser.exit(2, f"compile_warp: error: {e}\n")
   print(f"Saved warp to {summary['output']} ({summary['kernels']} kernels, {summary['calls']} calls, {summary['bytes']} bytes)")
   return 0
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bundle import next_name, state_names
-from sunnypilot.modeld_v2.onnx_compile import random_value
+from sunnypilot.modeld_v2.bundle_compile import random_value
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 
 def random_inputs(specs: dict, device: str, seed: int = 0) -> dict:

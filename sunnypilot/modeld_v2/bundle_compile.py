@@ -1,4 +1,4 @@
-"""One compile of ONNX models into a bundle, as both compilers (compile_modeld, compile_onnx) run it: the output and BEAM checks before any
+"""One compile into a bundle, as every compiler (compile_modeld, compile_onnx, compile_warp) runs it: the output and BEAM checks before any
 work, random inputs, a realize point per layer while tinygrad's ONNX runners trace, the capture inside a compile session, and the bundle
 written with a summary of what it holds."""
 from __future__ import annotations
@@ -32,9 +32,10 @@ def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -
   if dtype == np.uint8: return rng.integers(0, 256, shape, dtype=np.uint8)
   return rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else rng.integers(0, 2, shape).astype(dtype)
 
-class OnnxCompile:
+class BundleCompile:
   """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`)
-  or `beam` cannot search here; `capture` then captures a step, `write` writes the bundle."""
+  or `beam` cannot search here: a compiler makes it first thing, so its library call and its CLI check alike. `capture` then captures a
+  step, `write` writes the bundle."""
   def __init__(self, output: str, sources: Iterable[str | None], beam: int | None):
     from tinygrad import Device
 
@@ -51,7 +52,7 @@ class OnnxCompile:
 
   def capture(self, make_step: Callable[[], Callable], make_inputs: Callable[[], dict[str, Any]], fuse_layers: bool, log: Callable[[str], None]):
     """capture.capture of the step `make_step()` builds (its ONNX runners load their weights inside the compile session: into host-backed
-    buffers on NULL). `fuse_layers`: no realize point per layer (see layer_boundaries)."""
+    buffers on NULL). `fuse_layers`: no realize point per layer (see layer_boundaries); a step without ONNX runners has no layers."""
     from sunnypilot.modeld_v2.capture import capture, compile_session
     with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):
       step = make_step()
