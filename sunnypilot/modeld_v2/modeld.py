@@ -34,7 +34,7 @@ from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, replac
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, Episodes
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, sensor_for_size
 from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
-from sunnypilot.modeld_v2.cli import camera_offset_arg, delay_arg, interruptible, positive_int
+from sunnypilot.modeld_v2.cli import camera_offset_arg, delay_arg, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.constants import DT_MDL
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.frame_inputs import FrameInputs, lateral_active, write_host_inputs
@@ -46,7 +46,7 @@ from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
 # launched, outputs read back (the device done), outputs parsed and messages filled, messages serialized, messages sent
 STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send")
-RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
+RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,9 @@ class FrameDrops:
 
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
-               long_delay: float = TYPICAL_CAR.longitudinal, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None):
-    self.artifacts = artifacts
+               long_delay: float = TYPICAL_CAR.longitudinal, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None,
+               reconnect_after_s: float = RECONNECT_AFTER_S):
+    self.artifacts, self.reconnect_after_s = artifacts, reconnect_after_s
     self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
@@ -168,11 +169,11 @@ class ModelD:
       if frames is None:
         # camerad went away or restarted, and its buffers with it: once connected again, load for its geometry (the same one: only the
         # camera mappings and their bindings are dropped); a new stream has new buffers and frame ids from its own start
-        if self.camera.stalled(RECONNECT_AFTER_S) and self.camera.connect():
+        if self.camera.stalled(self.reconnect_after_s) and self.camera.connect():
           previous, loaded, drops = self.geometry, self.load(), FrameDrops()
           self.camera.alive()
           if loaded and self.geometry != previous: log.info(f"camera geometry changed to {self.geometry}: reloaded")
-          elif loaded: self.episodes.happened("reconnect", f"no frames for {RECONNECT_AFTER_S} s: reconnected to camerad")
+          elif loaded: self.episodes.happened("reconnect", f"no frames for {self.reconnect_after_s:g} s: reconnected to camerad")
         if not loaded: self.exit.wait(0.1)
         continue
       self.episodes.ended("reconnect", "frames again after reconnecting to camerad")
@@ -231,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{CAMERA_OFFSET_MAX:g} either way: the camera seen as moved sideways by this much (a shear of the warp); the CameraOffset "
                       "parameter on a device")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
+  parser.add_argument("--reconnect-after", type=finite_float(0.1, 3600), default=RECONNECT_AFTER_S, help="seconds without frames before modeld "
+                      f"re-attaches to camerad, which may have restarted (default {RECONNECT_AFTER_S:g}); route_replay's lockstep sets it high: its "
+                      "frames pause while its reference check catches up, and a frame sent while modeld re-attaches would be lost")
   parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
   args = parser.parse_args(argv)
   prefix = os.environ.get("OPENPILOT_PREFIX")
@@ -239,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     try: check_output_path(args.timings)
     except ArtifactError as e: parser.exit(2, f"modeld: error: --timings: {e}\n")
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
-  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None)
+  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,
+                  args.reconnect_after)
   stopped_by: list[int] = []
   def stop(signum: int, _frame) -> None:
     stopped_by.append(signum)

@@ -18,7 +18,6 @@ plots.png (desired curvature, acceleration, lead distance and confidence over ti
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -182,9 +181,11 @@ def difference(a: Any, b: Any) -> float:
 
 def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
   """modeld's flags for a replay: the delays, traffic side and camera offset given to route_replay, raw outputs when the reference check
-  needs them."""
+  needs them. In lockstep modeld re-attaches to camerad only after FRAME_TIMEOUT_S without frames, not its 0.5 s: frames pause while the
+  reference catches up, and one sent while modeld re-attaches would never reach it (it logs only the first re-attachment of a pause, so
+  the loss could not be told from a slow frame)."""
   return (["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay), "--camera-offset", str(args.camera_offset)]
-          + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw)
+          + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw + ["--reconnect-after", str(FRAME_TIMEOUT_S)] * (not args.realtime))
 
 class Modeld:
   """modeld in a subprocess in this process's msgq namespace, with `flags` after --artifacts; its log lines are kept (the last ones quoted
@@ -204,9 +205,6 @@ class Modeld:
 
   def check(self) -> None:
     if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
-
-  def mark(self) -> int: return len(self.lines)
-  def reconnects_since(self, mark: int) -> int: return sum("reconnected to camerad" in line for line in self.lines[mark:])
 
   def last_line(self) -> str: return "".join(self.lines[-3:]).strip().replace("\n", " | ") if self.lines else "no output"
 
@@ -254,19 +252,10 @@ class Published:
         time.sleep(0.0005)
     return True
 
-def lockstep_wait(published: Published, modeld: Modeld, frame_id: int, lines: int, send: Callable[[], None]) -> int:
-  """Until modelV2 for frame_id arrived; returns how often the frame had to be sent again. modeld re-attaches to camerad after 0.5 s
-  without frames (a slow reference check, a busy machine): a frame sent while it re-attaches never reaches it. Two re-attachments
-  after the send with no modelV2 prove it was lost (had it arrived, modeld would have run it instead of idling): then it goes again."""
-  deadline, resent = time.monotonic() + FRAME_TIMEOUT_S, 0
-  while not published.wait([frame_id], modeld, 0.05, services=("modelV2",)):
-    if modeld.reconnects_since(lines) >= 2 and not published.poll() and frame_id not in published.by_frame["modelV2"]:
-      lines = modeld.mark()
-      send()
-      resent += 1
-    if time.monotonic() > deadline:
-      raise RouteError(f"modeld published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
-  return resent
+def lockstep_wait(published: Published, modeld: Modeld, frame_id: int) -> None:
+  """Until modelV2 for frame_id arrived."""
+  if not published.wait([frame_id], modeld, FRAME_TIMEOUT_S, services=("modelV2",)):
+    raise RouteError(f"modeld published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
 
 def write_log(path: str, raws: list[bytes]) -> None:
   """The messages as a cereal log (openpilot_logging's save_log, zstd by the name): written whole to a temporary name, then renamed."""
@@ -288,7 +277,6 @@ class Result:
   sent: int = 0
   published: int = 0
   frame_drop_perc_max: float = 0.0
-  resent: int = 0  # lockstep frames sent again because modeld re-attached to camerad as they went out
   seconds: float = 0.0
   check: dict | None = None
   files: list[str] = field(default_factory=list)
@@ -355,15 +343,13 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) 
           inputs.send(event.service, event.raw)
           state.update(event.service, event.data)
       calibrations[cam.frame_id] = accepted.calibration(state), accepted.camera_height(state)
-      send = functools.partial(replay.send, cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
-      lines = modeld.mark()
-      send()
+      replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
       result.sent += 1
       if check is not None: check.submit(state, cam, road, wide)  # computed while modeld runs
       if args.realtime:
         published.poll()
         time.sleep(max(0.0, t0 + (k + 1) * 0.05 - time.monotonic()))
-      else: result.resent += lockstep_wait(published, modeld, cam.frame_id, lines, send)
+      else: lockstep_wait(published, modeld, cam.frame_id)
       if (k + 1) % 200 == 0: report(f"{segment.name}: {k + 1}/{len(frames)} frames, {(k + 1) / (time.monotonic() - t0):.1f} frames/s")
     result.seconds = time.monotonic() - t0
     if args.realtime: published.wait([frames[-1].frame_id], modeld, 2.0, services=("modelV2",))  # frames still in flight are not drops
@@ -397,8 +383,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) 
 
 def summarize(result: Result) -> str:
   lines = [f"{result.segment}: {result.sent} frames sent, {result.published} published, {result.sent - result.published} dropped "
-           f"(frameDropPerc max {result.frame_drop_perc_max:.2f}%), {result.fps:.1f} frames/s"
-           + (f", {result.resent} sent again after modeld re-attached to camerad" if result.resent else "")]
+           f"(frameDropPerc max {result.frame_drop_perc_max:.2f}%), {result.fps:.1f} frames/s"]
   if result.check is not None:
     c = result.check
     worst = sorted(c["heads"].items(), key=lambda kv: -kv[1]["max"])[:5]
