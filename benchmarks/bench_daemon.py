@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                       "publish path runs beside this one's, by turns on the same outputs")
   parser.add_argument("--publish-runs", type=int, default=300, help="timed frames of the in-process split, per layout")
   parser.add_argument("--publish-idle-ms", type=float, default=0.0, help="sleep this long before each in-process frame (50: modeld's idle at 20 Hz)")
-  parser.add_argument("--modeld-core", type=int, help="pin modeld to this CPU core (modeld --core: SCHED_FIFO where permitted)")
+  parser.add_argument("--modeld-core", type=int, help="pin modeld to this CPU core (modeld --core)")
   parser.add_argument("--json")
   args = parser.parse_args(argv)
   try:

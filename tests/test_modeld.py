@@ -195,7 +195,7 @@ def test_split_09_frames_in_messages_out(split_09, openpilot_prefix):
   from sunnypilot.modeld_v2.loader import load_bundle
   slices = load_bundle(os.path.join(split_09, "model.bin")).metadata["output_slices"]
   core = max(os.sched_getaffinity(0))
-  daemon = Daemon(split_09, args=("--core", str(core)))  # pinned as openpilot's modeld is on a device (SCHED_FIFO only where permitted)
+  daemon = Daemon(split_09, args=("--core", str(core)))  # pinned as openpilot's modeld is on a device (SCHED_FIFO only there)
   assert os.sched_getaffinity(daemon.proc.pid) == {core} and any(f"pinned to core {core}" in line for line in daemon.lines)
   for frame_id in range(30):
     daemon.send(frame_id)

@@ -212,6 +212,16 @@ def test_idle_camera_and_frame_id_jumps_log_once_per_episode(artifacts, openpilo
   jumps = re.search(r"frame ids jumped on consecutive frames \((\d+) times\)", lines)
   assert lines.count("dropped before it") == 1 and jumps and 2 <= int(jumps[1]) <= 15, lines
 
+def test_reconnect_after_keeps_the_camera_through_a_pause(artifacts, openpilot_prefix):
+  """--reconnect-after 30 (route_replay's lockstep: its frames pause while the reference catches up): camerad idle for 1.5 s, three
+  times the default 0.5 s, is no re-attachment; the frame after the pause is published."""
+  daemon = Daemon(artifacts, args=("--reconnect-after", "30"))
+  daemon.exchange(range(5))
+  time.sleep(1.5)  # the stimulus: camerad up, no frames
+  daemon.exchange(range(5, 8))
+  assert daemon.stop() == 0
+  assert not any("reconnect" in line for line in daemon.lines), "".join(daemon.lines)
+
 def test_malformed_messages_are_dropped_counted_and_logged_once(split_09, openpilot_prefix):
   """Another event type on carState (capnp KjException), bytes that are not capnp (ValueError): modeld used to die on both."""
   from sunnypilot.modeld_v2.messaging import new_message

@@ -42,17 +42,21 @@ def decoded(path: str) -> list[np.ndarray]:
       bufs.append(buf)
   return bufs
 
-def expected_outputs(route: str, onnx: str) -> list[np.ndarray]:
-  """openpilot's inputs for this log, written out: the calibration's warp, carState's vEgo with no blinkers (no desire), left-hand traffic,
-  action_t = (modeld's default 0.32 s lateral delay, 0.15 s longitudinal + 0.3 s smoothing) + 1.5 frames; onnxruntime on the frames warped
-  in numpy."""
+def calibrated_warps() -> list[np.ndarray]:
+  """openpilot's (road, wide) M_inv for the log's calibration."""
   road, wide = SENSOR_CAMERAS["os04c10"]
-  m_inv = [get_warp_matrix(RPY, road.intrinsics).astype(np.float32), get_warp_matrix(RPY, wide.intrinsics, bigmodel_frame=True).astype(np.float32)]
+  return [get_warp_matrix(RPY, road.intrinsics).astype(np.float32), get_warp_matrix(RPY, wide.intrinsics, bigmodel_frame=True).astype(np.float32)]
+
+def expected_outputs(route: str, onnx: str, m_invs: list | None = None) -> list[np.ndarray]:
+  """openpilot's inputs for this log, written out: the calibration's warp (or per frame `m_invs`), carState's vEgo with no blinkers (no
+  desire), left-hand traffic, action_t = (modeld's default 0.32 s lateral delay, 0.15 s longitudinal + 0.3 s smoothing) + 1.5 frames;
+  onnxruntime on the frames warped in numpy."""
   reference = Openpilot({"onnx": onnx})
   host = {"traffic_convention": np.array([[1, 0]], np.float32), "action_t": np.array([[0.32 + 0.075, 0.15 + 0.3 + 0.075]], np.float32),
           "desire": np.zeros((1, 8), np.float32)}
   outs = []
-  for road_buf, wide_buf in zip(decoded(os.path.join(route, "fcamera.hevc")), decoded(os.path.join(route, "ecamera.hevc"))):
+  for k, (road_buf, wide_buf) in enumerate(zip(decoded(os.path.join(route, "fcamera.hevc")), decoded(os.path.join(route, "ecamera.hevc")))):
+    m_inv = calibrated_warps() if m_invs is None else m_invs[k]
     warped = [reference_warp(buf, FRAME, m)[0] for buf, m in ((road_buf, m_inv[0]), (wide_buf, m_inv[1]))]
     outs.append(reference.step(np.stack(warped), host["desire"], {n: host[n] for n in reference.host}).reshape(-1))
   return outs
@@ -100,6 +104,40 @@ def test_jobs_against_a_bundle_and_the_fallbacks_for_a_log_without_calibration_o
     check = json.loads((out / seg / "check.json").read_text())
     assert check["passed"] and check["frames"] == FRAMES and check["field_max"] == 0 and all(h["max"] == 0 for h in check["heads"].values()), check
 
+def test_the_check_feeds_modelds_camera_offset(route, native_artifacts, tmp_path):
+  """--camera-offset through modeld and the reference check alike. modeld's outputs match onnxruntime fed sunnypilot's CameraOffset shear,
+  written out here (modeld_v2/camera_offset_helper.py @5b23aa70 and modeld.py: the applied offset starts at 0 and moves a tenth of the way
+  to the target on each liveCalibration update, so after n updates it is target * (1 - 0.9^n); M_inv becomes
+  [[1, o/h, -o/h * cy], [0, 1, 0], [0, 0, 1]] @ M_inv with the calibration's height h and the camera's cy), and check.json passes: the
+  check fed its reference the same shear. A recalibration with a pitch calibrationd never publishes is refused (the angles stay), its
+  height taken, and it counts as an update."""
+  import json
+  offset, folder = 0.6, tmp_path / "2026-12-03--04-00-00--0"
+  recalibrations = {5: (RPY, 1.5), 10: ([0.0, 1e30, 0.0], 1.5), 16: (RPY, HEIGHT)}
+  shutil.copytree(route, folder)
+  write_log(str(folder / "rlog.zst"), FRAMES, "os04c10", rpy=RPY, height=HEIGHT, recalibrations=recalibrations)
+  out = tmp_path / "out"
+  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", str(folder), "--artifacts", native_artifacts, "--onnx",
+                        os.path.join(native_artifacts, "native.onnx"), "--tolerance", "1e-4", "--no-pictures", "--camera-offset", str(offset),
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout + run.stderr
+  assert any("liveCalibration.rpyCalib = " in line and "refused" in line for line in run.stderr.splitlines()), run.stderr
+  cameras, m_invs = SENSOR_CAMERAS["os04c10"], []
+  for k in range(FRAMES):
+    since = [f for f in sorted(recalibrations) if f <= k]
+    o = offset * (1 - 0.9 ** (1 + len(since)))  # the first calibration arrives with frame 0
+    h = recalibrations[since[-1]][1] if since else HEIGHT
+    shears = [np.array([[1, o / h, -o / h * cam.intrinsics[1, 2]], [0, 1, 0], [0, 0, 1]]) for cam in cameras]
+    m_invs.append([(shear @ m).astype(np.float32) for shear, m in zip(shears, calibrated_warps(), strict=True)])
+  onnx = os.path.join(native_artifacts, "native.onnx")
+  expected, unshifted = expected_outputs(str(folder), onnx, m_invs), expected_outputs(str(folder), onnx)
+  assert min(np.abs(a - b).max() for a, b in zip(expected, unshifted)) > 1e-3, "the shear moves every frame's outputs 10x past the tolerance"
+  models = [e.modelV2 for e in LogReader(str(out / folder.name / "modeld_rlog.zst")) if e.which() == "modelV2"]
+  for k, (m, want) in enumerate(zip(models, expected, strict=True)):
+    np.testing.assert_allclose(np.frombuffer(bytes(m.rawPredictions), np.float32), want, rtol=0, atol=1e-4, err_msg=f"frame {k} vs onnxruntime")
+  check = json.loads((out / folder.name / "check.json").read_text())
+  assert check["passed"] and check["frames"] == FRAMES and check["field_max"] <= 1e-4, check
+
 def broken(route: str, tmp_path, what: str) -> str:
   folder = tmp_path / "segment"
   shutil.copytree(route, folder)
@@ -122,6 +160,14 @@ def test_bad_route_is_one_line_and_writes_nothing(route, native_artifacts, tmp_p
   err = capsys.readouterr().err
   assert e.value.code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
   assert not out.exists(), "nothing written"
+
+@pytest.mark.parametrize("offset", ["1.5", "-2", "nan"])
+def test_camera_offset_beyond_modelds_range_is_one_line(route, native_artifacts, tmp_path, capsys, offset):
+  """--camera-offset takes what modeld takes: finite metres, at most 1 either way (sunnypilot's CameraOffset stays within the car)."""
+  with pytest.raises(SystemExit) as e: main([route, "--artifacts", native_artifacts, "--camera-offset", offset, "--out", str(tmp_path / "out")])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and f"argument --camera-offset: expected a number from -1 to 1, got '{offset}'" in err.strip().splitlines()[-1], err
+  assert not (tmp_path / "out").exists()
 
 def test_frames_are_named_by_road_encode_idx_and_served_in_sequence(route, tmp_path):
   """As in a real rlog or qlog: roadEncodeIdx names each video frame (segmentId -> frameId, timestamps; here only every 3rd
@@ -150,33 +196,6 @@ def test_the_packaged_reference_matches_the_tests(tmp_path, generation):
     want = theirs.step(warped, desire, host)
     got = ours.step(road, wide, FRAME, host | {"tfm": m_inv, "desire": desire})
     np.testing.assert_array_equal(got, want, err_msg=f"{generation} step {step}")
-
-def test_a_lockstep_frame_lost_while_modeld_reattaches_goes_again():
-  """modeld re-attaches to camerad after 0.5 s without frames; a frame sent meanwhile never reaches it. Only two re-attachments after the
-  send with no modelV2 prove the loss (one alone may have ended just before the frame came): then the frame goes again, once."""
-  from sunnypilot.modeld_v2 import route_replay
-  reattached = "modeld: reconnected to camerad\n"
-
-  class Modeld:
-    def __init__(self): self.lines, self.log_per_wait = ["modeld: running: main road camera\n"], iter([reattached, "", reattached] + [""] * 10)
-    def check(self): pass
-    mark, reconnects_since = route_replay.Modeld.mark, route_replay.Modeld.reconnects_since
-
-  class Published:
-    def __init__(self): self.by_frame = {"modelV2": {}}
-    def poll(self): return False
-    def wait(self, frame_ids, modeld, timeout, services):
-      modeld.lines += [line] if (line := next(modeld.log_per_wait)) else []
-      return frame_ids[0] in self.by_frame["modelV2"]
-
-  modeld, published, sends = Modeld(), Published(), []
-  def send():
-    sends.append(modeld.mark())
-    if len(sends) == 2: published.by_frame["modelV2"][7] = "the second copy arrived"
-  mark = modeld.mark()
-  send()
-  assert route_replay.lockstep_wait(published, modeld, 7, mark, send) == 1
-  assert sends == [1, 3], "sent again right after the second re-attachment"
 
 def test_camera_replay_serves_a_route(route, openpilot_prefix):
   """camera_replay --route: the segment's decoded frames over VisionIPC, in camerad's layout, with the log's frame ids."""

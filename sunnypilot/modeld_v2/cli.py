@@ -35,6 +35,11 @@ def delay_arg(text: str) -> float:
   from sunnypilot.modeld_v2.bus_inputs import DELAY_MAX
   return finite_float(0.0, DELAY_MAX)(text)
 
+def camera_offset_arg(text: str) -> float:
+  """--camera-offset: metres, by the rule sunnypilot's CameraOffset parameter is checked by (bus_inputs.check_camera_offset)."""
+  from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX
+  return finite_float(-CAMERA_OFFSET_MAX, CAMERA_OFFSET_MAX)(text)
+
 def int_list(text: str) -> set[int]:
   """`"30,31"` -> {30, 31}: comma-separated whole numbers of at least 0 (empty: none)."""
   items = [x.strip() for x in text.split(",") if x.strip()]

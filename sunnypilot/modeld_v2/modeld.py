@@ -13,7 +13,7 @@ Delays: on a device CarParams (read from openpilot's Params at start, waiting fo
 actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
 
 This file is the frame loop, in the order things happen; the cameras (sync, geometry, reconnect) are camera_sync.py's, finding and
-checking the bundles artifacts.py's.
+checking the bundles artifacts.py's, the model's inputs from the bus state frame_inputs.py's.
 """
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ import numpy as np
 
 from sunnypilot.modeld_v2.artifacts import check_artifacts, find_warp
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, replaced_atomically
-from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, CarInputs, Episodes
-from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, apply_camera_offset, sensor_for_size, warp_matrices
+from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, Episodes
+from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, sensor_for_size
 from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
-from sunnypilot.modeld_v2.cli import delay_arg, finite_float, interruptible, positive_int
+from sunnypilot.modeld_v2.cli import camera_offset_arg, delay_arg, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.constants import DT_MDL
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
-from sunnypilot.modeld_v2.drive_helpers import action_times
+from sunnypilot.modeld_v2.frame_inputs import FrameInputs, write_host_inputs
 from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.messaging import claim_bus
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
@@ -48,10 +48,8 @@ from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 # launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
 # wait for, so it goes first), drivingModelData and cameraOdometry filled, serialized and sent
 STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
-RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted
+RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
-ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone
-DRIVING_STYLE = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # sunnypilot's default driving_style input (modeld.py @002f69b0)
 # openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
 DEVICE_CORE, REALTIME_PRIORITY = 7, 54
 
@@ -79,38 +77,24 @@ class FrameDrops:
     self.runs += 1
     return dropped, 100 * filtered / (1 + filtered)
 
-def rhd_of(sm, rhd: bool) -> bool:
-  """Right-hand traffic: the --rhd flag, else driverMonitoringState.isRHD."""
-  return rhd or bool(sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
-
-def lateral_active(sm) -> bool: return bool(sm.seen.get("carControl") and sm["carControl"].latActive)
-
-def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, lat_delay: float, lat_t: float, long_t: float,
-                lat_planner_state: np.ndarray, prepare_only: bool = False) -> dict[str, Any]:
-  """The value of every host input modeld has a source for, by name, from checked bus values (BusInputs): the daemon writes them into the
-  model, and route_replay's reference check feeds the same ones to onnxruntime or a second bundle. `lat_delay` is the whole lateral delay
-  (liveDelay's, which holds lagd's 0.2 s): lateral_control_params takes it as it is."""
-  return {HOST_TRANSFORM: m_inv, "desire": desire, "traffic_convention": [0, 1] if rhd else [1, 0], "action_t": [lat_t, long_t],
-          "lateral_control_params": [max(v_ego, 0.0), lat_delay], "driving_style": DRIVING_STYLE, "prepare_only": [float(prepare_only)],
-          "lat_planner_state": lat_planner_state}
-
-def config_realtime(core: int | None) -> str:
+def config_realtime(core: int | None, realtime: bool) -> str:
   """openpilot's config_realtime_process (common/realtime.py @0318f5a6): the garbage collector off, so that no collection pauses a frame
-  (the frame loop makes no reference cycles: modeld counts them on exit, the tests check it), and with a core the process pinned to it at
-  SCHED_FIFO priority REALTIME_PRIORITY (openpilot does that on a device only; on a PC --core asks for it). Returns what it did, for the log."""
+  (the frame loop makes no reference cycles: modeld counts them on exit, the tests check it); with a core the process pinned to it, and
+  `realtime` (a device, as openpilot does it) at SCHED_FIFO priority REALTIME_PRIORITY too. Returns what it did, for the log."""
   gc.disable()
   if core is None: return "garbage collector off"
   os.sched_setaffinity(0, [core])
+  if not realtime: return f"garbage collector off, pinned to core {core}"
   try: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
   except PermissionError: return f"garbage collector off, pinned to core {core}; SCHED_FIFO {REALTIME_PRIORITY} not permitted here: normal priority"
   return f"garbage collector off, pinned to core {core} at SCHED_FIFO {REALTIME_PRIORITY}"
 
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
-               long_delay: float = TYPICAL_CAR.longitudinal, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None):
-    self.artifacts, self.rhd = artifacts, rhd
+               long_delay: float = TYPICAL_CAR.longitudinal, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None,
+               reconnect_after_s: float = RECONNECT_AFTER_S):
+    self.artifacts, self.reconnect_after_s = artifacts, reconnect_after_s
     self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
-    self.camera_offset_target, self.camera_offset = camera_offset, 0.0  # metres; the applied offset follows the target (sunnypilot's EMA)
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
     self.adapter: Any = None
@@ -118,14 +102,11 @@ class ModelD:
     self.publish_state = PublishState(send_raw=send_raw, log=log.warning)
     self.reported: set[str] = set()
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
-    self.bus = BusInputs(self.episodes)
+    self.inputs = FrameInputs(BusInputs(self.episodes), rhd, camera_offset)  # the bus state -> the model's host inputs, frame by frame
     self.camera = CameraSync(self.exit, self.episodes)
     self.new_img: list | None = None  # the planes the model takes, what a warp must make: main sets it from check_artifacts
     self.refused: set[str] = set()  # warps that failed to load with the model: not tried again until a restart
     self.slices: dict = {}  # the loaded model's output slices
-    self.cameras: tuple = ()  # the (main, extra) cameras' intrinsics for the live geometry
-    self.rpy: tuple | None = None  # the calibration transforms() last computed m_inv for
-    self.m_inv = np.zeros((2, 3, 3), np.float32)
 
   def log_once(self, msg: str) -> None:
     """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
@@ -145,7 +126,7 @@ class ModelD:
       return True
     if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
-    try: road, wide = SENSOR_CAMERAS[sensor_for_size(geometry.main.width, geometry.main.height)]
+    try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")
       return False
@@ -165,10 +146,10 @@ class ModelD:
     self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
     if "prepare_only" not in self.adapter.numpy_inputs:
       self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
-    self.cameras, self.rpy = (wide, wide) if self.camera.main_wide else (road, wide), None
+    self.inputs.use_cameras(sensor, self.camera.main_wide)
     log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
-    self.adapter.numpy_inputs[HOST_TRANSFORM][:] = self.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
+    self.adapter.numpy_inputs[HOST_TRANSFORM][:] = self.inputs.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
     zeros = np.zeros(self.adapter.warp_frame_size, np.uint8)
     for _ in range(3):
       self.adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
@@ -176,32 +157,6 @@ class ModelD:
     self.adapter.reset_warmup_buffers()
     gc.collect()  # what loading left in reference cycles, once: the collector is off while frames run
     return True
-
-  def transforms(self, rpy) -> np.ndarray:
-    """M_inv for both cameras, recomputed only when the calibration changes."""
-    if self.rpy != (rpy := tuple(rpy)):
-      self.rpy, self.m_inv = rpy, warp_matrices(self.cameras, rpy)
-    return self.m_inv
-
-  def offset_transforms(self, sm) -> np.ndarray:
-    """M_inv for both cameras with sunnypilot's CameraOffset: the applied offset moves a tenth of the way to the target on each calibration
-    update (modeld_v2/camera_offset_helper.py @5b23aa70), with the calibration's camera height."""
-    m_inv = self.transforms(self.bus.calibration(sm))
-    if sm.updated.get("liveCalibration"): self.camera_offset = 0.9 * self.camera_offset + 0.1 * self.camera_offset_target
-    if self.camera_offset == 0: return m_inv
-    height = self.bus.camera_height(sm)
-    return np.stack([apply_camera_offset(m, camera.intrinsics, height, self.camera_offset) for m, camera in zip(m_inv, self.cameras, strict=True)])
-
-  def fill_inputs(self, sm, car: CarInputs, lat_delay: float, lat_t: float, long_t: float, prepare_only: bool = False) -> None:
-    """Every host input by name, as openpilot's modeld filled it for the model generation that has it; an unknown one stays zero (logged once).
-    `car`, the calibration and the delays come checked from BusInputs."""
-    inputs = self.adapter.numpy_inputs
-    values = host_inputs(self.offset_transforms(sm), self.publish_state.desire_input(), rhd_of(sm, self.rhd), car.vEgo, lat_delay, lat_t, long_t,
-                         self.publish_state.lat_planner_state, prepare_only)
-    for name, view in inputs.items():
-      if name in values and np.size(values[name]) == view.size: view.reshape(-1)[:] = np.reshape(values[name], -1)
-      elif name in values: self.log_once(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
-      elif name not in ZERO_HOST_INPUTS: self.log_once(f"host input {name} {view.shape} has no source here: it stays zero")
 
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
     """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""
@@ -217,7 +172,7 @@ class ModelD:
     from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     params = device_params()
     device_core = DEVICE_CORE if params is not None and DEVICE_CORE in os.sched_getaffinity(0) else None  # a PC with openpilot may lack core 7
-    log.info(config_realtime(device_core if core is None else core))
+    log.info(config_realtime(device_core if core is None else core, realtime=params is not None))
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
@@ -233,22 +188,20 @@ class ModelD:
       if frames is None:
         # camerad went away or restarted, and its buffers with it: once connected again, load for its geometry (the same one: only the
         # camera mappings and their bindings are dropped); a new stream has new buffers and frame ids from its own start
-        if self.camera.stalled(RECONNECT_AFTER_S) and self.camera.connect():
+        if self.camera.stalled(self.reconnect_after_s) and self.camera.connect():
           previous, loaded, drops = self.geometry, self.load(), FrameDrops()
           self.camera.alive()
           if loaded and self.geometry != previous: log.info(f"camera geometry changed to {self.geometry}: reloaded")
-          elif loaded: self.episodes.happened("reconnect", f"no frames for {RECONNECT_AFTER_S} s: reconnected to camerad")
+          elif loaded: self.episodes.happened("reconnect", f"no frames for {self.reconnect_after_s:g} s: reconnected to camerad")
         if not loaded: self.exit.wait(0.1)
         continue
       self.episodes.ended("reconnect", "frames again after reconnecting to camerad")
       buf_main, meta_main, buf_extra, meta_extra = frames
       sm.update(0)
-      if params is not None and sm.frame % PARAMS_EVERY == 0: self.camera_offset_target = camera_offset(params, self.camera_offset_target)
-      self.bus.messages(sm)
-      car, lat_delay = self.bus.car_state(sm), self.bus.lateral_delay(sm, delays.lateral)
-      lat_t, long_t = action_times(lat_delay, delays.longitudinal)
+      if params is not None and sm.frame % PARAMS_EVERY == 0: self.inputs.camera_offset_target = camera_offset(params, self.inputs.camera_offset_target)
       dropped, drop_perc = drops.update(meta_main.frame_id)
-      self.fill_inputs(sm, car, lat_delay, lat_t, long_t, prepare_only=dropped > 0)
+      fed = self.inputs.step(sm, delays, self.publish_state, prepare_only=dropped > 0)
+      write_host_inputs(self.adapter.numpy_inputs, fed.host, self.log_once)
       t_inputs = time.monotonic_ns()
       t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
       self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (buf_main, buf_extra), strict=True)))
@@ -267,8 +220,8 @@ class ModelD:
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
-                        bool(sm.seen.get("liveCalibration")), lat_t, long_t, finite)
-      values = {"modelV2": self.publish_state.fill_model_v2(filled, self.slices, frame, car, lateral_active(sm), parsed)}
+                        fed.calibrated, fed.lat_t, fed.long_t, finite)
+      values = {"modelV2": self.publish_state.fill_model_v2(filled, self.slices, frame, fed.car, fed.lateral_active, parsed)}
       t_fill = time.monotonic_ns()
       model_v2 = self.publish_state.serialize(values, frame, SERVICES[:1])["modelV2"]
       t_serialize = time.monotonic_ns()
@@ -303,13 +256,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--long-delay", type=delay_arg, default=TYPICAL_CAR.longitudinal, help="on a PC: the longitudinal actuator delay in seconds, "
                       f"0 to 5 (CarParams.longitudinalActuatorDelay on a device). Default"
                       f" {TYPICAL_CAR.longitudinal:g}: that car's (opendbc's CarParams default)")
-  parser.add_argument("--camera-offset", type=finite_float(-CAMERA_OFFSET_MAX, CAMERA_OFFSET_MAX), default=0.0,
+  parser.add_argument("--camera-offset", type=camera_offset_arg, default=0.0,
                       help="on a PC: sunnypilot's CameraOffset in metres, at most "
                       f"{CAMERA_OFFSET_MAX:g} either way: the camera seen as moved sideways by this much (a shear of the warp); the CameraOffset "
                       "parameter on a device")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help="put raw outputs in modelV2.rawPredictions")
-  parser.add_argument("--core", type=core_arg, help="pin modeld to this CPU core at SCHED_FIFO priority "
-                      f"{REALTIME_PRIORITY} (where permitted), as openpilot's modeld does on a device (core {DEVICE_CORE}, the default there)")
+  parser.add_argument("--core", type=core_arg, help=f"pin modeld to this CPU core; on a device modeld runs on core {DEVICE_CORE} at SCHED_FIFO "
+                      f"priority {REALTIME_PRIORITY} (where permitted), as openpilot's modeld does (a realtime process can starve others on a PC)")
+  parser.add_argument("--reconnect-after", type=finite_float(0.1, 3600), default=RECONNECT_AFTER_S, help="seconds without frames before modeld "
+                      f"re-attaches to camerad, which may have restarted (default {RECONNECT_AFTER_S:g}); route_replay's lockstep sets it high: its "
+                      "frames pause while its reference check catches up, and a frame sent while modeld re-attaches would be lost")
   parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
   args = parser.parse_args(argv)
   prefix = os.environ.get("OPENPILOT_PREFIX")
@@ -318,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     try: check_output_path(args.timings)
     except ArtifactError as e: parser.exit(2, f"modeld: error: --timings: {e}\n")
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
-  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None)
+  daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,
+                  args.reconnect_after)
   stopped_by: list[int] = []
   def stop(signum: int, _frame) -> None:
     stopped_by.append(signum)

@@ -1,7 +1,7 @@
 """onnxruntime on a driving model's ONNX file(s), fed from camera buffers as openpilot's modeld feeds it: route_replay's reference check.
 
   reference = OnnxReference({"onnx": "driving.onnx"})      # or {"vision": ..., "policy": ...}, {"vision": ..., "off_policy": ..., "on_policy": ...}
-  outputs = reference.step(road_buf, wide_buf, frame, values)  # values: modeld.host_inputs(...) for this frame, "tfm" included
+  outputs = reference.step(road_buf, wide_buf, frame, values)  # values: the host inputs modeld feeds (FrameInputs.step(...).host), "tfm" included
 
 It shares no code with the bundle's queues or warp: the frames are warped here in numpy (nearest pixel, round half to even, clamped, as
 the tinygrad warp), and the queues keep openpilot's full-length buffers and sample them as openpilot's selfdrive/modeld/modeld.py does

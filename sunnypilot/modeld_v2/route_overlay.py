@@ -1,11 +1,12 @@
 """Pictures of a replayed drive: the plan drawn over the road camera as openpilot's UI draws it (an MP4, PyAV), and the model's
 decisions over time (a PNG, matplotlib).
 
-The projection is the warp's (calibration.camera_from_calib: the sensor's intrinsics and liveCalibration's roll/pitch/yaw), with the
-shapes of openpilot's selfdrive/ui/onroad/model_renderer.py (commaai/openpilot @0275c7af): the path 0.9 m to each side raised by the
-calibrated camera height, lane lines 0.025 m x their probability with opacity min(probability, 0.7), road edges 0.025 m with opacity
-1 - their std, everything cut at the plan's length (10-100 m). With no radar here, leads are the model's own (leadsV3, probability
-over 0.5, as radard takes them), drawn as the UI's chevron.
+The projection is the warp's (calibration.camera_from_calib: the sensor's intrinsics and the roll/pitch/yaw modeld took from
+liveCalibration, checked by BusInputs as modeld checks it), with the shapes of openpilot's selfdrive/ui/onroad/model_renderer.py
+(commaai/openpilot @0275c7af): the path 0.9 m to each side raised by the camera height (BusInputs' too), lane lines 0.025 m x their
+probability with opacity min(probability, 0.7), road edges 0.025 m with opacity 1 - their std, everything cut at the plan's length
+(10-100 m). With no radar here, leads are the model's own (leadsV3, probability over 0.5, as radard takes them), drawn as the UI's
+chevron.
 """
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, camera_from_calib
+from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, camera_from_calib
 from sunnypilot.modeld_v2.route_segment import Segment
 
-HEIGHT_INIT = 1.22  # openpilot's calibrationd HEIGHT_INIT: the camera height before liveCalibration.height says
 MIN_DRAW_DISTANCE, MAX_DRAW_DISTANCE = 10.0, 100.0
 SCALE = 0.5  # the MP4 is half the camera's size
 CONFIDENCE = {"green": 0, "yellow": 1, "red": 2}
@@ -36,11 +36,10 @@ def _polygon(transform: np.ndarray, points: np.ndarray, y_off: float, z_off: flo
     left, right = left[:, ok], right[:, ok]
   return [tuple(p) for p in left.T] + [tuple(p) for p in right.T[::-1]]
 
-def draw_model(image, model: Any, calibration: Any, sensor: str) -> None:
-  """Draw one modelV2 over a PIL RGB image of the road camera (already scaled by SCALE)."""
+def draw_model(image, model: Any, rpy: tuple[float, ...], height: float, sensor: str) -> None:
+  """Draw one modelV2 over a PIL RGB image of the road camera (already scaled by SCALE), with the calibration `rpy` and camera `height`
+  (metres) modeld used for that frame (BusInputs.calibration, BusInputs.camera_height)."""
   from PIL import Image, ImageDraw
-  rpy = list(calibration.rpyCalib) if calibration is not None and len(calibration.rpyCalib) == 3 else DEFAULT_RPY
-  height = calibration.height[0] if calibration is not None and len(calibration.height) else HEIGHT_INIT
   transform = camera_from_calib(rpy, SENSOR_CAMERAS[sensor][0].intrinsics)
   path = _points(model.position)
   if len(path) == 0: return
@@ -65,11 +64,11 @@ def draw_model(image, model: Any, calibration: Any, sensor: str) -> None:
     draw.polygon([(x + sz * 1.25, yy + sz), (x, yy), (x - sz * 1.25, yy + sz)], fill=(201, 34, 49, max(alpha, 60)))
   image.paste(Image.alpha_composite(image.convert("RGBA"), layer).convert("RGB"))
 
-def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, Any]]) -> None:
-  """An MP4 (20 fps, half size) of the road video's frames `items` = [(video frame index, modelV2, liveCalibration or None)], drawn over."""
+def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple[float, ...], float]]) -> None:
+  """An MP4 (20 fps, half size) of the road video's frames `items` = [(video frame index, modelV2, rpy, camera height)], drawn over."""
   import av
   from PIL import Image
-  wanted = {k: (model, cal) for k, model, cal in items}
+  wanted = {k: (model, rpy, height) for k, model, rpy, height in items}
   tmp = f"{path}.tmp.mp4"
   with av.open(segment.road_video) as source, av.open(tmp, "w") as sink:
     stream = sink.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4", rate=20)

@@ -3,7 +3,7 @@ onnxruntime or a second bundle, and drawn over the road.
 
   python -m sunnypilot.modeld_v2.route_replay SEGMENT [SEGMENT ...] --artifacts DIR [--out out/replay]
       [--onnx driving.onnx | --vision v.onnx --policy p.onnx | --vision v.onnx --off-policy off.onnx --on-policy on.onnx | --against other/model.bin]
-      [--tolerance T] [--realtime] [--frames a:b] [--jobs N]
+      [--tolerance T] [--realtime] [--frames a:b] [--jobs N] [--camera-offset M]
 
 A SEGMENT is a folder with fcamera.hevc, ecamera.hevc and rlog or qlog (plain, .bz2 or .zst), as a device keeps them in
 /data/media/0/realdata/<route>--<n> and comma connect downloads them; a folder of such segments replays each. The tool is a camerad and
@@ -18,7 +18,6 @@ plots.png (desired curvature, acceleration, lead distance and confidence over ti
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -36,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import add_model_flags, delay_arg, finite_float, model_files, positive_int
+from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX
+from sunnypilot.modeld_v2.cli import add_model_flags, camera_offset_arg, delay_arg, finite_float, model_files, positive_int
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
@@ -50,19 +50,25 @@ MODELD_START_S, FRAME_TIMEOUT_S = 600.0, 60.0  # modeld's first start fuses and 
 log = logging.getLogger(__name__)
 
 class LogState:
-  """What modeld's SubMaster holds after the events published so far: the latest struct per service and which were seen."""
+  """What modeld's SubMaster holds after the events published so far: the latest struct per service, which were seen, and which were
+  updated by the events sent since the previous frame (modeld reads them all at once when the frame arrives)."""
   def __init__(self):
     from sunnypilot.modeld_v2.messaging import has_service, new_message
     services = [s for s in INPUT_SERVICES if has_service(s)]
     self.data = {s: getattr(new_message(s), s) for s in services}
     self.seen = dict.fromkeys(services, False)
+    self.updated = dict.fromkeys(services, False)
 
-  def update(self, service: str, data: Any) -> None: self.data[service], self.seen[service] = data, True
+  def update(self, service: str, data: Any) -> None: self.data[service], self.seen[service], self.updated[service] = data, True, True
+
+  def next_frame(self) -> None:
+    """The events sent from now on reach modeld with the next frame."""
+    self.updated = dict.fromkeys(self.updated, False)
 
   def snapshot(self) -> LogState:
     """This state as it is now (update replaces entries, never changes them: a shallow copy is enough)."""
     copy = LogState.__new__(LogState)
-    copy.data, copy.seen = dict(self.data), dict(self.seen)
+    copy.data, copy.seen, copy.updated = dict(self.data), dict(self.seen), dict(self.updated)
     return copy
   def __getitem__(self, service: str) -> Any: return self.data[service]
 
@@ -74,23 +80,28 @@ class BundleReference:
     self.output_dtype = np.dtype(np.float32)
 
   def step(self, road: np.ndarray, wide: np.ndarray, frame, values: dict) -> np.ndarray:
-    for name, view in self.adapter.numpy_inputs.items(): view.reshape(-1)[:] = np.reshape(values[name], -1) if name in values else 0
+    from sunnypilot.modeld_v2.frame_inputs import write_host_inputs
+    write_host_inputs(self.adapter.numpy_inputs, values, lambda line: None)  # what modeld cannot feed it says itself
     self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (road, wide), strict=True)))
     self.adapter.run()
     return np.array(self.adapter.output_array(), np.float32)
 
 class ReferenceCheck:
-  """The reference fed what modeld is fed (modeld.host_inputs from the same log state checked by a BusInputs of its own, a PublishState of its
-  own with the bundle's generation rules for the desire and the fed-back lat_planner_state), then its outputs turned into messages the way
-  modeld fills them; per head and per published field, the largest difference and where."""
+  """The reference fed what modeld is fed (frame_inputs.FrameInputs, modeld's input sequence, on the same log state, with a PublishState of
+  its own with the bundle's generation rules for the desire and the fed-back lat_planner_state), then its outputs turned into messages the
+  way modeld fills them; per head and per published field, the largest difference and where."""
   def __init__(self, reference, metadata: dict, segment: Segment, args):
     from sunnypilot.modeld_v2.bus_inputs import BusInputs, Episodes
+    from sunnypilot.modeld_v2.device_params import Delays
+    from sunnypilot.modeld_v2.frame_inputs import FrameInputs
     from sunnypilot.modeld_v2.generations import GENERATIONS, of_bundle
     from sunnypilot.modeld_v2.publish_state import PublishState
-    self.reference, self.slices, self.segment, self.args = reference, metadata["output_slices"], segment, args
+    self.reference, self.slices, self.segment = reference, metadata["output_slices"], segment
     self.publish_state = PublishState(log=lambda s: None)
     self.publish_state.rules = GENERATIONS[of_bundle(metadata)[0]]
-    self.bus = BusInputs(Episodes(lambda s: None))
+    self.inputs = FrameInputs(BusInputs(Episodes(lambda s: None)), args.rhd, args.camera_offset)
+    self.inputs.use_cameras(segment.sensor, main_wide=False)  # the replay serves the road camera as the main stream
+    self.delays = Delays(args.lat_delay, args.long_delay, "route_replay's --lat-delay/--long-delay")
     self.heads = {name: {"max": 0.0, "sum": 0.0, "frame": None} for name in self.slices}
     self.fields: dict[str, dict] = {}
     self.frames = 0
@@ -117,20 +128,13 @@ class ReferenceCheck:
     if self.error is not None: raise RouteError(f"the reference failed: {type(self.error).__name__}: {self.error}")
 
   def step(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None:
-    from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, warp_matrices
-    from sunnypilot.modeld_v2.drive_helpers import action_times
     from sunnypilot.modeld_v2.messaging import new_message
-    from sunnypilot.modeld_v2.modeld import host_inputs, lateral_active, rhd_of
     from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo
-    car, lat_delay = self.bus.car_state(state), self.bus.lateral_delay(state, self.args.lat_delay)
-    lat_t, long_t = action_times(lat_delay, self.args.long_delay)
-    m_inv = warp_matrices(SENSOR_CAMERAS[self.segment.sensor], self.bus.calibration(state))
-    values = host_inputs(m_inv, self.publish_state.desire_input(), rhd_of(state, self.args.rhd), car.vEgo, lat_delay, lat_t, long_t,
-                         self.publish_state.lat_planner_state)
-    outputs = self.reference.step(road, wide, self.segment.frame, values)
+    fed = self.inputs.step(state, self.delays, self.publish_state)  # lockstep: no frame drops, no prepare-only frames
+    outputs = self.reference.step(road, wide, self.segment.frame, fed.host)
     msgs = {s: new_message(s) for s in SERVICES}
-    info = FrameInfo(cam.frame_id, cam.frame_id, cam.eof, cam.frame_id, 0.0, 0, 0.0, bool(state.seen["liveCalibration"]), lat_t, long_t)
-    self.publish_state.fill(msgs, outputs, self.slices, info, car, lateral_active(state))
+    info = FrameInfo(cam.frame_id, cam.frame_id, cam.eof, cam.frame_id, 0.0, 0, 0.0, fed.calibrated, fed.lat_t, fed.long_t)
+    self.publish_state.fill(msgs, outputs, self.slices, info, fed.car, fed.lateral_active)
     self.pending[cam.frame_id] = outputs.reshape(-1), {s: flatten(getattr(msgs[s], s).to_dict()) for s in SERVICES}
 
   def compare(self, frame_id: int, published: dict[str, Any]) -> None:
@@ -176,8 +180,12 @@ def difference(a: Any, b: Any) -> float:
 # *** modeld ***
 
 def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
-  """modeld's flags for a replay: the delays and traffic side given to route_replay, raw outputs when the reference check needs them."""
-  return ["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay)] + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw
+  """modeld's flags for a replay: the delays, traffic side and camera offset given to route_replay, raw outputs when the reference check
+  needs them. In lockstep modeld re-attaches to camerad only after FRAME_TIMEOUT_S without frames, not its 0.5 s: frames pause while the
+  reference catches up, and one sent while modeld re-attaches would never reach it (it logs only the first re-attachment of a pause, so
+  the loss could not be told from a slow frame)."""
+  return (["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay), "--camera-offset", str(args.camera_offset)]
+          + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw + ["--reconnect-after", str(FRAME_TIMEOUT_S)] * (not args.realtime))
 
 class Modeld:
   """modeld in a subprocess in this process's msgq namespace, with `flags` after --artifacts; its log lines are kept (the last ones quoted
@@ -197,9 +205,6 @@ class Modeld:
 
   def check(self) -> None:
     if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
-
-  def mark(self) -> int: return len(self.lines)
-  def reconnects_since(self, mark: int) -> int: return sum("reconnected to camerad" in line for line in self.lines[mark:])
 
   def last_line(self) -> str: return "".join(self.lines[-3:]).strip().replace("\n", " | ") if self.lines else "no output"
 
@@ -247,19 +252,10 @@ class Published:
         time.sleep(0.0005)
     return True
 
-def lockstep_wait(published: Published, modeld: Modeld, frame_id: int, lines: int, send: Callable[[], None]) -> int:
-  """Until modelV2 for frame_id arrived; returns how often the frame had to be sent again. modeld re-attaches to camerad after 0.5 s
-  without frames (a slow reference check, a busy machine): a frame sent while it re-attaches never reaches it. Two re-attachments
-  after the send with no modelV2 prove it was lost (had it arrived, modeld would have run it instead of idling): then it goes again."""
-  deadline, resent = time.monotonic() + FRAME_TIMEOUT_S, 0
-  while not published.wait([frame_id], modeld, 0.05, services=("modelV2",)):
-    if modeld.reconnects_since(lines) >= 2 and not published.poll() and frame_id not in published.by_frame["modelV2"]:
-      lines = modeld.mark()
-      send()
-      resent += 1
-    if time.monotonic() > deadline:
-      raise RouteError(f"modeld published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
-  return resent
+def lockstep_wait(published: Published, modeld: Modeld, frame_id: int) -> None:
+  """Until modelV2 for frame_id arrived."""
+  if not published.wait([frame_id], modeld, FRAME_TIMEOUT_S, services=("modelV2",)):
+    raise RouteError(f"modeld published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
 
 def write_log(path: str, raws: list[bytes]) -> None:
   """The messages as a cereal log (openpilot_logging's save_log, zstd by the name): written whole to a temporary name, then renamed."""
@@ -281,7 +277,6 @@ class Result:
   sent: int = 0
   published: int = 0
   frame_drop_perc_max: float = 0.0
-  resent: int = 0  # lockstep frames sent again because modeld re-attached to camerad as they went out
   seconds: float = 0.0
   check: dict | None = None
   files: list[str] = field(default_factory=list)
@@ -289,38 +284,41 @@ class Result:
   @property
   def fps(self) -> float: return self.sent / self.seconds if self.seconds else 0.0
 
-def artifacts_warp(artifacts: str, segment: Segment) -> str:
-  """The artifacts' warp bundle for the segment's camera layout, --split-frames first."""
-  from sunnypilot.modeld_v2.artifacts import warp_bundles
-  matches = sorted((not meta.get("split_frames"), path) for path, meta in warp_bundles(artifacts, report=log.warning) if meta["frame"] == segment.frame.spec)
-  if not matches: raise RouteError(f"no warp bundle in {artifacts} for {segment.frame.width}x{segment.frame.height} frames "
-                                   f"(build one: compile_warp --frame {segment.frame.spec} --warp-to 512x256 --split-frames)")
-  return matches[0][1]
+def artifacts_warp(artifacts: str, segment: Segment, new_img: list | None) -> str:
+  """The warp bundle modeld picks for the segment's frames on both cameras and a model taking `new_img` planes (artifacts.find_warp)."""
+  from sunnypilot.modeld_v2.artifacts import find_warp
+  if (path := find_warp(artifacts, segment.frame, segment.frame, report=lambda line: None, new_img=new_img)) is None:
+    raise RouteError(f"no warp bundle in {artifacts} for {segment.frame.width}x{segment.frame.height} frames "
+                     f"(build one: compile_warp --frame {segment.frame.spec} --warp-to 512x256 --split-frames)")
+  return path
 
-def make_reference(args, artifacts: str, segment: Segment):
-  """(reference, its output dtype's name) from --onnx/--vision/... or --against; None without either."""
+def make_reference(args, warp: str):
+  """The reference from --onnx/--vision/... or --against (a second bundle, run with `warp`); None without either."""
   from sunnypilot.modeld_v2.bundle import ArtifactError
   from sunnypilot.modeld_v2.onnx_model import ModelError
   from sunnypilot.modeld_v2.onnx_reference import OnnxReference
   files = model_files(args)
   try:
     if files: return OnnxReference(files)
-    if args.against: return BundleReference(args.against, artifacts_warp(artifacts, segment))
+    if args.against: return BundleReference(args.against, warp)
   except (ModelError, ArtifactError) as e: raise RouteError(str(e)) from None
   except Exception as e: raise RouteError(f"the reference does not load: {type(e).__name__}: {e}") from None  # onnxruntime's own errors
   return None
 
 def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) -> Result:
   """Replay one segment with a modeld of its own (this process's OPENPILOT_PREFIX); writes OUT/<segment>/ and returns what happened."""
+  from sunnypilot.modeld_v2.artifacts import model_planes
   from sunnypilot.modeld_v2.bundle import read_bundle
+  from sunnypilot.modeld_v2.bus_inputs import BusInputs, Episodes
   from sunnypilot.modeld_v2.camera_replay import CameraReplay
   from sunnypilot.modeld_v2.messaging import has_service, pub_master
   segment = open_segment(folder)
   for line in segment.warnings: report(f"warning: {line}")
   out = os.path.join(args.out, segment.name)
-  metadata = read_bundle(os.path.join(args.artifacts, "model.bin"))[0]["extras"]["metadata"]
-  artifacts_warp(args.artifacts, segment)  # fail here, not after modeld waited for a warp that is not there
-  reference = make_reference(args, args.artifacts, segment)
+  head = read_bundle(os.path.join(args.artifacts, "model.bin"))[0]
+  metadata = head["extras"]["metadata"]
+  warp = artifacts_warp(args.artifacts, segment, model_planes(head))  # fail here, not after modeld waited for a warp that is not there
+  reference = make_reference(args, warp)
   check = ReferenceCheck(reference, metadata, segment, args) if reference is not None else None
   tolerance = args.tolerance if args.tolerance is not None else TOLERANCE.get(reference.output_dtype.name, 1e-3) if reference is not None else None
   frames = segment.frames
@@ -332,26 +330,26 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) 
   inputs = pub_master([s for s in INPUT_SERVICES if has_service(s)])
   published, decoder, modeld = Published(), FrameDecoder(segment), Modeld(args.artifacts, modeld_flags(args, send_raw=check is not None))
   state, result, calibrations = LogState(), Result(segment.name), {}
+  accepted = BusInputs(Episodes(lambda line: None))  # the calibration and camera height modeld takes from the log, for the overlay
   try:
     modeld.wait_running()
     published.poll()  # a msgq reader re-registers on its first receive after the publisher appeared, skipping what was sent before
     feed, t0 = EventFeed(segment.events), time.monotonic()
     for k, (road, wide) in enumerate(decoder):
       cam = frames[k]
+      state.next_frame()
       for event in feed.until(cam.log_time):
         if event.service in state.seen:
           inputs.send(event.service, event.raw)
           state.update(event.service, event.data)
-      calibrations[cam.frame_id] = state["liveCalibration"] if state.seen["liveCalibration"] else None
-      send = functools.partial(replay.send, cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
-      lines = modeld.mark()
-      send()
+      calibrations[cam.frame_id] = accepted.calibration(state), accepted.camera_height(state)
+      replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
       result.sent += 1
       if check is not None: check.submit(state, cam, road, wide)  # computed while modeld runs
       if args.realtime:
         published.poll()
         time.sleep(max(0.0, t0 + (k + 1) * 0.05 - time.monotonic()))
-      else: result.resent += lockstep_wait(published, modeld, cam.frame_id, lines, send)
+      else: lockstep_wait(published, modeld, cam.frame_id)
       if (k + 1) % 200 == 0: report(f"{segment.name}: {k + 1}/{len(frames)} frames, {(k + 1) / (time.monotonic() - t0):.1f} frames/s")
     result.seconds = time.monotonic() - t0
     if args.realtime: published.wait([frames[-1].frame_id], modeld, 2.0, services=("modelV2",))  # frames still in flight are not drops
@@ -378,15 +376,14 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) 
     a, b = args.frames
     picked = [(k, f) for k, f in enumerate(frames) if a <= k < (b or len(frames)) and f.frame_id in models]
     report(f"{segment.name}: drawing {len(picked)} frames over the road camera ...")
-    write_overlay(video := os.path.join(out, VIDEO_NAME), segment, [(k, models[f.frame_id], calibrations[f.frame_id]) for k, f in picked])
+    write_overlay(video := os.path.join(out, VIDEO_NAME), segment, [(k, models[f.frame_id], *calibrations[f.frame_id]) for k, f in picked])
     plot_drive(plot := os.path.join(out, PLOT_NAME), segment.name, [((f.log_time - frames[0].log_time) / 1e9, models[f.frame_id]) for _, f in picked])
     result.files += [video, plot]
   return result
 
 def summarize(result: Result) -> str:
   lines = [f"{result.segment}: {result.sent} frames sent, {result.published} published, {result.sent - result.published} dropped "
-           f"(frameDropPerc max {result.frame_drop_perc_max:.2f}%), {result.fps:.1f} frames/s"
-           + (f", {result.resent} sent again after modeld re-attached to camerad" if result.resent else "")]
+           f"(frameDropPerc max {result.frame_drop_perc_max:.2f}%), {result.fps:.1f} frames/s"]
   if result.check is not None:
     c = result.check
     worst = sorted(c["heads"].items(), key=lambda kv: -kv[1]["max"])[:5]
@@ -424,6 +421,8 @@ def parser() -> argparse.ArgumentParser:
                  f"says (default {TYPICAL_CAR.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
   p.add_argument("--long-delay", type=delay_arg, default=TYPICAL_CAR.longitudinal, help="passed to modeld: the longitudinal actuator delay in "
                  f"seconds (default {TYPICAL_CAR.longitudinal:g}, modeld's)")
+  p.add_argument("--camera-offset", type=camera_offset_arg, default=0.0, help="passed to modeld: sunnypilot's "
+                 f"CameraOffset in metres, at most {CAMERA_OFFSET_MAX:g} either way (default 0); the reference check applies it as modeld does")
   return p
 
 def fail(p: argparse.ArgumentParser, problem: str) -> None: p.exit(2, f"route_replay: error: {problem}\n")

@@ -40,10 +40,11 @@ def encode_hevc(path: str, pictures: list[np.ndarray], width: int, height: int) 
 
 def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), height: float = 1.3, v_ego=lambda k: 15 + 0.1 * k,
               calibration: bool = True, car_state: bool = True, frame_ids: list[int] | None = None, encode_idx: bool = False,
-              camera_state_every: int = 1) -> None:
+              camera_state_every: int = 1, recalibrations: dict[int, tuple] | None = None) -> None:
   """An rlog: liveCalibration before the first frame (unless not `calibration`), then per frame carState (unless not `car_state`) 10 ms
   before its roadCameraState (and, with `encode_idx`, a roadEncodeIdx 5 ms after it, as encoderd logs each encoded frame); frame ids
-  from FIRST_ID (or `frame_ids`), 50 ms apart. `camera_state_every` N > 1 logs every Nth roadCameraState only, as a qlog does."""
+  from FIRST_ID (or `frame_ids`), 50 ms apart. `camera_state_every` N > 1 logs every Nth roadCameraState only, as a qlog does.
+  `recalibrations` {frame index: (rpy, height)}: another liveCalibration 20 ms before those frames (calibrationd publishes at 4 Hz)."""
   from openpilot_logging.logreader import save_log
 
   from sunnypilot.modeld_v2.messaging import log
@@ -51,13 +52,14 @@ def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), heigh
     msg = log.Event.new_message(logMonoTime=t)
     msg.init(service)
     return msg
-  events = []
-  if calibration:
-    cal = event(T0 - 10**8, "liveCalibration")
+  def calibration_event(t: int, rpy, height: float):
+    cal = event(t, "liveCalibration")
     cal.liveCalibration.rpyCalib, cal.liveCalibration.calStatus, cal.liveCalibration.height = list(rpy), "calibrated", [height]
-    events.append(cal)
+    return cal
+  events, recalibrations = [calibration_event(T0 - 10**8, rpy, height)] if calibration else [], recalibrations or {}
   for k in range(frames):
     t = T0 + k * 50_000_000
+    if k in recalibrations: events.append(calibration_event(t - 20_000_000, *recalibrations[k]))
     if car_state:
       cs = event(t - 10_000_000, "carState")
       cs.carState.vEgo = v_ego(k)
