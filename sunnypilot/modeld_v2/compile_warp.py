@@ -23,8 +23,7 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
   from tinygrad import Device, Tensor
 
   from sunnypilot.modeld_v2.bundle import write_bundle
-  from sunnypilot.modeld_v2.capture import capture, compile_session, search_level
-  from sunnypilot.modeld_v2.part_format import Part
+  from sunnypilot.modeld_v2.capture import capture_part, compile_session, search_level
   from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM, make_frame_prepare
   level = search_level(beam)
   frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
@@ -41,13 +40,13 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
     fn = lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame[i], M_inv[i]) for i in range(2)))
     specs = {PACKED_FRAMES: ((2, frame.size), "|u1", dev)}
   log(f"capturing the warp of {frame.width}x{frame.height} (stride {frame.stride}) frames to {model_w}x{model_h} on {dev} ...")
-  with compile_session() as null_holds_data: part = capture(fn, make_inputs, null_holds_data=null_holds_data, beam=level, log=log).part
+  with compile_session() as null_holds_data: part = capture_part(fn, make_inputs, null_holds_data=null_holds_data, beam=level, log=log).part
   specs |= {WARP_TRANSFORM: ((2, 3, 3), "<f4", dev)}
   out_shape = (2, 6, model_h // 2, model_w // 2)
   metadata = {"kind": "warp", "frame": frame.spec, "model_size": [model_w, model_h], "split_frames": split_frames}
   size = write_bundle(output, {"run": part}, {"input_specs": specs, "output_specs": {"warped": (out_shape, "|u1", dev)}, "metadata": metadata},
                       flags={"BEAM": level})
-  calls = Part.from_json(*part).calls
+  calls = part[0].calls
   return {"output": output, "kernels": sum(c.kind == "program" for c in calls), "calls": len(calls), "bytes": size}
 
 @interruptible("compile_warp")
