@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2.bundle import read_bundle, read_parts, write_bundle
-from sunnypilot.modeld_v2.capture import capture
+from sunnypilot.modeld_v2.capture import capture, capture_part
 from sunnypilot.modeld_v2.frame_fusion import fuse
 from sunnypilot.modeld_v2.part_builder import PartBuilder
 from sunnypilot.modeld_v2.part_format import ArtifactError, BufferView, Call, InputArg, Part
@@ -26,20 +26,26 @@ def fixture_parts(native_artifacts: str) -> dict[str, tuple[dict, object]]:
     parts[f"model+{warp}"] = fused.to_json(), blob
   return parts
 
-def captured_parts() -> dict[str, tuple[dict, bytes]]:
-  """Captures with what the fixtures lack: one-time calls (weight preparation), a dict return, a returned input."""
+def captured_parts(captured=capture) -> dict[str, tuple[dict | Part, bytes]]:
+  """Captures with what the fixtures lack: one-time calls (weight preparation), a dict return, a returned input (by `captured`: capture
+  gives the JSON, capture_part the record)."""
   rng = np.random.default_rng(3)
   weights = realized(rng.standard_normal((8, 8)).astype(np.float32))
   x = lambda: {"x": realized(rng.standard_normal((4, 8)).astype(np.float32))}
-  return {"onetime": capture(lambda x: (x @ (weights * 2 + 1).contiguous()).relu(), x).part,
-          "dict": capture(lambda x: {"y": (x * 2).realize(), "z": (x + 1).realize()}, x).part,
-          "returns input": capture(lambda x: (x, (x - 1).realize()), x).part}
+  return {"onetime": captured(lambda x: (x @ (weights * 2 + 1).contiguous()).relu(), x).part,
+          "dict": captured(lambda x: {"y": (x * 2).realize(), "z": (x + 1).realize()}, x).part,
+          "returns input": captured(lambda x: (x, (x - 1).realize()), x).part}
 
 def test_json_round_trip_of_fixture_and_captured_parts(native_artifacts):
   parts = fixture_parts(native_artifacts) | captured_parts()
   assert any(h["onetime_calls"] for h, _ in parts.values()) and any(h["returns"]["kind"] == "dict" for h, _ in parts.values())
   for name, (header, blob) in parts.items():
     assert Part.from_json(header, blob).to_json() == header, name
+
+def test_capture_part_gives_the_record_reading_its_json_gives():
+  """The compilers write and summarize capture_part's record without reading its JSON back: it must be the record that read checks and builds."""
+  for name, (record, blob) in captured_parts(capture_part).items():
+    assert isinstance(record, Part) and Part.from_json(record.to_json(), blob) == record, name
 
 def test_bundle_rewritten_from_records_is_byte_identical(native_artifacts, tmp_path):
   """The format is unchanged: a fixture bundle written again from its parts read as records and back is the same file, byte for byte."""

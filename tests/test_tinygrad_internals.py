@@ -35,6 +35,17 @@ def test_record_kernel_linear_records_the_capture_and_the_one_time_calls():
   for _ in range(2): again(Tensor(np.ones(4, np.float32)).realize())
   assert len(recorded) == 1, "jit_lower was not restored when the block ended"
 
+@pytest.mark.parametrize("prune, k", [(True, 2), (False, 3)])  # other kernels per case: searched ones stay compiled for the process
+def test_record_kernel_linear_counts_the_kernels_before_they_compile(prune, k):
+  weight = Tensor(np.arange(8, dtype=np.float32), device="CPU").realize()
+  jit, events = TinyJit(lambda x: (x * k + (weight + k).contiguous()).realize(), prune=prune), []
+  with Context(BEAM=0): jit(Tensor(np.ones(8, np.float32), device="CPU").realize())  # call 0 compiles unsearched: call 1's kernels are new
+  with ti.watched_beam_search(lambda tms: None, lambda: events.append("searched")), Context(BEAM=1, CACHELEVEL=0):
+    with ti.record_kernel_linear(events.append):
+      out = jit(Tensor(np.ones(8, np.float32), device="CPU").realize())
+  assert events == [2, "searched", "searched"], events  # the one-time kernel (weight + k) and the kept one, counted before either compiles
+  np.testing.assert_equal(out.numpy(), 2 * k + np.arange(8))
+
 def test_host_backed_null_keeps_copied_bytes():
   with ti.host_backed_null():
     t = Tensor(np.arange(16, dtype=np.uint8), device="NULL").realize()
@@ -103,6 +114,42 @@ def test_run_calls_time_call_and_cpu_entry_run_the_captured_kernels():
   buffers = [x2.uop.base.buffer if u.op is Ops.PARAM else u.buffer for u in call.src[1:]]
   entry.fxn(*(ctypes.c_uint64(ti.buffer_address(buffers[i])) for i in call.src[0].arg.globals), *([ctypes.c_uint64(0)] if entry.core_id is not None else []))
   np.testing.assert_equal(out.numpy(), np.full(8, 11))
+
+def run_captured_calls(calls: list, inputs: list[Buffer]) -> None:
+  """Run captured_calls' decoded calls on CPU by hand, each input slot bound to `inputs`: the decoding alone must say what to run on what."""
+  for call in calls:
+    bufs = [inputs[a] if isinstance(a, int) else a for a in call.args]
+    if call.program is None:
+      data = memoryview(bytearray(bufs[1].nbytes))
+      ti.copy_out(bufs[1], data)
+      ti.copy_in(bufs[0], data)
+      continue
+    entry = ti.cpu_entry(call.program, "CPU")
+    core_id = [ctypes.c_uint64(0)] if entry.core_id is not None else []
+    entry.fxn(*(ctypes.c_uint64(ti.buffer_address(bufs[i])) for i in ti.program_record(call.program).globals), *core_id)
+
+def test_captured_calls_bind_inputs_and_buffers_and_say_what_each_call_reads_and_writes():
+  jit = TinyJit(lambda x, host: (x[2:10] * 2 + host.to("CPU")).realize())
+  x, host = Tensor(np.arange(16, dtype=np.float32), device="CPU").realize(), Tensor(np.ones(8, np.float32), device="NPY").realize()
+  with ti.record_kernel_linear() as recorded:
+    for _ in range(2): out = jit(x, host)
+  calls = ti.captured_calls(recorded[0])
+  copy, kernel = calls
+  assert copy.program is None and copy.args[1] == 1 and isinstance(copy.args[0], Buffer) and (copy.reads, copy.writes) == ((1,), (0,))
+  assert kernel.program is not None and ti.program_record(kernel.program).ins == kernel.reads and ti.program_record(kernel.program).outs == kernel.writes
+  assert [kernel.args[i].base for i in kernel.writes] == [out.uop.base.buffer], "the kernel writes the returned tensor"
+  assert 0 in [kernel.args[i] for i in kernel.reads] and copy.args[0].base in [kernel.args[i].base for i in kernel.reads if isinstance(kernel.args[i], Buffer)]
+  new_x, new_host = Tensor(np.arange(16, dtype=np.float32) * 3, device="CPU").realize(), Tensor(np.full(8, 5, np.float32), device="NPY").realize()
+  run_captured_calls(calls, [new_x.uop.base.buffer, new_host.uop.base.buffer])
+  np.testing.assert_equal(out.numpy(), np.arange(2, 10) * 3 * 2 + 5)
+  with pytest.raises(bundle.ArtifactError, match="cannot serialize a Ops.SINK call"):
+    ti.captured_calls(UOp(Ops.LINEAR, src=(UOp(Ops.CALL, src=(UOp(Ops.SINK),)),)))
+
+def test_program_key_is_one_per_distinct_kernel():
+  asts = [captured_linear("CPU", fn)[0].src[0].src[0] for fn in (lambda x: (x * 2).realize(), lambda x: (x * 2).realize(), lambda x: (x + 2).realize())]
+  keys = [ti.program_key(ast) for ast in asts]
+  assert keys[0] == keys[1] != keys[2], "the same kernel captured twice is one program, another kernel another"
+  assert keys[0][0] == keys[2][0] and [lib for _, lib in keys] == [ti.program_binary(ast) for ast in asts], "one name, two binaries: two programs"
 
 def test_graph_batches_and_the_runner_they_build():
   linear, x, _ = captured_linear("NULL", lambda x: ((x * 2).contiguous() + x).realize())

@@ -51,20 +51,20 @@ class BundleCompile:
     return {k: Tensor(random_value(self.rng, shape, dtype), device=self.device).realize() for k, (shape, dtype) in specs.items()}
 
   def capture(self, make_step: Callable[[], Callable], make_inputs: Callable[[], dict[str, Any]], fuse_layers: bool, log: Callable[[str], None]):
-    """capture.capture of the step `make_step()` builds (its ONNX runners load their weights inside the compile session: into host-backed
+    """capture.capture_part of the step `make_step()` builds (its ONNX runners load their weights inside the compile session: into host-backed
     buffers on NULL). `fuse_layers`: no realize point per layer (see layer_boundaries); a step without ONNX runners has no layers."""
-    from sunnypilot.modeld_v2.capture import capture, compile_session
+    from sunnypilot.modeld_v2.capture import capture_part, compile_session
     with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):
       step = make_step()
       log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
-      return capture(step, make_inputs, null_holds_data=null_holds_data, beam=self.level, log=log)
+      return capture_part(step, make_inputs, null_holds_data=null_holds_data, beam=self.level, log=log)
 
-  def write(self, part: tuple[dict, bytes], input_specs: dict[str, tuple[tuple, Any]], output_specs: dict[str, tuple[tuple, Any]], metadata: dict) -> dict:
+  def write(self, part: tuple[Part, bytes], input_specs: dict[str, tuple[tuple, Any]], output_specs: dict[str, tuple[tuple, Any]], metadata: dict) -> dict:
     """Write the bundle of one part `run` with its specs {name: (shape, numpy dtype)} and metadata; a summary of it."""
     specs = lambda s: {k: (list(shape), np.dtype(dtype).str, self.device) for k, (shape, dtype) in s.items()}
     size = write_bundle(self.output, {"run": part}, {"input_specs": specs(input_specs), "output_specs": specs(output_specs), "metadata": metadata},
                         flags={"BEAM": self.level})
-    record = Part.from_json(*part)
+    record = part[0]
     return {"output": self.output, "kernels": sum(c.kind == "program" for c in record.calls), "calls": len(record.calls),
             "programs": len(record.programs), "onetime": len(record.onetime_calls),
             "weight_bytes": sum(b.init[1] - b.init[0] for b in record.buffers if b.init is not None), "bytes": size,

@@ -1,7 +1,8 @@
 """Capture: turn a TinyJit's compiled kernel list into a part, check it against the TinyJit replay bit for bit, and replay that check later.
 
-`capture(fn, make_inputs)` is what every compiler, test and benchmark uses: TinyJit(prune=True), two calls inside `record_kernel_linear`
-(call 0 runs eagerly and compiles, call 1 captures), then `serialize_jit`.
+`capture_part(fn, make_inputs)` is what the compilers use: TinyJit(prune=True), call 0 runs eagerly and compiles, call 1 captures inside
+`record_kernel_linear` (and searches its kernels with BEAM), then `jit_part` makes the part, a part_format.Part record. `capture` and
+`serialize_jit` are the same with the part's header as JSON, the form the seed's code and the tests read.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tinygrad import Device, Tensor, TinyJit, dtypes
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.helpers import BEAM, Context, getenv
-from tinygrad.uop.ops import Ops, UOp
+from tinygrad.uop.ops import UOp
 
 from sunnypilot.modeld_v2.part_builder import PartBuilder
 from sunnypilot.modeld_v2.part_format import (
@@ -41,11 +42,12 @@ from sunnypilot.modeld_v2.part_format import (
 )
 from sunnypilot.modeld_v2.replay import InputError, Replay, replay_part, write_tensor
 from sunnypilot.modeld_v2.tinygrad_internals import (
+  CapturedCall,
+  captured_calls,
   host_backed_null,
-  program_binary,
+  program_key,
   program_record,
   record_kernel_linear,
-  unbatched_calls,
   watched_beam_search,
 )
 
@@ -71,40 +73,50 @@ def search_level(beam: int | None) -> int:
   return level
 
 @contextlib.contextmanager
-def beam_progress(level: int, kernels: int, log: Callable[[str], None]) -> Iterator[None]:
-  """BEAM=level for the block, with a line per kernel searched: i of n, its best time, elapsed. A kernel found in tinygrad's search cache
-  (its disk cache, ~/.cache/tinygrad/cache.db or $CACHEDB) shows no time: rebuilding a searched bundle is fast."""
-  start, done, best = time.perf_counter(), [0], [math.inf]
+def beam_progress(level: int, log: Callable[[str], None]) -> Iterator[Callable[[int], None]]:
+  """BEAM=level for the block (0: no search, whatever the environment says). A search logs a line when it learns how many kernels it
+  will search (from the function this yields: record_kernel_linear's `on_kernels`), then a line per kernel: i of n, its best time,
+  elapsed. A kernel found in tinygrad's search cache (its disk cache, ~/.cache/tinygrad/cache.db or $CACHEDB) shows no time: rebuilding a
+  searched bundle is fast."""
+  if not level:
+    with Context(BEAM=0): yield lambda kernels: None
+    return
+  start, done, best, total = time.perf_counter(), [0], [math.inf], [0]
+  def planned(kernels: int) -> None:
+    total[0] = kernels
+    log(f"searching {kernels} kernels with BEAM={level} on {Device.DEFAULT} ...")
   def timed(tms: list[float]) -> None: best[0] = min(best[0], *tms)
   def searched() -> None:
     done[0] += 1
     found = "from the search cache" if best[0] == math.inf else f"best {best[0] * 1e6:.1f} us"
-    log(f"BEAM={level}: kernel {done[0]} of ~{kernels}: {found}, elapsed {time.perf_counter() - start:.0f} s")
+    log(f"BEAM={level}: kernel {done[0]} of ~{total[0]}: {found}, elapsed {time.perf_counter() - start:.0f} s")
     best[0] = math.inf
-  with watched_beam_search(timed, searched), Context(BEAM=level): yield
+  with watched_beam_search(timed, searched), Context(BEAM=level): yield planned
 
 class Captured(NamedTuple):
   jit: TinyJit
-  part: tuple[dict, bytes]
-  inputs: dict[str, Any]  # the capture call's inputs, as serialize_jit laid them out
+  part: tuple[Part | dict, bytes]  # capture_part: a Part record; capture: its JSON (as serialize_jit returns it)
+  inputs: dict[str, Any]  # the capture call's inputs, as the part lays them out
+
+def capture_part(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
+                 beam: int = 0, log: Callable[[str], None] = logger.info) -> Captured:
+  """TinyJit-capture `fn` on fresh inputs from `make_inputs()` (call 0 runs eagerly and compiles, call 1 captures) into a part record,
+  self-checked against the TinyJit replay. `null_holds_data`: inside `compile_session()` on NULL (see jit_part). `beam`: search each
+  kernel's optimizations with BEAM=beam on this device (see search_level) while call 1 compiles the captured kernel list, whose size is
+  the progress's total; call 0 compiles without a search."""
+  jit = TinyJit(fn, prune=prune)
+  with Context(BEAM=0):  # a search only while call 1 compiles, whatever the environment says
+    jit(**make_inputs())
+    inputs = make_inputs()
+    with beam_progress(beam, log) as planned, record_kernel_linear(planned) as recorded: jit(**inputs)
+    if len(recorded) != 1: raise ArtifactError(f"expected one captured kernel list, got {len(recorded)}")
+    return Captured(jit, jit_part(jit, recorded[0], inputs, seed, recorded.onetime[0] if recorded.onetime else None, null_holds_data), inputs)
 
 def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
             beam: int = 0, log: Callable[[str], None] = logger.info) -> Captured:
-  """TinyJit-capture `fn` on fresh inputs from `make_inputs()` (call 0 runs eagerly and compiles, call 1 captures) and serialize it,
-  self-checked against the TinyJit replay. `null_holds_data`: inside `compile_session()` on NULL (see serialize_jit). `beam`: search each
-  kernel's optimizations with BEAM=beam on this device (see search_level); an unsearched capture first counts the kernels for the progress."""
-  if beam:
-    kernels = len(Part.from_json(*capture(fn, make_inputs, prune, seed, null_holds_data).part).programs)
-    log(f"searching {kernels} kernels with BEAM={beam} on {Device.DEFAULT} ...")
-    with beam_progress(beam, kernels, log): return _capture(fn, make_inputs, prune, seed, null_holds_data)
-  with Context(BEAM=0): return _capture(fn, make_inputs, prune, seed, null_holds_data)  # no search, whatever the environment says
-
-def _capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool, seed: int, null_holds_data: bool) -> Captured:
-  jit = TinyJit(fn, prune=prune)
-  with record_kernel_linear() as recorded:
-    for _ in range(2): inputs = make_inputs(); jit(**inputs)
-  if len(recorded) != 1: raise ArtifactError(f"expected one captured kernel list, got {len(recorded)}")
-  return Captured(jit, serialize_jit(jit, recorded[0], inputs, seed, recorded.onetime[0] if recorded.onetime else None, null_holds_data), inputs)
+  """capture_part with the part's header as JSON, as serialize_jit returns it."""
+  captured = capture_part(fn, make_inputs, prune, seed, null_holds_data, beam, log)
+  return captured._replace(part=(captured.part[0].to_json(), captured.part[1]))
 
 def input_layout(kwargs: dict[str, Any]) -> list[tuple[str, str | None, Tensor]]:
   """(name, key, tensor) per JIT input slot, in tinygrad's `_prepare_jit_inputs` order: named tensors sorted, then dict entries not seen yet."""
@@ -116,12 +128,6 @@ def input_layout(kwargs: dict[str, Any]) -> list[tuple[str, str | None, Tensor]]
       layout += [(name, key, t) for key, t in value.items() if isinstance(t, Tensor) and not any(t is y for _, _, y in layout)]
   return layout
 
-def _flat_calls(linear: UOp) -> list[UOp]:
-  calls = unbatched_calls(linear)
-  if (ast := next((c.src[0] for c in calls if c.src[0].op not in (Ops.PROGRAM, Ops.COPY)), None)) is not None:
-    raise ArtifactError(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
-  return calls
-
 def _ret_tensors(ret: Any) -> tuple[Returns, list[Tensor]]:
   """The kind of a JIT return (with a dict's keys) and its tensors in order; the Returns' tensors are filled in by the serializer."""
   if ret is None: return Returns("NoneType", ()), []
@@ -130,10 +136,9 @@ def _ret_tensors(ret: Any) -> tuple[Returns, list[Tensor]]:
   if isinstance(ret, dict) and all(isinstance(t, Tensor) for t in ret.values()): return Returns("dict", (), tuple(ret)), list(ret.values())
   raise ArtifactError(f"cannot serialize a JIT return of type {type(ret).__name__}: return a Tensor, a tuple/list/dict of Tensors, or None")
 
-def part_device(calls: list[UOp]) -> str:
+def part_device(calls: list[CapturedCall]) -> str:
   """The device a captured kernel list runs on: its first device buffer's (host buffers, NPY and PYTHON, are copied from), else the default."""
-  return next((a.device for c in calls for a in c.src[1:]
-               if a.op is Ops.BUFFER and isinstance(a.device, str) and device_kind(a.device) not in ("NPY", "PYTHON")), Device.DEFAULT)
+  return next((a.device for c in calls for a in c.args if isinstance(a, Buffer) and device_kind(a.device) not in ("NPY", "PYTHON")), Device.DEFAULT)
 
 class PartSerializer:
   """One capture's kernel list turned into a part: each tinygrad buffer base once (by identity), each program once per (name, binary), and
@@ -151,33 +156,28 @@ class PartSerializer:
     if id(base) not in self.bases: self.bases[id(base)] = (self.builder.add_buffer(BufferSpec(base.nbytes, base.device, dtype_name(base.dtype))), base)
     return BufferView(self.bases[id(base)][0], buf.offset, buf.nbytes, dtype_name(buf.dtype))
 
-  def arg(self, u: UOp) -> Arg:
-    if u.op is not Ops.PARAM: return self.buffer_view(u.buffer)
-    if u.arg.slot >= len(self.layout): raise ArtifactError(f"captured input slot {u.arg.slot} is not among the {len(self.layout)} check inputs")
-    return InputArg(u.arg.slot)
+  def arg(self, a: int | Buffer) -> Arg:
+    if not isinstance(a, int): return self.buffer_view(a)
+    if a >= len(self.layout): raise ArtifactError(f"captured input slot {a} is not among the {len(self.layout)} check inputs")
+    return InputArg(a)
 
   def access(self, a: Arg, mode: str) -> None:
     if isinstance(a, BufferView): self.first_access.setdefault((a.buffer, a.offset, a.nbytes), mode)
 
   def program(self, ast: UOp) -> int:
-    if (key := (ast.arg.name, lib := program_binary(ast))) not in self.program_index:
-      self.program_index[key] = self.builder.add_program(program_record(ast), lib)
+    if (key := program_key(ast)) not in self.program_index: self.program_index[key] = self.builder.add_program(program_record(ast), key[1])
     return self.program_index[key]
 
-  def call(self, call: UOp) -> Call:
-    ast, args = call.src[0], tuple(self.arg(u) for u in call.src[1:] if not u.is_bound_var)
-    if ast.op is Ops.COPY:
-      self.access(args[1], "r")
-      self.access(args[0], "w")
-      return Call("copy", args)
-    for i in ast.arg.ins: self.access(args[i], "r")
-    for i in ast.arg.outs: self.access(args[i], "w")
-    return Call("program", args, self.program(ast))
+  def call(self, call: CapturedCall) -> Call:
+    args = tuple(map(self.arg, call.args))
+    for i in call.reads: self.access(args[i], "r")
+    for i in call.writes: self.access(args[i], "w")
+    return Call("copy", args) if call.program is None else Call("program", args, self.program(call.program))
 
-  def onetime_call(self, call: UOp) -> Call | None:
+  def onetime_call(self, call: CapturedCall) -> Call | None:
     """A one-time call, or None for a constant copied once from host memory (a Python list): it ran at capture, its result is stored."""
-    if call.src[0].op is Ops.COPY and device_kind(call.src[2].buffer.base.device) != device_kind(self.device):
-      self.access(self.arg(call.src[1]), "r")
+    if call.program is None and isinstance(src := call.args[1], Buffer) and device_kind(src.base.device) != device_kind(self.device):
+      self.access(self.arg(call.args[0]), "r")
       return None
     c = self.call(call)
     if any(isinstance(a, InputArg) for a in c.args): raise ArtifactError("a one-time call reads a JIT input")
@@ -203,7 +203,13 @@ class PartSerializer:
 
 def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
     -> tuple[dict, bytes]:
-  """Turn a captured TinyJit and its recorded kernel LINEAR into a part `(header, blob)`.
+  """jit_part with the part's header as JSON: `(header, blob)`, the seed's form."""
+  part, blob = jit_part(run, linear, check, seed, onetime, null_holds_data)
+  return part.to_json(), blob
+
+def jit_part(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
+    -> tuple[Part, bytes]:
+  """Turn a captured TinyJit and its recorded kernel LINEAR into a part `(Part record, blob)`.
 
   `check` is the keyword inputs of the capture (Tensors and dicts of Tensors such as `output_buffers`): it fixes the input layout, and the
   self-check overwrites their contents with seeded values, replays `run` and the new part on them, and requires bit-identical results.
@@ -212,7 +218,7 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
   """
   if getattr(run, "captured", None) is None: raise ArtifactError("the TinyJit has not captured yet: call it twice before serializing")
   layout = input_layout(check)
-  calls, onetime_calls = _flat_calls(linear), _flat_calls(onetime) if onetime is not None else []
+  calls, onetime_calls = captured_calls(linear), captured_calls(onetime) if onetime is not None else []
   s = PartSerializer(part_device(calls + onetime_calls), layout)
   header_onetime = [c for c in map(s.onetime_call, onetime_calls) if c is not None]  # first: what they write (prepared weights) needs no bytes
   header_calls = [s.call(c) for c in calls]
@@ -220,7 +226,7 @@ def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 
   returns = dataclasses.replace(returns, tensors=tuple(s.returned(t) for t in ret_tensors))
   if device_kind(s.device) != "NULL" or null_holds_data: s.store_contents(returns.tensors)
   part, blob = s.builder.part(s.device, list(check), s.inputs(header_calls), header_calls, header_onetime, returns), bytes(s.builder.blob())
-  return dataclasses.replace(part, check=_self_check(run, part, blob, check, layout, seed)).to_json(), blob
+  return dataclasses.replace(part, check=_self_check(run, part, blob, check, layout, seed)), blob
 
 # *** the self-check: seeded inputs, TinyJit replay vs plain replay, bit for bit ***
 

@@ -4,8 +4,9 @@ Everything else in the package uses tinygrad's public API (Tensor, TinyJit, Devi
 the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises each one, so a tinygrad bump that breaks one fails there.
 
 - `record_kernel_linear`: `tinygrad.engine.jit` calls its module globals `jit_lower(linear, held_bufs, input_buf_uops)` (returns the
-  compiled, memory planned, graph split LINEAR) once per TinyJit capture, and `prune_linear(...)` -> `(kept, onetime)` with prune=True;
-  `tinygrad.engine.realize.compile_linear(linear)` compiles a LINEAR's kernels.
+  compiled, memory planned, graph split LINEAR) once per TinyJit capture, and `prune_linear(...)` -> `(kept, onetime)` with prune=True
+  before it, both on LINEARs of CALLs whose kernels are not compiled yet (a SINK first src, one per kernel); `tinygrad.engine.realize.
+  compile_linear(linear)` compiles a LINEAR's kernels (searched when BEAM is set then).
 - `host_backed_null`: `tinygrad.runtime.ops_null.NullAllocator` allocates, copies and offsets through `_alloc(size, options)`,
   `_copyin(dest, src)`, `_copyout(dest, src)` and `_offset(buf, size, offset)`.
 - `watched_beam_search`: `tinygrad.codegen.opt.search` calls its globals `beam_search(s, rawbufs, var_vals, amt, ...)` per kernel and
@@ -17,8 +18,10 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
   the parameter PARAMs, and whose last src is a BINARY holding the compiled code (a PROGRAM with one is never compiled again).
   `to_elf().signature` lists (name, argument index, dtype, shape) per parameter, buffers first; runtime variables are PARAMs in the ALU
   address space with vmin_vmax; `Target.parse(repr(target))` round-trips a target.
-- `is_graph_batch`, `unbatched_calls`: a LINEAR holds CALLs whose first src is the ast (a PROGRAM, a COPY, or a graph batch: a
-  CUSTOM_FUNCTION with arg "graph" whose first src is the LINEAR of the calls it batches).
+- `is_graph_batch`, `unbatched_calls`, `captured_calls`, `program_key`: a LINEAR holds CALLs whose first src is the ast (a PROGRAM, a
+  COPY, or a graph batch: a CUSTOM_FUNCTION with arg "graph" whose first src is the LINEAR of the calls it batches) and whose other srcs
+  are its arguments: a PARAM (`arg.slot`: the JIT input slot) or a uop whose `.buffer` is the Buffer, and bound variables; a PROGRAM's
+  `ProgramInfo` lists the argument indices it reads (`ins`) and writes (`outs`), a COPY's are (destination, source).
 - `graph_batches`, `run_calls`, `graph_runner`, `runner_slots`, `repointable`, `always_repointed`, `repoint_only`: the replay's graph
   back-end runs tinygrad's own JIT path on a LINEAR of CALLs. `tinygrad.engine.jit.graph_split_rewrite(linear, max_batch_size)` batches
   calls into CUSTOM_FUNCTION "graph" calls; `tinygrad.engine.realize.run_linear(linear, var_vals, input_uops, jit=, wait=)` runs them;
@@ -57,19 +60,28 @@ class Recording(list):
     super().__init__()
     self.onetime: list[UOp] = []
 
+def _kernels(*linears: UOp) -> int:
+  """How many distinct kernels LINEARs of uncompiled calls compile."""
+  return len({c.src[0] for linear in linears for c in linear.src if c.src[0].op is Ops.SINK})
+
 @contextlib.contextmanager
-def record_kernel_linear() -> Iterator[Recording]:
+def record_kernel_linear(on_kernels: Callable[[int], None] | None = None) -> Iterator[Recording]:
   """Record the kernel LINEAR (compiled, memory planned, graph split) of each TinyJit capture that happens inside the block, and with
-  prune=True the one-time calls (weight preparation, e.g. IMAGE relayouts) that run once at capture instead of every call."""
+  prune=True the one-time calls (weight preparation, e.g. IMAGE relayouts) that run once at capture instead of every call.
+  `on_kernels`: told, per capture, how many distinct kernels it is about to compile (one-time ones included), before any compiles."""
   import tinygrad.engine.jit as jit
   from tinygrad.engine.realize import compile_linear
-  recorded = Recording()
+  recorded, counted = Recording(), [False]  # counted: this capture's kernels were counted at prune_linear, which runs first
   lower, prune = jit.jit_lower, jit.prune_linear
-  def recording_lower(*args, **kwargs):
-    recorded.append(linear := lower(*args, **kwargs))
-    return linear
+  def recording_lower(linear: UOp, *args, **kwargs):
+    if on_kernels is not None and not counted[0]: on_kernels(_kernels(linear))
+    counted[0] = False
+    recorded.append(lowered := lower(linear, *args, **kwargs))
+    return lowered
   def recording_prune(*args, **kwargs):
     kept, onetime = prune(*args, **kwargs)
+    if on_kernels is not None: on_kernels(_kernels(kept, onetime))
+    counted[0] = True
     if onetime.src: recorded.onetime.append(compile_linear(onetime))  # the capture compiles the same kernels: served from the cache
     return kept, onetime
   jit.jit_lower, jit.prune_linear = recording_lower, recording_prune
@@ -153,6 +165,28 @@ def program_uop(program: Program, lib: bytes) -> UOp:
                      outs=program.outs, ins=program.ins, target=Target.parse(program.target))
   return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
                                UOp(Ops.BINARY, arg=lib)), arg=info)
+
+class CapturedCall(NamedTuple):
+  """One call of a captured kernel list: its compiled PROGRAM (None for a copy), per argument (bound variables left out) the JIT input
+  slot it is bound to or its Buffer, and the argument indices it reads and writes (a copy reads its source, 1, and writes 0)."""
+  program: UOp | None
+  args: tuple[int | Buffer, ...]
+  reads: tuple[int, ...]
+  writes: tuple[int, ...]
+
+def captured_calls(linear: UOp) -> list[CapturedCall]:
+  """A captured LINEAR's calls in order, graph batches unbatched; ArtifactError for a call that is neither a kernel nor a copy."""
+  calls = unbatched_calls(linear)
+  if (ast := next((c.src[0] for c in calls if c.src[0].op not in (Ops.PROGRAM, Ops.COPY)), None)) is not None:
+    raise ArtifactError(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
+  def call(c: UOp) -> CapturedCall:
+    ast, args = c.src[0], tuple(u.arg.slot if u.op is Ops.PARAM else u.buffer for u in c.src[1:] if not u.is_bound_var)
+    return CapturedCall(None, args, (1,), (0,)) if ast.op is Ops.COPY else CapturedCall(ast, args, tuple(ast.arg.ins), tuple(ast.arg.outs))
+  return [call(c) for c in calls]
+
+def program_key(ast: UOp) -> tuple[str, bytes]:
+  """What makes compiled PROGRAMs one program of a part: the kernel's name and binary."""
+  return ast.arg.name, program_binary(ast)
 
 def is_graph_batch(ast: UOp) -> bool:
   """Whether a call's ast is a batch of calls for the device's graph runner (what `graph_batches` makes)."""
