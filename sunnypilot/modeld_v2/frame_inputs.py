@@ -35,12 +35,29 @@ def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, 
           "lateral_control_params": [max(v_ego, 0.0), lat_delay], "driving_style": DRIVING_STYLE, "prepare_only": [float(prepare_only)],
           "lat_planner_state": lat_planner_state}
 
-def write_host_inputs(inputs: dict[str, np.ndarray], values: dict[str, Any], report: Callable[[str], None]) -> None:
-  """`values` into a model's host input views by name; an input with no value, or whose size does not match, stays zero (reported)."""
-  for name, view in inputs.items():
-    if name in values and np.size(values[name]) == view.size: view.reshape(-1)[:] = np.reshape(values[name], -1)
-    elif name in values: report(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
-    elif name not in ZERO_HOST_INPUTS: report(f"host input {name} {view.shape} has no source here: it stays zero")
+class HostInputs:
+  """A model's host input views by name, and how each frame's values go into them: the views flattened once, and on the first frame every
+  input with no value, or whose size does not match its value's, reported and left zero (modeld's values keep their names and sizes)."""
+  def __init__(self, inputs: dict[str, np.ndarray], report: Callable[[str], None]):
+    self.inputs, self.report = inputs, report
+    self.targets: list[tuple[str, np.ndarray]] | None = None  # (name, flat view) of every input written: made on the first frame
+
+  def write(self, values: dict[str, Any]) -> None:
+    """`values` (host_inputs) into the views; an array is flattened, a list goes in as it is."""
+    if self.targets is None: self.targets = self._targets(values)
+    for name, flat in self.targets:
+      value = values[name]
+      flat[:] = value.reshape(-1) if type(value) is np.ndarray else value
+
+  def _targets(self, values: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+    targets = []
+    for name, view in self.inputs.items():
+      if name in values and np.size(values[name]) == view.size:
+        if not np.shares_memory(flat := view.reshape(-1), view): raise ValueError(f"host input {name} is not contiguous: a flat write would not reach it")
+        targets.append((name, flat))
+      elif name in values: self.report(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
+      elif name not in ZERO_HOST_INPUTS: self.report(f"host input {name} {view.shape} has no source here: it stays zero")
+    return targets
 
 @dataclass(frozen=True)
 class FrameValues:

@@ -38,7 +38,7 @@ from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.cli import camera_offset_arg, delay_arg, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.constants import DT_MDL
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
-from sunnypilot.modeld_v2.frame_inputs import FrameInputs, write_host_inputs
+from sunnypilot.modeld_v2.frame_inputs import FrameInputs, HostInputs
 from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.messaging import claim_bus
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
@@ -107,6 +107,7 @@ class ModelD:
     self.new_img: list | None = None  # the planes the model takes, what a warp must make: main sets it from check_artifacts
     self.refused: set[str] = set()  # warps that failed to load with the model: not tried again until a restart
     self.slices: dict = {}  # the loaded model's output slices
+    self.host_inputs: HostInputs | None = None  # the loaded model's host inputs, written each frame
 
   def log_once(self, msg: str) -> None:
     """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
@@ -140,7 +141,7 @@ class ModelD:
       if warp is not None: self.refused.add(warp)
       self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting for another camera geometry (or a restart)")
       return False
-    self.slices = self.adapter.output_slices
+    self.slices, self.host_inputs = self.adapter.output_slices, HostInputs(self.adapter.numpy_inputs, self.log_once)
     generation, source = self.adapter.generation
     self.publish_state.rules = GENERATIONS[generation]
     self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
@@ -201,7 +202,7 @@ class ModelD:
       if params is not None and sm.frame % PARAMS_EVERY == 0: self.inputs.camera_offset_target = camera_offset(params, self.inputs.camera_offset_target)
       dropped, drop_perc = drops.update(meta_main.frame_id)
       fed = self.inputs.step(sm, delays, self.publish_state, prepare_only=dropped > 0)
-      write_host_inputs(self.adapter.numpy_inputs, fed.host, self.log_once)
+      self.host_inputs.write(fed.host)
       t_inputs = time.monotonic_ns()
       t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
       self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (buf_main, buf_extra), strict=True)))

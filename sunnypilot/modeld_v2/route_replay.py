@@ -75,13 +75,14 @@ class LogState:
 class BundleReference:
   """A second bundle (unsearched vs searched, CPU vs CUDA) with the artifacts' warp for this camera, run as modeld runs its model."""
   def __init__(self, model: str, warp: str):
+    from sunnypilot.modeld_v2.frame_inputs import HostInputs
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
     self.adapter = NativeTinygradAdapter(model, warp)
+    self.host_inputs = HostInputs(self.adapter.numpy_inputs, lambda line: None)  # what modeld cannot feed it says itself
     self.output_dtype = np.dtype(np.float32)
 
   def step(self, road: np.ndarray, wide: np.ndarray, frame, values: dict) -> np.ndarray:
-    from sunnypilot.modeld_v2.frame_inputs import write_host_inputs
-    write_host_inputs(self.adapter.numpy_inputs, values, lambda line: None)  # what modeld cannot feed it says itself
+    self.host_inputs.write(values)
     self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (road, wide), strict=True)))
     self.adapter.run()
     return np.array(self.adapter.output_array(), np.float32)
