@@ -78,7 +78,8 @@ class Daemon:
     self.proc = subprocess.Popen([sys.executable, *command, "--artifacts", artifacts, "--send-raw", *args], cwd=ROOT,
                                  stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
     self.lines: list[str] = []
-    threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True).start()
+    self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True)
+    self.reader.start()
     self.messages: dict[int, dict] = {}  # frameId -> {service: message}
     self.published: list[int] = []  # every modelV2 frameId, in arrival order
     self.wait_for_line("running:")
@@ -130,8 +131,14 @@ class Daemon:
   def stop(self) -> int:
     self.proc.send_signal(signal.SIGTERM)
     code = self.proc.wait(timeout=20)
+    self.reader.join(timeout=10)  # every line modeld wrote, its last ones included
     self.replay.close()
     return code
+
+  def left_no_cycles(self) -> bool:
+    """modeld's exit line: its frame loop, with the collector off (openpilot's config_realtime_process), made no reference cycle that
+    would never be freed."""
+    return any("the frame loop left 0 objects in reference cycles" in line for line in self.lines)
 
 def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "warp_split.bin", sensor: str = "os04c10", lat_delay: float = LAT_DELAY,
               long_delay: float = LONG_DELAY, prepare_only: tuple[int, ...] = ()) -> list[bytes]:
@@ -186,7 +193,7 @@ def test_100_frames_in_100_frames_out(artifacts, openpilot_prefix):
     check_fields(msgs, slices)
   assert daemon.stop() == 0, "SIGTERM is a clean exit"
   # the collector is off while frames run (openpilot's config_realtime_process): a reference cycle made per frame would never be freed
-  assert any("the frame loop left 0 objects in reference cycles" in line for line in daemon.lines), daemon.lines[-3:]
+  assert daemon.left_no_cycles(), daemon.lines[-3:]
   assert all(daemon.messages[i]["modelV2"][1] for i in range(21, 100)), "valid once a calibration arrived (camerad's replay sends one per second)"
   assert [daemon.raw(i) for i in range(100)] == reference(artifacts, list(range(100))), "outputs equal the adapter run directly on the same frames"
 
@@ -222,7 +229,7 @@ def test_skipped_frames_are_prepare_only_and_filtered(artifacts, openpilot_prefi
     daemon.send(frame_id)
     if frame_id in (22, 31): daemon.wait_for_line(f"frame {frame_id}: ")  # the frame after a gap went through the model, unpublished
     else: daemon.receive(frame_id)
-  assert daemon.stop() == 0
+  assert daemon.stop() == 0 and daemon.left_no_cycles(), "prepare-only frames leave no reference cycles either"
   daemon.collect()
   assert daemon.published == [i for i in sent if i not in (22, 31)], "every published frame id, in order: none for the prepare-only frames"
   expected = dict(zip(sent, expected_drop_perc(sent)))
@@ -255,7 +262,7 @@ def test_camerad_restart(artifacts, openpilot_prefix):
   daemon.restart_camerad(FRAME)
   daemon.wait_for_line("reconnected to camerad", after=seen)
   daemon.exchange(range(20, 30))
-  assert daemon.stop() == 0
+  assert daemon.stop() == 0 and daemon.left_no_cycles(), "nor does a reconnect and reload"
   assert [daemon.raw(i) for i in range(30)] == reference(artifacts, list(range(30))), "every output came from the new buffers"
 
 def test_camera_geometry_change_loads_the_matching_warp(artifacts, openpilot_prefix):

@@ -15,6 +15,7 @@ import pytest
 import test_modeld
 from test_modeld import BIG_FRAME, FRAME, SOF0, Daemon, frames_for, reference
 
+from sunnypilot.modeld_v2.bundle import ArtifactError
 from sunnypilot.modeld_v2.bus_inputs import BusInputs, Episodes, check_camera_offset
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY
 
@@ -250,7 +251,7 @@ def test_zero_length_message(artifacts, openpilot_prefix):
 
 @pytest.mark.parametrize("flag,value", [("--lat-delay", "nan"), ("--lat-delay", "-inf"), ("--long-delay", "-0.375"), ("--long-delay", "6"),
                                         ("--lat-delay", "abc"), ("--max-frames", "0"), ("--max-frames", "-3"), ("--core", "100000"),
-                                        ("--core", "seven")])
+                                        ("--core", "seven"), ("--reconnect-after", "0"), ("--reconnect-after", "nan")])
 def test_bad_arguments_are_refused_at_parse_time(flag, value, tmp_path):
   """--long-delay -0.375 made action_t zero: ZeroDivisionError on the first frame; NaN delays reached the model."""
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", str(tmp_path), flag, value], cwd=ROOT,
@@ -374,3 +375,20 @@ def test_camera_geometry_changes_release_the_old_buffers(artifacts, openpilot_pr
   (rss0, maps0), (rss1, maps1) = samples[1], samples[-1]  # both geometries loaded once, then 10 changes later, on the same geometry
   assert maps1 <= maps0, f"shared mappings grew from {maps0} to {maps1}: {samples}"
   assert rss1 - rss0 < 10_000, f"RSS grew by {(rss1 - rss0) / 1000:.0f} MB over 10 geometry changes: {samples}"
+
+def test_host_inputs_are_written_in_place_and_the_unfed_ones_said_once():
+  """A model input modeld has no value for, or whose size differs from modeld's, stays zero with one line (navigation inputs silently:
+  openpilot left them at zero); the others are written into the model's own buffers, frame after frame; a view a flat write would miss
+  is refused when the model loads."""
+  from sunnypilot.modeld_v2.frame_inputs import HostInputs
+  lines: list[str] = []
+  views = {"desire": np.zeros((1, 8), np.float32), "traffic_convention": np.zeros((1, 3), np.float32), "mystery": np.zeros(2, np.float32),
+           "nav_features": np.zeros(4, np.float32), "img_tfm": np.zeros((2, 3, 3), np.float32)}
+  host = HostInputs(views, lines.append)
+  for k in range(3):
+    host.write({"desire": np.arange(8, dtype=np.float32) + k, "traffic_convention": [1, 0], "img_tfm": np.full((2, 3, 3), k, np.float32)})
+    assert views["desire"].tolist() == [list(range(k, k + 8))] and (views["img_tfm"] == k).all()
+  assert not views["traffic_convention"].any() and not views["mystery"].any() and not views["nav_features"].any()
+  assert lines == ["host input traffic_convention (3 values) does not take modeld's 2: it stays zero",
+                   "host input mystery (2 values) has no source here: it stays zero"]
+  with pytest.raises(ArtifactError, match="desire is not contiguous"): HostInputs({"desire": np.zeros((8, 2), np.float32).T}, lines.append)

@@ -232,3 +232,14 @@ def test_a_planted_temporary_name_is_never_written_through(tmp_path, small_bundl
   write_bundle(out, {"run": small_bundle_part}, {})
   assert victim.read_text() == "keep me" and bundle.read_parts(out)[0]["run"][0].to_json() == small_bundle_part[0]
   assert sorted(os.listdir(tmp_path)) == ["out.bin", "victim.txt"]
+
+def test_a_missing_device_compiler_is_one_line(tmp_path):
+  """tinygrad's CPU backend compiles with clang: without it (the H200 image has none) compile_warp printed a traceback ending in
+  FileNotFoundError; the compile scaffolding now says it in one line, exit 2, nothing written."""
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.compile_warp", "--frame", unpadded_frame(72, 40).spec, "--warp-to", "32x16",
+                        "--output", str(tmp_path / "w.bin")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env=os.environ | {"PATH": str(tmp_path), "DEV": "CPU", "CACHELEVEL": "0"})
+  last = out.stderr.strip().splitlines()[-1]
+  assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+  assert last.startswith("compile_warp: error: compiling for CPU failed:") and "clang" in last, out.stderr
+  assert os.listdir(tmp_path) == []

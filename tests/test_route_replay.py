@@ -166,7 +166,7 @@ def test_camera_offset_beyond_modelds_range_is_one_line(route, native_artifacts,
   """--camera-offset takes what modeld takes: finite metres, at most 1 either way (sunnypilot's CameraOffset stays within the car)."""
   with pytest.raises(SystemExit) as e: main([route, "--artifacts", native_artifacts, "--camera-offset", offset, "--out", str(tmp_path / "out")])
   err = capsys.readouterr().err
-  assert e.value.code == 2 and f"argument --camera-offset: expected a number from -1 to 1, got '{offset}'" in err.strip().splitlines()[-1], err
+  assert e.value.code == 2 and "argument --camera-offset: a camera offset must be a number of metres in [-1, 1], got" in err.strip().splitlines()[-1], err
   assert not (tmp_path / "out").exists()
 
 def test_frames_are_named_by_road_encode_idx_and_served_in_sequence(route, tmp_path):

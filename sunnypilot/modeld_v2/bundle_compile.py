@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import check_output_path, write_bundle
+from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, write_bundle
 from sunnypilot.modeld_v2.part_format import Part
 from sunnypilot.modeld_v2.tinygrad_internals import onnx_ops, patched_onnx_ops
 
@@ -57,7 +57,8 @@ class BundleCompile:
     with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):
       step = make_step()
       log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
-      return capture_part(step, make_inputs, null_holds_data=null_holds_data, beam=self.level, log=log)
+      try: return capture_part(step, make_inputs, null_holds_data=null_holds_data, beam=self.level, log=log)
+      except OSError as e: raise ArtifactError(f"compiling for {self.device} failed: {e}") from e  # e.g. the CPU backend's clang is missing
 
   def write(self, part: tuple[Part, bytes], input_specs: dict[str, tuple[tuple, Any]], output_specs: dict[str, tuple[tuple, Any]], metadata: dict) -> dict:
     """Write the bundle of one part `run` with its specs {name: (shape, numpy dtype)} and metadata; a summary of it."""

@@ -37,8 +37,11 @@ def delay_arg(text: str) -> float:
 
 def camera_offset_arg(text: str) -> float:
   """--camera-offset: metres, by the rule sunnypilot's CameraOffset parameter is checked by (bus_inputs.check_camera_offset)."""
-  from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX
-  return finite_float(-CAMERA_OFFSET_MAX, CAMERA_OFFSET_MAX)(text)
+  from sunnypilot.modeld_v2.bus_inputs import check_camera_offset
+  try: value = float(text)
+  except ValueError: raise argparse.ArgumentTypeError(f"expected a number of metres, got {text!r}") from None
+  try: return check_camera_offset(value)
+  except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
 
 def int_list(text: str) -> set[int]:
   """`"30,31"` -> {30, 31}: comma-separated whole numbers of at least 0 (empty: none)."""

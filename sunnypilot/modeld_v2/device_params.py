@@ -29,6 +29,14 @@ def from_car_params(steer_actuator_delay: float, long_actuator_delay: float, sou
 
 TYPICAL_CAR = from_car_params(TYPICAL_STEER_ACTUATOR_DELAY, TYPICAL_LONG_ACTUATOR_DELAY, "a typical car")
 
+def on_device() -> bool:
+  """A comma device, as openpilot decides it (openpilot.system.hardware's PC is false there); a PC, with or without openpilot, otherwise."""
+  try:
+    from openpilot.system.hardware import PC  # type: ignore[import-not-found]
+  except ImportError:
+    return False
+  return not PC
+
 def device_params():
   """openpilot's Params, or None on a PC (no openpilot installed)."""
   try:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.bundle import ArtifactError
 from sunnypilot.modeld_v2.bus_inputs import BusInputs, CarInputs
 from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, CameraConfig, apply_camera_offset, warp_matrices
 from sunnypilot.modeld_v2.device_params import Delays
@@ -36,10 +37,14 @@ def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, 
           "lat_planner_state": lat_planner_state}
 
 class HostInputs:
-  """A model's host input views by name, and how each frame's values go into them: the views flattened once, and on the first frame every
-  input with no value, or whose size does not match its value's, reported and left zero (modeld's values keep their names and sizes)."""
+  """A model's host input views by name, and how each frame's values go into them: each view flattened once (ArtifactError if one is not
+  contiguous, so a flat write would miss it), and on the first frame every input with no value, or whose size does not match its value's,
+  reported and left zero (modeld's values keep their names and sizes)."""
   def __init__(self, inputs: dict[str, np.ndarray], report: Callable[[str], None]):
-    self.inputs, self.report = inputs, report
+    self.report, self.flat = report, {}
+    for name, view in inputs.items():
+      if not np.shares_memory(flat := view.reshape(-1), view): raise ArtifactError(f"host input {name} is not contiguous: a flat write would miss it")
+      self.flat[name] = flat
     self.targets: list[tuple[str, np.ndarray]] | None = None  # (name, flat view) of every input written: made on the first frame
 
   def write(self, values: dict[str, Any]) -> None:
@@ -51,12 +56,10 @@ class HostInputs:
 
   def _targets(self, values: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
     targets = []
-    for name, view in self.inputs.items():
-      if name in values and np.size(values[name]) == view.size:
-        if not np.shares_memory(flat := view.reshape(-1), view): raise ValueError(f"host input {name} is not contiguous: a flat write would not reach it")
-        targets.append((name, flat))
-      elif name in values: self.report(f"host input {name} {view.shape} does not take modeld's {np.size(values[name])} values: it stays zero")
-      elif name not in ZERO_HOST_INPUTS: self.report(f"host input {name} {view.shape} has no source here: it stays zero")
+    for name, flat in self.flat.items():
+      if name in values and np.size(values[name]) == flat.size: targets.append((name, flat))
+      elif name in values: self.report(f"host input {name} ({flat.size} values) does not take modeld's {np.size(values[name])}: it stays zero")
+      elif name not in ZERO_HOST_INPUTS: self.report(f"host input {name} ({flat.size} values) has no source here: it stays zero")
     return targets
 
 @dataclass(frozen=True)

@@ -79,15 +79,19 @@ class FrameDrops:
 
 def config_realtime(core: int | None, realtime: bool) -> str:
   """openpilot's config_realtime_process (common/realtime.py @0318f5a6): the garbage collector off, so that no collection pauses a frame
-  (the frame loop makes no reference cycles: modeld counts them on exit, the tests check it); with a core the process pinned to it, and
-  `realtime` (a device, as openpilot does it) at SCHED_FIFO priority REALTIME_PRIORITY too. Returns what it did, for the log."""
+  (the frame loop makes no reference cycles: modeld counts them on exit, the tests check it); with a core the process pinned to it; with
+  `realtime` (on a device, as openpilot does it there) SCHED_FIFO priority REALTIME_PRIORITY. Returns what it did, for the log."""
   gc.disable()
-  if core is None: return "garbage collector off"
-  os.sched_setaffinity(0, [core])
-  if not realtime: return f"garbage collector off, pinned to core {core}"
-  try: os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
-  except PermissionError: return f"garbage collector off, pinned to core {core}; SCHED_FIFO {REALTIME_PRIORITY} not permitted here: normal priority"
-  return f"garbage collector off, pinned to core {core} at SCHED_FIFO {REALTIME_PRIORITY}"
+  done = ["garbage collector off"]
+  if core is not None:
+    os.sched_setaffinity(0, [core])
+    done.append(f"pinned to core {core}")
+  if realtime:
+    try:
+      os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+      done.append(f"SCHED_FIFO {REALTIME_PRIORITY}")
+    except PermissionError: done.append(f"SCHED_FIFO {REALTIME_PRIORITY} not permitted here: normal priority")
+  return ", ".join(done)
 
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
@@ -116,7 +120,16 @@ class ModelD:
       log.warning(msg)
 
   def load(self) -> bool:
-    """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait)."""
+    """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait).
+    What loading (or failing to) left in reference cycles is freed here, and what it made is frozen out of later collections: the one
+    after the first published frame then scans only what frames made. The collector is off while frames run."""
+    gc.unfreeze()  # a reload: the previous model's objects may be garbage now
+    loaded = self._load()
+    gc.collect()
+    gc.freeze()
+    return loaded
+
+  def _load(self) -> bool:
     from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
     try: geometry = self.camera.live_geometry()
     except ValueError as e:
@@ -137,11 +150,12 @@ class ModelD:
       warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=self.refused)
       if warp is None: return False
       self.adapter = NativeTinygradAdapter(model_path, warp)
+      self.host_inputs = HostInputs(self.adapter.numpy_inputs, self.log_once)
     except ArtifactError as e:
       if warp is not None: self.refused.add(warp)
       self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting for another camera geometry (or a restart)")
       return False
-    self.slices, self.host_inputs = self.adapter.output_slices, HostInputs(self.adapter.numpy_inputs, self.log_once)
+    self.slices = self.adapter.output_slices
     generation, source = self.adapter.generation
     self.publish_state.rules = GENERATIONS[generation]
     self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
@@ -156,7 +170,6 @@ class ModelD:
       self.adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
       self.adapter.run()
     self.adapter.reset_warmup_buffers()
-    gc.collect()  # what loading left in reference cycles, once: the collector is off while frames run
     return True
 
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
@@ -169,11 +182,11 @@ class ModelD:
     return False
 
   def run(self, max_frames: int | None = None, core: int | None = None) -> int:
-    from sunnypilot.modeld_v2.device_params import camera_offset, device_params, read_car_params
+    from sunnypilot.modeld_v2.device_params import camera_offset, device_params, on_device, read_car_params
     from sunnypilot.modeld_v2.messaging import pub_master, sub_master
     params = device_params()
-    device_core = DEVICE_CORE if params is not None and DEVICE_CORE in os.sched_getaffinity(0) else None  # a PC with openpilot may lack core 7
-    log.info(config_realtime(device_core if core is None else core, realtime=params is not None))
+    device = on_device()
+    log.info(config_realtime(DEVICE_CORE if core is None and device else core, realtime=device))
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))

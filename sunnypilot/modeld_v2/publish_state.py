@@ -1,9 +1,10 @@
 """What the model daemon carries from frame to frame to turn raw outputs into messages: the lane-change state machine and the desire it
 feeds back, the previous action (smoothing), the FCW history, the confidence buffer, and which defaulted fields were already logged.
 
-One PublishState per daemon. Per frame: `desire_input()` before the model runs (every frame, published or not), then `fill(...)` on
-frames that are published. The order follows openpilot selfdrive/modeld/modeld.py (commaai/openpilot @6c6be47b): action from this
-frame's plan, messages filled, then DesireHelper updated from the desire state just published; its desire is the next frame's input.
+One PublishState per daemon. Per frame: `desire_input()` before the model runs (every frame, published or not), then on frames that
+are published `fill(...)`, or as modeld does it `fill_model_v2(...)`, modelV2 sent, then `fill_rest()`. The order follows openpilot
+selfdrive/modeld/modeld.py (commaai/openpilot @6c6be47b): action from this frame's plan, messages filled, then DesireHelper updated from
+the desire state just published; its desire is the next frame's input.
 """
 from __future__ import annotations
 

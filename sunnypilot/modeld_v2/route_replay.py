@@ -288,7 +288,7 @@ class Result:
 def artifacts_warp(artifacts: str, segment: Segment, new_img: list | None) -> str:
   """The warp bundle modeld picks for the segment's frames on both cameras and a model taking `new_img` planes (artifacts.find_warp)."""
   from sunnypilot.modeld_v2.artifacts import find_warp
-  if (path := find_warp(artifacts, segment.frame, segment.frame, report=lambda line: None, new_img=new_img)) is None:
+  if (path := find_warp(artifacts, segment.frame, segment.frame, report=log.warning, new_img=new_img)) is None:
     raise RouteError(f"no warp bundle in {artifacts} for {segment.frame.width}x{segment.frame.height} frames "
                      f"(build one: compile_warp --frame {segment.frame.spec} --warp-to 512x256 --split-frames)")
   return path
