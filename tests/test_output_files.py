@@ -111,16 +111,18 @@ def test_compile_warp_checks_its_output_first_as_a_library_call_and_as_a_cli(tmp
     assert capsys.readouterr().err == f"compile_warp: error: {refused.value}\n", repr(output)
   assert (sorted(os.listdir(tmp_path)), kinds(paths)) == before, "no file made, none replaced"
 
+class FullDisk:
+  """open() on a disk that fills halfway through the first write."""
+  def __init__(self, path, mode): self.f = open(path, mode)
+  def __enter__(self): return self
+  def __exit__(self, *exc): self.f.close()
+  def write(self, data):
+    self.f.write(data[:len(data) // 2])
+    raise OSError(errno.ENOSPC, "No space left on device")
+
 def test_compile_warp_on_a_full_disk_leaves_no_partial_file(tmp_path, capsys, monkeypatch):
   """The disk fills while the bundle is written: the library call raises an ArtifactError naming the file, the CLI prints it in one line
   and exits 2 (it was exit 1 with a bare errno line); no output and no temporary file either way."""
-  class FullDisk:
-    def __init__(self, path, mode): self.f = open(path, mode)
-    def __enter__(self): return self
-    def __exit__(self, *exc): self.f.close()
-    def write(self, data):
-      self.f.write(data[:len(data) // 2])
-      raise OSError(errno.ENOSPC, "No space left on device")
   monkeypatch.setattr(bundle, "open", FullDisk, raising=False)
   tiny, out = unpadded_frame(64, 32).spec, str(tmp_path / "w.bin")
   with pytest.raises(ArtifactError, match=f"cannot write {out}: No space left on device"): compile_warp.compile_warp(tiny, "32x16", out, log=lambda s: None)
@@ -184,13 +186,6 @@ def test_preview_png_is_written_atomically(tmp_path, monkeypatch):
   out = str(tmp_path / "p.png")
   preview.write_png(out, np.zeros((4, 4), np.uint8))
   good = open(out, "rb").read()
-  class FullDisk:
-    def __init__(self, path, mode): self.f = open(path, mode)
-    def __enter__(self): return self
-    def __exit__(self, *exc): self.f.close()
-    def write(self, data):
-      self.f.write(data[:len(data) // 2])
-      raise OSError(errno.ENOSPC, "No space left on device")
   monkeypatch.setattr(preview, "open", FullDisk, raising=False)
   with pytest.raises(OSError, match="No space left"): preview.write_png(out, np.full((64, 64), 7, np.uint8))
   assert open(out, "rb").read() == good and os.listdir(tmp_path) == ["p.png"]
