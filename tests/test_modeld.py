@@ -82,6 +82,7 @@ class Daemon:
     self.reader.start()
     self.messages: dict[int, dict] = {}  # frameId -> {service: message}
     self.published: list[int] = []  # every modelV2 frameId, in arrival order
+    self.made_at: dict[int, dict[str, int]] = {}  # frameId -> {service: Event.logMonoTime}, when modeld serialized it
     self.wait_for_line("running:")
 
   def wait_for_line(self, text: str, timeout: float = 60, after: int = 0) -> int:
@@ -105,6 +106,7 @@ class Daemon:
     for service in ("modelV2", "cameraOdometry", "drivingModelData"):
       if self.sm.updated[service]:
         self.messages.setdefault(self.sm[service].frameId, {})[service] = (self.sm[service], self.sm.valid[service])
+        self.made_at.setdefault(self.sm[service].frameId, {})[service] = self.sm.logMonoTime[service]
         if service == "modelV2": self.published.append(self.sm[service].frameId)
 
   def receive(self, frame_id: int, timeout: float = 10) -> dict:
@@ -194,6 +196,8 @@ def test_100_frames_in_100_frames_out(artifacts, openpilot_prefix):
   assert daemon.stop() == 0, "SIGTERM is a clean exit"
   # the collector is off while frames run (openpilot's config_realtime_process): a reference cycle made per frame would never be freed
   assert daemon.left_no_cycles(), daemon.lines[-3:]
+  made = [daemon.made_at[i] for i in range(100)]
+  assert all(m["modelV2"] < min(m["drivingModelData"], m["cameraOdometry"]) for m in made), "modelV2 is made before the other two"
   assert all(daemon.messages[i]["modelV2"][1] for i in range(21, 100)), "valid once a calibration arrived (camerad's replay sends one per second)"
   assert [daemon.raw(i) for i in range(100)] == reference(artifacts, list(range(100))), "outputs equal the adapter run directly on the same frames"
 

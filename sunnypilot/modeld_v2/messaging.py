@@ -84,6 +84,7 @@ class SubMaster:
     self.updated = dict.fromkeys(self.services, False)
     self.seen = dict.fromkeys(self.services, False)
     self.valid = dict.fromkeys(self.services, False)  # the last message's Event.valid, as openpilot's SubMaster keeps it
+    self.logMonoTime = dict.fromkeys(self.services, 0)  # and its Event.logMonoTime
     self.recv_frame = dict.fromkeys(self.services, 0)
     self.dropped = dict.fromkeys(self.services, 0)
     self.drop_reason: dict[str, str] = {}
@@ -109,6 +110,7 @@ class SubMaster:
       with log.Event.from_bytes(raw) as event:
         if (kind := str(event.which())) != service: raise ValueError(f"an Event of type {kind}")
         self.data[service], self.valid[service] = getattr(event, service).as_builder().as_reader(), event.valid  # a copy: it outlives raw
+        self.logMonoTime[service] = event.logMonoTime
       return True
     except (capnp.KjException, ValueError) as e:
       self.dropped[service] += 1
