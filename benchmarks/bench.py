@@ -87,7 +87,7 @@ class Unfused:
   def __init__(self, model_path: str, warp_path: str):
     from tinygrad import Tensor
 
-    from sunnypilot.modeld_v2.bundle import state_names
+    from sunnypilot.modeld_v2.bundle import next_name, state_names
     from sunnypilot.modeld_v2.loader import load_bundle
     self.warp, self.model = load_bundle(warp_path), load_bundle(model_path)
     zeros = lambda spec: Tensor(np.zeros(spec.shape, spec.dtype)).realize()
@@ -95,7 +95,8 @@ class Unfused:
     self.tfm = zeros(self.warp.input_specs[WARP_TRANSFORM])
     states = state_names(self.model.input_specs, self.model.output_specs)
     self.tensors = {n: zeros(s) for n, s in self.model.input_specs.items() if n != "new_img"}
-    self.outputs = {n: self.tensors[n[5:]] if n[5:] in states else zeros(s) for n, s in self.model.output_specs.items()}
+    state_of = {next_name(s): s for s in states}  # a state's next value is written into the state's own tensor
+    self.outputs = {n: self.tensors[state_of[n]] if n in state_of else zeros(s) for n, s in self.model.output_specs.items()}
     self.numpy_inputs = {HOST_TRANSFORM: np.zeros((2, 3, 3), np.float32)} | {n: np.zeros(s.shape, np.float32) for n, s in self.model.input_specs.items()
                                                                        if n not in states and n != "new_img"}
 

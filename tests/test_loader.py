@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2.bundle import ArtifactError, TensorSpec, read_parts, write_bundle
-from sunnypilot.modeld_v2.frame_fusion import FusedLayout, frame_part, fuse, pack_layout
+from sunnypilot.modeld_v2.frame_fusion import FusedLayout, frame_part, fuse
 from sunnypilot.modeld_v2.loader import LoadedBundle, load_bundle, load_fused
 from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
 from sunnypilot.modeld_v2.replay import Replay
@@ -29,13 +29,18 @@ def test_loaded_bundle_is_typed(native_artifacts):
     assert (key in model) == (key in seed) and model.get(key) is seed.get(key) and model.get(key, "absent") is seed.get(key, "absent"), key
 
 def test_fused_layout_is_the_packed_host_buffer(native_artifacts):
-  """The typed layout of a fused load against pack_layout's offsets, computed here from the model's own host inputs."""
+  """The typed layout of a fused load against the packed host buffer's offsets, written out here from the model's own host inputs: `tfm`
+  first, then each float32 input in order, every slot starting on a 64-byte boundary, then the two camera frames of a packed warp."""
   model = os.path.join(native_artifacts, "model.bin")
   specs = read_parts(model)[1]["input_specs"]
   host = {n: s.shape for n, s in specs.items() if n != "new_img" and f"next_{n}" not in read_parts(model)[1]["output_specs"]}
   for warp, frame_size in (("warp_split.bin", 0), ("warp_packed.bin", FRAME.size)):
     fused = load_fused(model, os.path.join(native_artifacts, warp)).fused
-    offsets, total = pack_layout(host, frame_size)
+    offsets, at = {}, 0
+    for name, shape in ({"tfm": (2, 3, 3)} | host).items():
+      offsets[name], at = at, at + (int(np.prod(shape)) * 4 + 63) // 64 * 64
+    if frame_size: offsets["frames"] = at
+    total = at + 2 * frame_size
     assert isinstance(fused, FusedLayout) and fused.warp == warp and fused.split_frames == (frame_size == 0)
     assert fused.host_layout == offsets and fused.host_bytes == total and fused.frame_size == FRAME.size and fused.frame == FRAME.spec
     assert fused.host_shapes == {"tfm": (2, 3, 3)} | host
@@ -59,7 +64,8 @@ def test_seed_spelling_is_the_fused_load(native_artifacts):
 def test_seed_adapter_names(native_artifacts):
   adapter = NativeTinygradAdapter(os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin"))
   assert adapter.jits is adapter.bundle and adapter.run_model is adapter.bundle.run and adapter.input_queues is adapter.states
-  assert sorted(adapter.states) == adapter.bundle.state_names and adapter.output_slices == adapter.bundle.metadata["output_slices"]
+  assert sorted(adapter.states) == adapter.bundle.state_names
+  assert adapter.output_slices == read_parts(os.path.join(native_artifacts, "model.bin"))[1]["metadata"]["output_slices"]
 
 def test_fuse_is_pure(native_artifacts, monkeypatch):
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")

@@ -17,7 +17,7 @@ import numpy as np
 from sunnypilot.modeld_v2.bundle import TensorSpec, read_parts, state_names
 from sunnypilot.modeld_v2.part_builder import PartBuilder
 from sunnypilot.modeld_v2.part_format import Arg, ArtifactError, BufferSpec, BufferView, Call, InputArg, InputSlot, Part
-from sunnypilot.modeld_v2.warp import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES
+from sunnypilot.modeld_v2.warp import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES, align
 
 SPLIT_FRAMES = tuple(sorted(WARP_FRAMES))  # the seed's name for a --split-frames warp's frame inputs, in the replay's (sorted) input order
 HOST_ALIGN = 64  # every slot of the packed host buffer starts on a cache line, so float views are aligned on any device
@@ -53,7 +53,7 @@ def pack_layout(shapes: dict[str, tuple], frame_size: int) -> tuple[dict[str, in
   offsets, offset = {}, 0
   for name, shape in (dict([TFM]) | shapes).items():
     offsets[name] = offset
-    offset += -(-int(np.prod(shape)) * 4 // HOST_ALIGN) * HOST_ALIGN
+    offset += align(int(np.prod(shape)) * 4, HOST_ALIGN)
   if frame_size: offsets["frames"] = offset
   return offsets, offset + 2 * frame_size
 

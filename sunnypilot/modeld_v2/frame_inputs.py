@@ -81,6 +81,8 @@ class FrameInputs:
     self.cameras: tuple[CameraConfig, CameraConfig] | None = None  # (main, extra) intrinsics of the live geometry: use_cameras
     self.rpy: tuple | None = None  # the calibration transforms() last computed m_inv for
     self.m_inv = np.zeros((2, 3, 3), np.float32)
+    self.offset_key: tuple | None = None  # (cameras, rpy, height, applied offset) offset_m_inv was made for
+    self.offset_m_inv = self.m_inv
 
   def use_cameras(self, sensor: str, main_wide: bool) -> None:
     """The (main, extra) cameras of `sensor`: (road, wide), or the wide one twice when the main stream is the wide camera."""
@@ -96,12 +98,15 @@ class FrameInputs:
 
   def offset_transforms(self, sm) -> np.ndarray:
     """M_inv for both cameras with sunnypilot's CameraOffset: the applied offset moves a tenth of the way to the target on each calibration
-    update (modeld_v2/camera_offset_helper.py @5b23aa70), with the calibration's camera height."""
+    update (modeld_v2/camera_offset_helper.py @5b23aa70), with the calibration's camera height; the shear is remade only when one of
+    them (or the cameras) changes."""
     m_inv = self.transforms(self.bus.calibration(sm))
     if sm.updated.get("liveCalibration"): self.camera_offset = 0.9 * self.camera_offset + 0.1 * self.camera_offset_target
     if self.camera_offset == 0: return m_inv
-    height = self.bus.camera_height(sm)
-    return np.stack([apply_camera_offset(m, camera.intrinsics, height, self.camera_offset) for m, camera in zip(m_inv, self.cameras, strict=True)])
+    if self.offset_key != (key := (self.cameras, self.rpy, self.bus.camera_height(sm), self.camera_offset)):
+      self.offset_key, self.offset_m_inv = key, np.stack([apply_camera_offset(m, camera.intrinsics, key[2], self.camera_offset)
+                                                          for m, camera in zip(m_inv, self.cameras, strict=True)])
+    return self.offset_m_inv
 
   def step(self, sm, delays: Delays, publish_state: PublishState, prepare_only: bool = False) -> FrameValues:
     """This frame's inputs from the bus state `sm` (a SubMaster, or what one would hold), the configured `delays` (liveDelay replaces the
