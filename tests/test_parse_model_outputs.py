@@ -234,7 +234,7 @@ def test_meta_interleaves_disengage_arrays_by_time_step():
                "brake3MetersPerSecondSquaredProbs": [4, 10, 16, 22, 28], "brake4MetersPerSecondSquaredProbs": [5, 11, 17, 23, 29],
                "brake5MetersPerSecondSquaredProbs": [6, 12, 18, 24, 30], "gasPressProbs": [31, 35, 39, 43, 47, 51],
                "brakePressProbs": [32, 36, 40, 44, 48, 52]}
-  assert values["meta.disengagePredictions.t"] == [2.0, 4.0, 6.0, 8.0, 10.0]
+  assert list(values["meta.disengagePredictions.t"]) == [2.0, 4.0, 6.0, 8.0, 10.0]
   assert values["meta.engagedProb"] == pytest.approx(0.01, rel=1e-5)
 
 @pytest.mark.parametrize("n, gas_press, brake_press", [(53, [7, 15, 23, 31, 39], [8, 16, 24, 32, 40]), (48, [7, 14, 21, 28, 35], None)])

@@ -43,13 +43,20 @@ from sunnypilot.modeld_v2.drive_helpers import Action
 
 class Fields:
   """One message's field values, added part by part. A part whose output heads the model lacks is left out, so its fields keep their
-  defaults, and each of its field names is recorded in `missing` with the reason."""
-  def __init__(self, parsed: dict[str, np.ndarray]):
-    self.parsed, self.values, self.missing = parsed, {}, {}
+  defaults, and each of its field names is recorded in `missing` with the reason.
 
-  def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]]) -> None:
+  A `views` part makes nothing but views of the parsed arrays and read-only constants. An OutputParser refills the same arrays every frame,
+  so with its parsed dict and a `cache` kept beside the parser such a part is made once and its values (the same objects) reused; `static`
+  lists the fields those parts gave, which a message template then gathers straight from the parser's buffer (message_template.py)."""
+  def __init__(self, parsed: dict[str, np.ndarray], cache: dict[tuple[str, ...], dict[str, Any]] | None = None):
+    self.parsed, self.values, self.missing, self.cache, self.static = parsed, {}, {}, cache, []
+
+  def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]], views: bool = False) -> None:
     if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
-    values = make()
+    if views and self.cache is not None:
+      if (values := self.cache.get(fields)) is None: values = self.cache[fields] = make()
+      self.static.extend(fields)
+    else: values = make()
     assert tuple(values) == fields, f"part made {list(values)}, declared {list(fields)}"  # in order: a tuple compare, no set per part
     self.values.update(values)
 
@@ -63,9 +70,10 @@ def xyzt(t: Floats, x: Floats, y: Floats, z: Floats, x_std: Floats | None = None
   if x_std is not None: out |= {"xStd": x_std, "yStd": y_std, "zStd": z_std}
   return out
 
-# the fixed axes as read-only float32 arrays (the float32 the message stores): the byte template copies an array at once, a list value by value
-T_AXIS, X_AXIS = np.array(T_IDXS, np.float32), np.array(X_IDXS, np.float32)
-T_AXIS.flags.writeable = X_AXIS.flags.writeable = False
+# the fixed axes as read-only float32 arrays (the float32 the message stores): the byte template copies an array at once, a list value by
+# value; read-only marks them as constants a `views` part may hold
+T_AXIS, X_AXIS, META_T_AXIS = np.array(T_IDXS, np.float32), np.array(X_IDXS, np.float32), np.array(META_T_IDXS, np.float32)
+T_AXIS.flags.writeable = X_AXIS.flags.writeable = META_T_AXIS.flags.writeable = False
 # numpy compares a float32 plan point with a Python float in float32; X_IDXS (3 k^2 / 16 m) are exact in float32, so a float64 compare agrees
 assert all(float(np.float32(x)) == x for x in X_IDXS), "X_IDXS must be float32 values for plan_t_idxs' compares"
 
@@ -136,13 +144,20 @@ DISENGAGE_FIELDS = {"gasDisengageProbs": "gas_disengage", "brakeDisengageProbs":
                     "brake3MetersPerSecondSquaredProbs": "hard_brake_3", "brake4MetersPerSecondSquaredProbs": "hard_brake_4",
                     "brake5MetersPerSecondSquaredProbs": "hard_brake_5", "gasPressProbs": "gas_press", "brakePressProbs": "brake_press"}
 
+META_STATE_FIELDS = ("meta.engagedProb", "meta.hardBrakePredicted", "confidence")  # the meta fields made per frame: FCW and confidence keep history
+
 def meta_fields(layout: MetaLayout | None) -> tuple[str, ...]:
   """The fields a meta head of this layout fills; None: all that any layout fills."""
+  return META_STATE_FIELDS + disengage_fields(layout)
+
+def disengage_fields(layout: MetaLayout | None) -> tuple[str, ...]:
+  """meta.disengagePredictions' fields a meta head of this layout fills (views of the head); None: all that any layout fills."""
   disengage = [field for field, attr in DISENGAGE_FIELDS.items() if layout is None or getattr(layout, attr) is not None]
-  return ("meta.engagedProb", "meta.hardBrakePredicted", "confidence", "meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
+  return ("meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
 
 ALL_META_FIELDS = meta_fields(None)
 META_FIELDS = {n: meta_fields(layout) for n, layout in META_LAYOUTS.items()}  # per meta length: made once, not per frame
+DISENGAGE_PARTS = {n: disengage_fields(layout) for n, layout in META_LAYOUTS.items()}
 
 def action_values(action: Action) -> dict[str, Any]:
   return dict(zip(ACTION_FIELDS, (action.desired_curvature, action.desired_acceleration, action.should_stop), strict=True))
@@ -173,40 +188,49 @@ def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
                   "prob": float(p["lead_prob"][i]), "probTime": LEAD_T_OFFSETS[i]})
   return leads
 
-def _meta(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
-  probs = {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
-  out: dict[str, Any] = {"meta.engagedProb": float(meta[layout.engaged][0])}  # in meta_fields' order
-  out["meta.hardBrakePredicted"] = hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0])
-  out["confidence"] = confidence.update(frame_id, probs["gasDisengageProbs"], probs["brakeDisengageProbs"], probs["steerOverrideProbs"])
-  out["meta.disengagePredictions.t"] = META_T_IDXS
-  return out | {f"meta.disengagePredictions.{field}": values for field, values in probs.items()}
+def _disengage(meta: np.ndarray, layout: MetaLayout) -> dict[str, np.ndarray]:
+  """{disengagePredictions field: its probabilities (views of the meta head)}, in DISENGAGE_FIELDS' order."""
+  return {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
+
+def _meta_state(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
+  probs = _disengage(meta, layout)
+  return {"meta.engagedProb": float(meta[layout.engaged][0]),
+          "meta.hardBrakePredicted": hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0]),
+          "confidence": confidence.update(frame_id, probs["gasDisengageProbs"], probs["brakeDisengageProbs"], probs["steerOverrideProbs"])}
+
+def _meta_views(meta: np.ndarray, layout: MetaLayout) -> dict[str, Any]:
+  return {"meta.disengagePredictions.t": META_T_AXIS} | {f"meta.disengagePredictions.{field}": v for field, v in _disengage(meta, layout).items()}
 
 def lane_line_probs(p: dict[str, np.ndarray]) -> np.ndarray: return p["lane_lines_prob"][1::2]  # sigmoid of every logit, then each line's second
 
-def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> Fields:
+def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake: HardBrake, confidence: Confidence, frame_id: int,
+                    cache: dict | None = None) -> Fields:
   """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan."""
-  f = Fields(p)
+  f = Fields(p, cache)
   t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else None  # when the plan reaches each X_IDXS: lane lines and road edges
-  f.part(("plan",), PLAN_FIELDS, lambda: _plan(p))
-  f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p))
+  f.part(("plan",), PLAN_FIELDS, lambda: _plan(p), views=True)
+  f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p), views=True)
   f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
-  f.part(("lane_lines", "plan"), ("laneLines", "laneLineStds"),
-         lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t), "laneLineStds": p["lane_lines_std"][:, 0, 0]})
-  f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p)})
-  f.part(("road_edges", "plan"), ("roadEdges", "roadEdgeStds"),
-         lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t), "roadEdgeStds": p["road_edges_std"][:, 0, 0]})
+  f.part(("lane_lines", "plan"), ("laneLines",), lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t)})
+  f.part(("lane_lines", "plan"), ("laneLineStds",), lambda: {"laneLineStds": p["lane_lines_std"][:, 0, 0]}, views=True)
+  f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p)}, views=True)
+  f.part(("road_edges", "plan"), ("roadEdges",), lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t)})
+  f.part(("road_edges", "plan"), ("roadEdgeStds",), lambda: {"roadEdgeStds": p["road_edges_std"][:, 0, 0]}, views=True)
   f.part(("lead", "lead_prob"), ("leadsV3",), lambda: {"leadsV3": _leads(p)})
-  f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"]})
-  f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1)})
+  f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"]}, views=True)
+  f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1)}, views=True)
   layout = META_LAYOUTS.get(len(p["meta"])) if "meta" in p else None
   if "meta" in p and layout is None: f.skip(ALL_META_FIELDS, f"no known layout for a meta head of {len(p['meta'])} entries")
-  else: f.part(("meta",), META_FIELDS[len(p["meta"])] if layout else ALL_META_FIELDS, lambda: _meta(p["meta"], layout, hard_brake, confidence, frame_id))
-  if layout is not None and (unfilled := tuple(f for f in ALL_META_FIELDS if f not in META_FIELDS[len(p["meta"])])):
-    f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
+  elif layout is None: f.skip(ALL_META_FIELDS, "the model has no meta output")
+  else:
+    f.part(("meta",), META_STATE_FIELDS, lambda: _meta_state(p["meta"], layout, hard_brake, confidence, frame_id))
+    f.part(("meta",), DISENGAGE_PARTS[len(p["meta"])], lambda: _meta_views(p["meta"], layout), views=True)
+    if unfilled := tuple(f for f in ALL_META_FIELDS if f not in META_FIELDS[len(p["meta"])]):
+      f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
   return f
 
 def driving_model_data_fields(p: dict[str, np.ndarray], action: Action | None) -> Fields:
-  f = Fields(p)
+  f = Fields(p)  # every field is made per frame: the action, a fit, single values
   f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
   f.part(("plan",), ("path",), lambda: {"path": poly_path(p["plan"][:, Plan.POSITION])})
   f.part(("lane_lines",), ("laneLineMeta.leftY", "laneLineMeta.rightY"),
@@ -215,12 +239,12 @@ def driving_model_data_fields(p: dict[str, np.ndarray], action: Action | None) -
          lambda: {"laneLineMeta.leftProb": float(lane_line_probs(p)[1]), "laneLineMeta.rightProb": float(lane_line_probs(p)[2])})
   return f
 
-def camera_odometry_fields(p: dict[str, np.ndarray]) -> Fields:
-  f = Fields(p)
+def camera_odometry_fields(p: dict[str, np.ndarray], cache: dict | None = None) -> Fields:
+  f = Fields(p, cache)
   f.part(("pose",), ("trans", "rot", "transStd", "rotStd"), lambda: {"trans": p["pose"][:3], "rot": p["pose"][3:],
-                                                                   "transStd": p["pose_std"][:3], "rotStd": p["pose_std"][3:]})
+                                                                   "transStd": p["pose_std"][:3], "rotStd": p["pose_std"][3:]}, views=True)
   f.part(("wide_from_device_euler",), ("wideFromDeviceEuler", "wideFromDeviceEulerStd"),
-         lambda: {"wideFromDeviceEuler": p["wide_from_device_euler"], "wideFromDeviceEulerStd": p["wide_from_device_euler_std"]})
+         lambda: {"wideFromDeviceEuler": p["wide_from_device_euler"], "wideFromDeviceEulerStd": p["wide_from_device_euler_std"]}, views=True)
   f.part(("road_transform",), ("roadTransformTrans", "roadTransformTransStd"),
-         lambda: {"roadTransformTrans": p["road_transform"][:3], "roadTransformTransStd": p["road_transform_std"][:3]})
+         lambda: {"roadTransformTrans": p["road_transform"][:3], "roadTransformTransStd": p["road_transform_std"][:3]}, views=True)
   return f

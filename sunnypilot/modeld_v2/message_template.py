@@ -4,9 +4,14 @@ modeld publishes the same three messages every frame with the same fields and li
 (and any frame whose set of fields or list lengths differ) builds the Event with messaging.set_fields, copies it into one segment (so
 there are no far pointers) and walks capnp's wire format with the schema's slot offsets to find the byte (bool: bit) of every leaf value.
 Every later frame copies those bytes and writes the values with one numpy scatter per element type. Wire format: capnproto.org/encoding.
+
+Fields whose values are views of one `source` buffer (an OutputParser's, refilled in place every frame) and read-only constants, held by
+the same objects frame after frame (fill_model_msg's `views` parts), are `static`: the template gathers their floats straight from the
+buffer with one fancy index, and a frame's values are flattened and checked without them (their objects must be the same ones).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -52,36 +57,107 @@ def _signature(values: dict[str, Any], sig: list, flat: list) -> None:
     elif kind in SEQUENCES: sig.append((path, len(value))); flat.append(value)
     else: sig.append(path); flat.append(value)
 
+def _count(value: Any) -> int:
+  """How many flat values _signature gives for one value."""
+  flat: list = []
+  _signature({"": value}, [], flat)
+  return len(flat)
+
+def _view_indices(value: np.ndarray, source: np.ndarray) -> np.ndarray | None:
+  """The indices into `source` (1-D float32) of a float32 view's elements in C order, or None when it is not a view of it."""
+  base, at = source.__array_interface__["data"][0], value.__array_interface__["data"][0]
+  if value.dtype != np.float32 or value.size == 0 or not base <= at < base + source.nbytes or (at - base) % 4 or any(st % 4 for st in value.strides):
+    return None
+  idx = np.arange(source.size)
+  try: return np.ndarray(value.shape, idx.dtype, idx, (at - base) // 4 * idx.itemsize, tuple(st // 4 * idx.itemsize for st in value.strides)).ravel()
+  except (TypeError, ValueError): return None  # reaches past the buffer's end
+
 class EventTemplate:
   """One Event's bytes and where each leaf of values of this shape goes. Built from `values` (an Event-level {path: value}, the service
-  struct as a dict under its name); `skipped`: the paths this schema lacks, as set_fields reports them."""
-  def __init__(self, service: str, values: dict[str, Any]):
+  struct as a dict under its name); `skipped`: the paths this schema lacks, as set_fields reports them. `static`: fields of the service
+  struct that may be gathered from `source` (those whose every leaf is a float32 view of it or a read-only constant are; the others are
+  written per frame like any field)."""
+  def __init__(self, service: str, values: dict[str, Any], static: Sequence[str] = (), source: np.ndarray | None = None):
     msg = new_message(service)
     self.skipped = set_fields(msg, values)
     with log.Event.from_bytes(msg.to_bytes()) as reader: event = reader.as_builder(num_first_segment_words=SEGMENT_WORDS)
     segments = event.to_segments()
     if len(segments) != 1: raise Unsupported(f"{len(segments)} segments")
     self.head, self.body = event.to_bytes()[:8], bytes(segments[0])
-    self.signature: list = []
     flat: list = []
-    _signature(values, self.signature, flat)
+    _signature(values, [], flat)
     self.leaves: list[tuple[str, int, int] | None] = []  # per flat value: (dtype name, element index or bit, count), None if skipped
     self.enums: dict[int, dict[str, int]] = {}  # flat index of an enum leaf -> its enumerants (values may be names or numbers)
     _, root, dw, _pw = _pointer(self.body, 0)
     self._walk(event, values, root, dw, "")
+    self.service, self.source = service, source
+    gathered = self._gather(values, static, flat)
+    self.static = {k: values[service][k] for k in gathered}  # field -> the object a frame's values must hold there
+    dest, src = zip(*gathered.values(), strict=True) if gathered else ((), ())
+    self.gather_dest = np.concatenate([np.zeros(0, np.int64), *dest])  # float32 element indices in the body <- indices into source
+    self.gather_src = np.concatenate([np.zeros(0, np.int64), *src])
+    self.signature, _ = self.flatten(values)
+    keep = [i for i in range(len(flat)) if not any(a <= i < b for a, b, *_ in self._ranges(values, gathered))]
+    leaves, flat = [self.leaves[i] for i in keep], [flat[i] for i in keep]
+    self.enums = enums = {j: self.enums[i] for j, i in enumerate(keep) if i in self.enums}  # now by the index in flatten's values
     # dtype -> (flat indices of array leaves, their element indices, [(flat index, SCALAR|SEQUENCE|ENUM)] of the others, their element indices):
     # arrays go through one concatenate, Python numbers through one conversion
     groups: dict[str, tuple[list, list, list, list]] = {}
-    for i, leaf in enumerate(self.leaves):
+    for i, leaf in enumerate(leaves):
       if leaf is None or leaf[0] in ("bool", "data"): continue
       arrays, array_dest, others, other_dest = groups.setdefault(leaf[0], ([], [], [], []))
-      if type(flat[i]) is np.ndarray and i not in self.enums: arrays.append(i); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+      if type(flat[i]) is np.ndarray and i not in enums: arrays.append(i); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
       else:
-        others.append((i, ENUM if i in self.enums else SEQUENCE if type(flat[i]) in SEQUENCES else SCALAR))
+        others.append((i, ENUM if i in enums else SEQUENCE if type(flat[i]) in SEQUENCES else SCALAR))
         other_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
     self.groups = {k: (a, np.asarray(ad, np.int64), o, np.asarray(od, np.int64)) for k, (a, ad, o, od) in groups.items()}
-    self.bools = [(i, leaf[1]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "bool"]
-    self.data = [(i, leaf[1], leaf[2]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "data"]
+    self.bools = [(i, leaf[1]) for i, leaf in enumerate(leaves) if leaf is not None and leaf[0] == "bool"]
+    self.data = [(i, leaf[1], leaf[2]) for i, leaf in enumerate(leaves) if leaf is not None and leaf[0] == "data"]
+
+  def _ranges(self, values: dict[str, Any], fields: Sequence[str]) -> list[tuple[int, int, str]]:
+    """(first, end, field) of the flat values of each of `fields` of the service struct."""
+    out, at = [], 0
+    for key, value in values.items():
+      if key != self.service or type(value) is not dict:
+        at += _count(value)
+        continue
+      for field, v in value.items():
+        n = _count(v)
+        if field in fields: out.append((at, at + n, field))
+        at += n
+    return out
+
+  def _gather(self, values: dict[str, Any], static: Sequence[str], flat: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{static field: (float32 element indices in the body, indices into source)} of the `static` fields that can be gathered."""
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for first, end, field in self._ranges(values, static) if self.source is not None else ():
+      dest, src = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+      for i in range(first, end):
+        leaf, value = self.leaves[i], flat[i]
+        if leaf is None or (type(value) is np.ndarray and not value.flags.writeable): continue  # not in this schema; a constant the bytes hold
+        if type(value) is not np.ndarray or leaf[0] != "float32" or (at := _view_indices(value, self.source)) is None: break
+        dest.append(np.arange(leaf[1], leaf[1] + leaf[2]))
+        src.append(at)
+      else: out[field] = (np.concatenate(dest), np.concatenate(src))
+    return out
+
+  def holds(self, values: dict[str, Any]) -> bool:
+    """Whether `values` hold this template's static objects: their floats can be gathered."""
+    inner = values.get(self.service)
+    return type(inner) is dict and all(inner.get(k) is v for k, v in self.static.items())
+
+  def flatten(self, values: dict[str, Any]) -> tuple[list, list]:
+    """(signature, flat values) of `values` without the static fields: what serialize takes and what `signature` is compared with."""
+    if self.static: values = {**values, self.service: {k: v for k, v in values[self.service].items() if k not in self.static}}
+    sig: list = []
+    flat: list = []
+    _signature(values, sig, flat)
+    return sig, flat
+
+  @property
+  def gathered(self) -> int:
+    """How many floats come straight from the source buffer."""
+    return len(self.gather_dest)
 
   def _walk(self, struct: Any, values: dict[str, Any], word: int, data_words: int, prefix: str) -> None:
     """Record the leaves of `values` in `struct` (builder for the schema, its wire struct at `word` with `data_words`), in _signature's order."""
@@ -154,8 +230,9 @@ class EventTemplate:
     self.leaves.extend([None] * len(flat))
 
   def serialize(self, flat: list[Any]) -> bytes:
-    """The Event with `flat` (values in _signature's order, of a frame whose signature is this template's) written in."""
+    """The Event with the source's floats gathered and `flat` (flatten's values, of a frame whose signature is this template's) written in."""
     body = bytearray(self.body)
+    if len(self.gather_dest): np.frombuffer(body, np.float32)[self.gather_dest] = self.source[self.gather_src]
     for dtype, (arrays, array_dest, others, other_dest) in self.groups.items():
       view = np.frombuffer(body, DTYPES[dtype])
       if arrays: view[array_dest] = np.concatenate([flat[i] for i in arrays])
@@ -180,17 +257,19 @@ class Serializer:
     self.templates: dict[str, EventTemplate] = {}
     self.unsupported: dict[str, list] = {}  # service -> the signature no template could be built for
 
-  def serialize(self, service: str, values: dict[str, Any]) -> tuple[bytes, list[str]]:
-    """(bytes, paths this schema lacks: non-empty only on frames that built a template or went through pycapnp)."""
-    sig: list = []
-    flat: list = []
-    _signature(values, sig, flat)
+  def serialize(self, service: str, values: dict[str, Any], static: Sequence[str] = (), source: np.ndarray | None = None) -> tuple[bytes, list[str]]:
+    """(bytes, paths this schema lacks: non-empty only on frames that built a template or went through pycapnp). `static`, `source`: the
+    service struct's fields a new template may gather from the source buffer (EventTemplate)."""
     template = self.templates.get(service)
-    if template is not None and template.signature == sig: return template.serialize(flat), []
+    if template is not None and template.holds(values):
+      sig, flat = template.flatten(values)
+      if template.signature == sig: return template.serialize(flat), []
+    sig = []
+    _signature(values, sig, [])
     if self.unsupported.get(service) != sig:
       try:
-        self.templates[service] = template = EventTemplate(service, values)
-        return template.serialize(flat), template.skipped
+        self.templates[service] = template = EventTemplate(service, values, static, source)
+        return template.serialize(template.flatten(values)[1]), template.skipped
       except Unsupported:
         self.unsupported[service] = sig
     msg = new_message(service)

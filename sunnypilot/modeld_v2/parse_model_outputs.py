@@ -92,48 +92,70 @@ def check_output_slices(slices: object, n: int) -> None:
 class OutputParser:
   """parse_outputs for one `output_slices` layout, planned once. A mixture-density head holds per hypothesis the means, then log-stds,
   then `selections` logits; with several hypotheses, selection k takes the hypothesis whose logit k has the largest softmax weight (the
-  result is (selections, *shape), or `shape` for one selection). Every std of every such head goes through one safe_exp and every binary
-  head through one sigmoid: both are elementwise, so each value is what a per-head call gives."""
+  result is (selections, *shape), or `shape` for one selection).
+
+  Every call writes one float32 buffer, laid out as [every head's means | every std | every binary head | every categorical head |
+  hidden_state], with one gather from the output vector (its hypotheses' rows picked first), then each activation once, in place, over
+  its part: elementwise, so each value is what a per-head call gives. The result is the same dict of the same views of that buffer on
+  every call: the next call overwrites them (copy what must outlive the frame). Fixed views let a message template gather its values
+  from `buffer` (message_template.py) and let fill_model_msg make the fields that are views of them once per parser."""
   def __init__(self, slices: dict[str, Sequence[int]]):
     self.raw = {name: (int(start), int(stop)) for name, (start, stop) in slices.items()}
-    self.mdn, std_idx, offset = [], [], 0  # mdn: (name, start, stop, shape, hypotheses, selections, values per half, its std offset)
+    heads = []  # (name, start, shape of the result, hypotheses, selections, values per half)
     for name in MDN_HEADS:
       if name not in self.raw: continue
       start, stop = self.raw[name]
       shape, hypotheses, selections = mdn_layout(name, stop - start)
       n = ((stop - start) // hypotheses - selections) // 2
-      self.mdn.append((name, start, stop, shape, hypotheses, selections, n, offset))
-      std_idx += [start + h * (stop - start) // hypotheses + n + i for h in range(hypotheses) for i in range(n)]
-      offset += hypotheses * n
-    self.std_idx = np.asarray(std_idx, np.int64)
-    self.binary = [(name, *self.raw[name]) for name in BINARY_HEADS if name in self.raw]
-    self.binary_idx = np.asarray([i for _, start, stop in self.binary for i in range(start, stop)], np.int64)
-    # every categorical head's rows are DESIRE_LEN wide and independent: one softmax over all of them, then each head's rows
-    self.categorical = [(name, shape, int(np.prod(shape)) // DESIRE_LEN) for name, shape in CATEGORICAL_HEADS.items() if name in self.raw]
-    self.categorical_idx = np.asarray([i for name, *_ in self.categorical for i in range(*self.raw[name])], np.int64)
+      heads.append((name, start, shape if selections <= 1 else (selections, *shape), hypotheses, selections, n))
+    binary = [name for name in BINARY_HEADS if name in self.raw]
+    categorical = [name for name in CATEGORICAL_HEADS if name in self.raw]
+    sizes = [int(np.prod(shape)) for _, _, shape, *_ in heads]
+    means, stds = sum(sizes), 2 * sum(sizes)
+    binary_end = stds + sum(self.raw[name][1] - self.raw[name][0] for name in binary)
+    categorical_end = binary_end + sum(self.raw[name][1] - self.raw[name][0] for name in categorical)
+    hidden = self.raw.get("hidden_state", (0, 0))
+    self.buffer = np.zeros(categorical_end + hidden[1] - hidden[0], np.float32)
+    self.gather = np.zeros(len(self.buffer), np.int64)  # buffer[i] = vec[gather[i]] before the activations; hypotheses' rows set per call
+    self.stds, self.binary, self.categorical = slice(means, stds), slice(stds, binary_end), slice(binary_end, categorical_end)
+    self.parsed: dict[str, np.ndarray] = {}
+    self.picked = []  # (mean part, std part, start, hypotheses, selections, values per half) of the heads whose hypotheses are picked per call
+    at = 0
+    for (name, start, shape, hypotheses, selections, n), size in zip(heads, sizes, strict=True):
+      mean, std = slice(at, at + size), slice(means + at, means + at + size)
+      self.parsed[name], self.parsed[f"{name}_std"] = self.buffer[mean].reshape(shape), self.buffer[std].reshape(shape)
+      if hypotheses == 1: self.gather[mean], self.gather[std] = np.arange(start, start + n), np.arange(start + n, start + 2 * n)
+      else: self.picked.append((mean, std, start, hypotheses, selections, n))
+      at += size
+    at = stds
+    for name in (*binary, *categorical, *(["hidden_state"] if "hidden_state" in self.raw else [])):
+      start, stop = self.raw[name]
+      self.gather[at:at + stop - start] = np.arange(start, stop)
+      self.parsed[name] = self.buffer[at:at + stop - start].reshape(CATEGORICAL_HEADS.get(name, (stop - start,)))
+      at += stop - start
+    self.plan_plus = "plan" in self.parsed and "planplus" in self.parsed
+    self.steps = {n: np.arange(n) for *_, n in self.picked}  # a picked hypothesis' n values follow its first
 
   def __call__(self, outputs: np.ndarray) -> dict[str, np.ndarray]:
-    """The model's (1, N) output vector -> named arrays after openpilot's activations."""
+    """The model's (1, N) output vector -> named arrays after openpilot's activations (views of `buffer`, refilled by the next call)."""
     vec = np.asarray(outputs, np.float32).reshape(-1)
-    stds, out = safe_exp(vec[self.std_idx]), {}
-    for name, start, stop, shape, hypotheses, selections, n, offset in self.mdn:
-      if hypotheses == 1:  # the means, then the stds: one view each
-        out[name], out[f"{name}_std"] = vec[start:start + n].reshape(shape), stds[offset:offset + n].reshape(shape)
-        continue
-      rows, std = vec[start:stop].reshape(hypotheses, -1), stds[offset:offset + hypotheses * n].reshape(hypotheses, n)
-      # openpilot sorts the softmax weights and takes the first of the descending order: the last of an ascending argsort
-      picks = softmax(rows[:, 2 * n:2 * n + selections], axis=0).argsort(axis=0)[-1]
-      out_shape = shape if selections == 1 else (selections, *shape)
-      out[name], out[f"{name}_std"] = rows[picks, :n].reshape(out_shape), std[picks].reshape(out_shape)
-    if "plan" in out and "planplus" in out: out["plan"] = out["plan"] + out["planplus"]
-    if self.binary:
-      probs, at = sigmoid(vec[self.binary_idx]), 0
-      for name, start, stop in self.binary: out[name], at = probs[at:at + stop - start], at + stop - start
-    if self.categorical:
-      rows, at = softmax(vec[self.categorical_idx].reshape(-1, DESIRE_LEN)), 0
-      for name, shape, count in self.categorical: out[name], at = rows[at:at + count].reshape(shape), at + count
-    if "hidden_state" in self.raw: out["hidden_state"] = vec[slice(*self.raw["hidden_state"])]
-    return out
+    for mean, std, start, hypotheses, selections, n in self.picked:
+      rows = vec[start:start + hypotheses * (2 * n + selections)].reshape(hypotheses, -1)
+      # openpilot sorts the softmax weights and takes the first of the descending order: the last of an ascending (stable) argsort
+      weights = softmax(rows[:, 2 * n:2 * n + selections], axis=0)
+      first = start + rows.shape[1] * (hypotheses - 1 - weights[::-1].argmax(axis=0))  # the last of the largest: a stable sort's
+      np.add(first[:, None], self.steps[n], out=self.gather[mean].reshape(selections, n))
+      np.add(self.gather[mean], n, out=self.gather[std])
+    buf = self.buffer
+    np.take(vec, self.gather, out=buf)
+    stds, binary, rows = buf[self.stds], buf[self.binary], buf[self.categorical].reshape(-1, DESIRE_LEN)
+    np.exp(np.minimum(stds, EXP_CLIP, out=stds), out=stds)  # safe_exp
+    np.divide(1.0, np.add(np.exp(np.minimum(np.negative(binary, out=binary), EXP_CLIP, out=binary), out=binary), 1.0, out=binary), out=binary)  # sigmoid
+    # softmax: every categorical head's rows are DESIRE_LEN wide and independent
+    np.exp(np.minimum(np.subtract(rows, rows.max(axis=-1, keepdims=True), out=rows), EXP_CLIP, out=rows), out=rows)
+    np.divide(rows, rows.sum(axis=-1, keepdims=True), out=rows)
+    if self.plan_plus: np.add(self.parsed["plan"], self.parsed["planplus"], out=self.parsed["plan"])
+    return self.parsed
 
 def parse_outputs(outputs: np.ndarray, slices: dict[str, Sequence[int]]) -> dict[str, np.ndarray]:
   """The model's (1, N) output vector and its `output_slices` ({name: (start, stop)}) -> named arrays after openpilot's activations.

@@ -77,6 +77,8 @@ class PublishState:
     self.reported: set[str] = set()
     self.serializer = Serializer()  # a byte template per service: serialize()
     self._parser: tuple[dict, tuple, OutputParser] | None = None  # (the slices last asked for, their layout, its parser): parser()
+    self.views: dict[str, dict] = {}  # per service, the `views` parts fill_model_msg made from the parser's arrays: made once per parser
+    self.static: dict[str, list[str]] = {}  # per service, the fields the last fill took from `views`: the template gathers them
     self.frame_parts: FrameParts | None = None  # what fill_model_v2 leaves for fill_rest
 
   def desire_input(self) -> np.ndarray:
@@ -112,7 +114,8 @@ class PublishState:
       solution = parsed["lat_planner_solution"]
       self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_IDXS, solution[:, 2]), np.interp(DT_MDL, T_IDXS, solution[:, 3])]
     action = self.action if "plan" in parsed else None
-    fields = model_v2_fields(parsed, action, self.hard_brake, self.confidence, frame.frame_id)
+    fields = model_v2_fields(parsed, action, self.hard_brake, self.confidence, frame.frame_id, self._views("modelV2", parsed))
+    self.static["modelV2"] = fields.static
     lane_change = self._update_lane_change(parsed, car_state, lateral_active)
     self._report_missing("modelV2", fields)
     self.frame_parts = FrameParts(parsed, action, lane_change, frame)
@@ -125,7 +128,9 @@ class PublishState:
     """drivingModelData's and cameraOdometry's values of the frame fill_model_v2 last filled."""
     if self.frame_parts is None: raise RuntimeError("fill_rest before fill_model_v2")
     parsed, action, lane_change, frame = self.frame_parts
-    fields = {"drivingModelData": driving_model_data_fields(parsed, action), "cameraOdometry": camera_odometry_fields(parsed)}
+    fields = {"drivingModelData": driving_model_data_fields(parsed, action),
+              "cameraOdometry": camera_odometry_fields(parsed, self._views("cameraOdometry", parsed))}
+    self.static["cameraOdometry"] = fields["cameraOdometry"].static
     for service, f in fields.items(): self._report_missing(service, f)
     return {
       "drivingModelData": fields["drivingModelData"].values | lane_change | {
@@ -141,9 +146,10 @@ class PublishState:
     then to_bytes() gives, written into a template of each message's bytes instead of through pycapnp (message_template.py). modeld
     asks for modelV2 alone first and sends it before making the other two."""
     mono, valid = time.monotonic_ns() if log_mono_time is None else log_mono_time, frame.valid  # valid: a property, made once
-    out = {}
+    source, out = self._parser[2].buffer if self._parser is not None else None, {}
     for service in services:
-      out[service], skipped = self.serializer.serialize(service, {"logMonoTime": mono, "valid": valid[service], service: values[service]})
+      out[service], skipped = self.serializer.serialize(service, {"logMonoTime": mono, "valid": valid[service], service: values[service]},
+                                                        self.static.get(service, ()), source)
       for path in skipped: self._report_skipped(path)
     return out
 
@@ -153,9 +159,13 @@ class PublishState:
     """The OutputParser of this layout, planned on the first frame that has it (the same dict again: no comparison at all)."""
     if self._parser is not None and self._parser[0] is slices: return self._parser[2]
     key = tuple((name, tuple(span)) for name, span in slices.items())
-    if self._parser is None or self._parser[1] != key: self._parser = (slices, key, OutputParser(slices))
+    if self._parser is None or self._parser[1] != key: self._parser, self.views = (slices, key, OutputParser(slices)), {}
     else: self._parser = (slices, key, self._parser[2])
     return self._parser[2]
+
+  def _views(self, service: str, parsed: dict[str, np.ndarray]) -> dict | None:
+    """The service's cache of fill_model_msg's `views` parts when `parsed` is this layout's parser's own (views of its buffer), else None."""
+    return self.views.setdefault(service, {}) if self._parser is not None and parsed is self._parser[2].parsed else None
 
   def _update_lane_change(self, parsed: dict[str, np.ndarray], car_state: CarStateLike, lateral_active: bool) -> dict[str, int]:
     """DesireHelper sees the lane-change probability the model just published (0 without a desire_state head)."""
