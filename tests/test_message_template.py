@@ -36,7 +36,9 @@ def test_template_bytes_decode_to_what_pycapnp_writes(generation, send_raw):
   assert set(templated.serializer.templates) == set(SERVICES) and not templated.serializer.unsupported  # templates, not pycapnp's fallback
   # the fields made of the parser's arrays came from its buffer through one gather, not from the values
   static = {service: set(templated.serializer.templates[service].static) for service in SERVICES}
-  assert static["modelV2"] >= ({"position", "temporalPose"} if "plan" in slices else set()) | ({"laneLineStds"} if "lane_lines" in slices else set())
+  assert static["modelV2"] >= ({"position", "temporalPose"} if "plan" in slices else set()) | ({"meta.engagedProb"} if "meta" in slices else set()) | \
+    ({"laneLines", "laneLineStds"} if {"lane_lines", "plan"} <= set(slices) else set()) | ({"leadsV3"} if {"lead", "lead_prob"} <= set(slices) else set())
+  assert templated.serializer.templates["modelV2"].copied == (33 * 6 if {"lane_lines", "road_edges", "plan"} <= set(slices) else 0)  # lane times
   assert static["cameraOdometry"] >= ({"trans", "rotStd"} if "pose" in slices else set())
   assert templated.serializer.templates["modelV2"].gathered >= (5 * 3 * 33 + 3 * 33 if "plan" in slices else 0)
   assert templated.reported == reference.reported  # the same fields reported missing or absent from this schema
@@ -60,27 +62,29 @@ def test_a_new_shape_builds_a_new_template_and_absent_fields_are_skipped():
   assert built[2][0] is built[3][0]
 
 def test_static_fields_are_gathered_from_the_source_buffer_while_their_objects_stay():
-  """A static field whose leaves are float32 views of the source is read from the buffer each frame; a read-only array is a constant; a
-  field whose leaf is no view of it is written from the values; a frame whose static field is another object builds a new template."""
+  """A static field's float32 views of the source are read from the buffer each frame, its other float32 arrays copied from them each
+  frame, a read-only array is a constant; a field with an array of another type is written from the values; a frame whose static field
+  is another object builds a new template."""
   source, serializer = np.zeros(16, np.float32), Serializer()
   const = np.array([0.5, 1.5], np.float32)
   const.flags.writeable = False
   position = {"t": const, "x": source[2:4], "y": source[8:12:2]}  # a strided view too
-  model = {"frameId": 1, "position": position, "laneLineStds": np.array([7.0, 8.0], np.float32), "meta.desireState": source[12:16]}
+  stds, prediction = np.zeros(2, np.float32), np.zeros(3, np.float64)  # refilled in place: copied; float64: no float32 slots to gather into
+  model = {"frameId": 1, "position": position, "laneLineStds": stds, "meta.desireState": source[12:16], "meta.desirePrediction": prediction}
   def expect(frame_id: int, x: slice) -> str:
     msg = new_message("modelV2")
     msg.logMonoTime, msg.valid, msg.modelV2.frameId = 9, True, frame_id
     msg.modelV2.position.t, msg.modelV2.position.x, msg.modelV2.position.y = [0.5, 1.5], source[x].tolist(), source[8:12:2].tolist()
-    msg.modelV2.laneLineStds, msg.modelV2.meta.desireState = [7.0, 8.0], source[12:16].tolist()
+    msg.modelV2.laneLineStds, msg.modelV2.meta.desireState, msg.modelV2.meta.desirePrediction = stds.tolist(), source[12:16].tolist(), prediction.tolist()
     return decoded(msg.to_bytes())
-  templates = []
+  templates, static = [], ("position", "laneLineStds", "meta.desireState", "meta.desirePrediction")
   for frame_id in range(3):
-    source[:] = np.arange(16) * (frame_id + 1)
+    source[:], stds[:], prediction[:] = np.arange(16) * (frame_id + 1), [7 + frame_id, 8], [frame_id, 0, 1]
     values = {"logMonoTime": 9, "valid": True, "modelV2": model | {"frameId": frame_id}}
-    assert decoded(serializer.serialize("modelV2", values, ("position", "laneLineStds", "meta.desireState"), source)[0]) == expect(frame_id, slice(2, 4))
+    assert decoded(serializer.serialize("modelV2", values, static, source)[0]) == expect(frame_id, slice(2, 4))
     templates.append(serializer.templates["modelV2"])
   assert templates[0] is templates[1] is templates[2]
-  assert set(templates[0].static) == {"position", "meta.desireState"} and templates[0].gathered == 8  # laneLineStds: no view, written per frame
+  assert set(templates[0].static) == {"position", "laneLineStds", "meta.desireState"} and (templates[0].gathered, templates[0].copied) == (8, 2)
   moved = {"t": const, "x": source[4:6], "y": source[8:12:2]}  # another object: the frame's values are written, the template rebuilt
   values = {"logMonoTime": 9, "valid": True, "modelV2": model | {"frameId": 3, "position": moved}}
   assert decoded(serializer.serialize("modelV2", values, ("position",), source)[0]) == expect(3, slice(4, 6))

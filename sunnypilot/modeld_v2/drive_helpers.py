@@ -22,6 +22,8 @@ V_EGO_STOPPING = 0.05  # m/s: the plan stops when its speed at action_t and 1 s 
 LAT_SMOOTH_SECONDS = 0.0
 LONG_SMOOTH_SECONDS = 0.3  # current models' long action_t: openpilot modeld.py adds it to CarParams.longitudinalActuatorDelay (0.0 @6c6be47b)
 MIN_LAT_CONTROL_SPEED = 0.3  # m/s: below this the curvature holds
+T_AXIS64 = np.array(T_IDXS)  # np.interp converts a list of times to an array on every call
+T_AXIS64.flags.writeable = False
 
 @dataclass(frozen=True)
 class Action:
@@ -39,7 +41,7 @@ def smooth_value(val: float, prev_val: float, tau: float, dt: float = DT_MDL) ->
   alpha = 1 - np.exp(-dt / tau) if tau > 0 else 1.0
   return float(alpha * val + (1 - alpha) * prev_val)
 
-def get_accel_from_plan(speeds: np.ndarray, accels: np.ndarray, t_idxs: list[float], action_t: float = DT_MDL,
+def get_accel_from_plan(speeds: np.ndarray, accels: np.ndarray, t_idxs: np.ndarray | list[float], action_t: float = DT_MDL,
                         v_ego_stopping: float = V_EGO_STOPPING) -> tuple[float, bool]:
   """The constant acceleration that reaches the plan's speed at action_t from the current speed and acceleration, and whether the plan
   stops (its speed at action_t and one second later both below v_ego_stopping)."""
@@ -54,17 +56,17 @@ def curv_from_psis(psi_target: float, psi_rate: float, v_ego: float, action_t: f
   v_ego = max(v_ego, MIN_SPEED)
   return 2 * psi_target / (v_ego * action_t) - psi_rate / v_ego
 
-def get_curvature_from_plan(yaws: np.ndarray, yaw_rates: np.ndarray, t_idxs: list[float], v_ego: float, action_t: float) -> float:
+def get_curvature_from_plan(yaws: np.ndarray, yaw_rates: np.ndarray, t_idxs: np.ndarray | list[float], v_ego: float, action_t: float) -> float:
   return curv_from_psis(float(np.interp(action_t, t_idxs, yaws)), float(yaw_rates[0]), v_ego, action_t)
 
 def get_action(parsed: dict[str, np.ndarray], prev: Action, lat_action_t: float, long_action_t: float, v_ego: float, rules: Rules,
                lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS) -> Action:
   """This frame's action from the parsed outputs (plan required), smoothed against the previous frame's as the generation's rules say."""
   plan = parsed["plan"]
-  accel, should_stop = get_accel_from_plan(plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], T_IDXS, long_action_t)
+  accel, should_stop = get_accel_from_plan(plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], T_AXIS64, long_action_t)
   accel = smooth_value(accel, prev.desired_acceleration, long_smooth_s)
   if "desired_curvature" in parsed and not rules.curvature_from_plan: curvature = float(parsed["desired_curvature"][0])
-  else: curvature = get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_IDXS, v_ego, lat_action_t)
+  else: curvature = get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_AXIS64, v_ego, lat_action_t)
   if rules.smooth_and_hold:
     curvature = smooth_value(curvature, prev.desired_curvature, lat_smooth_s) if v_ego > MIN_LAT_CONTROL_SPEED else prev.desired_curvature
   return Action(curvature, accel, bool(should_stop))

@@ -41,23 +41,34 @@ from sunnypilot.modeld_v2.constants import (
 )
 from sunnypilot.modeld_v2.drive_helpers import Action
 
+def refilled(cache: dict, key: str, values: np.ndarray) -> np.ndarray:
+  """The cache's array under `key` (made on first use) with `values` copied in: a value a `views` part may hold though it is computed."""
+  if (array := cache.get(key)) is None: array = cache[key] = np.empty_like(values)
+  array[...] = values
+  return array
+
 class Fields:
   """One message's field values, added part by part. A part whose output heads the model lacks is left out, so its fields keep their
   defaults, and each of its field names is recorded in `missing` with the reason.
 
-  A `views` part makes nothing but views of the parsed arrays and read-only constants. An OutputParser refills the same arrays every frame,
-  so with its parsed dict and a `cache` kept beside the parser such a part is made once and its values (the same objects) reused; `static`
-  lists the fields those parts gave, which a message template then gathers straight from the parser's buffer (message_template.py)."""
+  A `views` part makes nothing but views of the parsed arrays (a 0-d view for one value), constants, and arrays `refilled` in the cache each
+  frame. An OutputParser refills the same arrays every frame, so with its parsed dict and a `cache` kept beside the parser such a part is
+  made once and its values (the same objects) reused; `static` lists the fields those parts gave, which a message template then gathers
+  straight from the parser's buffer (message_template.py)."""
   def __init__(self, parsed: dict[str, np.ndarray], cache: dict[tuple[str, ...], dict[str, Any]] | None = None):
     self.parsed, self.values, self.missing, self.cache, self.static = parsed, {}, {}, cache, []
 
   def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]], views: bool = False) -> None:
-    if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
-    if views and self.cache is not None:
-      if (values := self.cache.get(fields)) is None: values = self.cache[fields] = make()
+    if views and self.cache is not None and (values := self.cache.get(fields)) is not None:  # checked when made: the parser's heads stay
       self.static.extend(fields)
-    else: values = make()
+      self.values.update(values)
+      return
+    if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
+    values = make()
     assert tuple(values) == fields, f"part made {list(values)}, declared {list(fields)}"  # in order: a tuple compare, no set per part
+    if views and self.cache is not None:
+      self.cache[fields] = values
+      self.static.extend(fields)
     self.values.update(values)
 
   def skip(self, fields: tuple[str, ...], reason: str) -> None: self.missing.update(dict.fromkeys(fields, reason))
@@ -144,20 +155,20 @@ DISENGAGE_FIELDS = {"gasDisengageProbs": "gas_disengage", "brakeDisengageProbs":
                     "brake3MetersPerSecondSquaredProbs": "hard_brake_3", "brake4MetersPerSecondSquaredProbs": "hard_brake_4",
                     "brake5MetersPerSecondSquaredProbs": "hard_brake_5", "gasPressProbs": "gas_press", "brakePressProbs": "brake_press"}
 
-META_STATE_FIELDS = ("meta.engagedProb", "meta.hardBrakePredicted", "confidence")  # the meta fields made per frame: FCW and confidence keep history
+META_STATE_FIELDS = ("meta.hardBrakePredicted", "confidence")  # the meta fields made per frame: FCW and confidence keep history
 
 def meta_fields(layout: MetaLayout | None) -> tuple[str, ...]:
   """The fields a meta head of this layout fills; None: all that any layout fills."""
-  return META_STATE_FIELDS + disengage_fields(layout)
+  return meta_views(layout) + META_STATE_FIELDS
 
-def disengage_fields(layout: MetaLayout | None) -> tuple[str, ...]:
-  """meta.disengagePredictions' fields a meta head of this layout fills (views of the head); None: all that any layout fills."""
+def meta_views(layout: MetaLayout | None) -> tuple[str, ...]:
+  """The meta fields that are views of the head (engagedProb, meta.disengagePredictions) a layout fills; None: all that any layout fills."""
   disengage = [field for field, attr in DISENGAGE_FIELDS.items() if layout is None or getattr(layout, attr) is not None]
-  return ("meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
+  return ("meta.engagedProb", "meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
 
 ALL_META_FIELDS = meta_fields(None)
 META_FIELDS = {n: meta_fields(layout) for n, layout in META_LAYOUTS.items()}  # per meta length: made once, not per frame
-DISENGAGE_PARTS = {n: disengage_fields(layout) for n, layout in META_LAYOUTS.items()}
+META_VIEWS = {n: meta_views(layout) for n, layout in META_LAYOUTS.items()}
 
 def action_values(action: Action) -> dict[str, Any]:
   return dict(zip(ACTION_FIELDS, (action.desired_curvature, action.desired_acceleration, action.should_stop), strict=True))
@@ -185,7 +196,7 @@ def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
   for i in range(LEAD_MHP_SELECTION):
     (x, y, v, a), (xs, ys, vs, as_) = p["lead"][i].T, p["lead_std"][i].T
     leads.append({"t": LEAD_T_IDXS, "x": x, "y": y, "v": v, "a": a, "xStd": xs, "yStd": ys, "vStd": vs, "aStd": as_,
-                  "prob": float(p["lead_prob"][i]), "probTime": LEAD_T_OFFSETS[i]})
+                  "prob": p["lead_prob"][i, ...], "probTime": LEAD_T_OFFSETS[i]})  # [i, ...]: a 0-d view, one value that follows the array
   return leads
 
 def _disengage(meta: np.ndarray, layout: MetaLayout) -> dict[str, np.ndarray]:
@@ -194,12 +205,12 @@ def _disengage(meta: np.ndarray, layout: MetaLayout) -> dict[str, np.ndarray]:
 
 def _meta_state(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
   probs = _disengage(meta, layout)
-  return {"meta.engagedProb": float(meta[layout.engaged][0]),
-          "meta.hardBrakePredicted": hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0]),
+  return {"meta.hardBrakePredicted": hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0]),
           "confidence": confidence.update(frame_id, probs["gasDisengageProbs"], probs["brakeDisengageProbs"], probs["steerOverrideProbs"])}
 
 def _meta_views(meta: np.ndarray, layout: MetaLayout) -> dict[str, Any]:
-  return {"meta.disengagePredictions.t": META_T_AXIS} | {f"meta.disengagePredictions.{field}": v for field, v in _disengage(meta, layout).items()}
+  views = {"meta.engagedProb": meta[layout.engaged][0, ...], "meta.disengagePredictions.t": META_T_AXIS}  # [0, ...]: a 0-d view
+  return views | {f"meta.disengagePredictions.{field}": v for field, v in _disengage(meta, layout).items()}
 
 def lane_line_probs(p: dict[str, np.ndarray]) -> np.ndarray: return p["lane_lines_prob"][1::2]  # sigmoid of every logit, then each line's second
 
@@ -208,23 +219,24 @@ def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake:
   """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan."""
   f = Fields(p, cache)
   t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else None  # when the plan reaches each X_IDXS: lane lines and road edges
+  if t is not None and cache is not None: t = refilled(cache, "lane times", t)  # the lines' parts then hold the same array every frame
   f.part(("plan",), PLAN_FIELDS, lambda: _plan(p), views=True)
   f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p), views=True)
   f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
-  f.part(("lane_lines", "plan"), ("laneLines",), lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t)})
+  f.part(("lane_lines", "plan"), ("laneLines",), lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t)}, views=True)
   f.part(("lane_lines", "plan"), ("laneLineStds",), lambda: {"laneLineStds": p["lane_lines_std"][:, 0, 0]}, views=True)
   f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p)}, views=True)
-  f.part(("road_edges", "plan"), ("roadEdges",), lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t)})
+  f.part(("road_edges", "plan"), ("roadEdges",), lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t)}, views=True)
   f.part(("road_edges", "plan"), ("roadEdgeStds",), lambda: {"roadEdgeStds": p["road_edges_std"][:, 0, 0]}, views=True)
-  f.part(("lead", "lead_prob"), ("leadsV3",), lambda: {"leadsV3": _leads(p)})
+  f.part(("lead", "lead_prob"), ("leadsV3",), lambda: {"leadsV3": _leads(p)}, views=True)
   f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"]}, views=True)
   f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1)}, views=True)
   layout = META_LAYOUTS.get(len(p["meta"])) if "meta" in p else None
   if "meta" in p and layout is None: f.skip(ALL_META_FIELDS, f"no known layout for a meta head of {len(p['meta'])} entries")
   elif layout is None: f.skip(ALL_META_FIELDS, "the model has no meta output")
   else:
+    f.part(("meta",), META_VIEWS[len(p["meta"])], lambda: _meta_views(p["meta"], layout), views=True)
     f.part(("meta",), META_STATE_FIELDS, lambda: _meta_state(p["meta"], layout, hard_brake, confidence, frame_id))
-    f.part(("meta",), DISENGAGE_PARTS[len(p["meta"])], lambda: _meta_views(p["meta"], layout), views=True)
     if unfilled := tuple(f for f in ALL_META_FIELDS if f not in META_FIELDS[len(p["meta"])]):
       f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
   return f

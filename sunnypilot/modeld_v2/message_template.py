@@ -5,9 +5,10 @@ modeld publishes the same three messages every frame with the same fields and li
 there are no far pointers) and walks capnp's wire format with the schema's slot offsets to find the byte (bool: bit) of every leaf value.
 Every later frame copies those bytes and writes the values with one numpy scatter per element type. Wire format: capnproto.org/encoding.
 
-Fields whose values are views of one `source` buffer (an OutputParser's, refilled in place every frame) and read-only constants, held by
-the same objects frame after frame (fill_model_msg's `views` parts), are `static`: the template gathers their floats straight from the
-buffer with one fancy index, and a frame's values are flattened and checked without them (their objects must be the same ones).
+Fields held by the same objects frame after frame (fill_model_msg's `views` parts), whose arrays are views of one `source` buffer (an
+OutputParser's, refilled in place every frame) or other arrays refilled in place, are `static`: the template gathers their floats from the
+buffer with one fancy index (and copies the other arrays), and a frame's values are flattened and checked without them (the objects must
+be the same ones). Their other values (numbers, strings, read-only arrays) are constants: the template's bytes hold them.
 """
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def _pointer(seg: bytes, word: int) -> tuple[int, int, int, int]:
   target = word + 1 + offset
   return (kind, target, (w >> 32) & 0xFFFF, w >> 48) if kind == 0 else (kind, target, (w >> 32) & 7, w >> 35)
 
-SEQUENCES = (list, tuple, np.ndarray, bytes)  # a str is one value: an enum's name
+SEQUENCES = (list, tuple, np.ndarray, bytes)  # a str is one value: an enum's name; so is a 0-d array
+
+def _is_sequence(value: Any) -> bool: return type(value) in SEQUENCES and (type(value) is not np.ndarray or value.ndim > 0)
 
 def _signature(values: dict[str, Any], sig: list, flat: list) -> None:
   """Depth-first: every key into `sig` (with its length for lists, bytes and arrays; a struct's between its key and None), every leaf
@@ -54,7 +57,7 @@ def _signature(values: dict[str, Any], sig: list, flat: list) -> None:
       for item in value:
         _signature(item, sig, flat)
         sig.append(None)
-    elif kind in SEQUENCES: sig.append((path, len(value))); flat.append(value)
+    elif _is_sequence(value): sig.append((path, len(value))); flat.append(value)
     else: sig.append(path); flat.append(value)
 
 def _count(value: Any) -> int:
@@ -93,9 +96,11 @@ class EventTemplate:
     self.service, self.source = service, source
     gathered = self._gather(values, static, flat)
     self.static = {k: values[service][k] for k in gathered}  # field -> the object a frame's values must hold there
-    dest, src = zip(*gathered.values(), strict=True) if gathered else ((), ())
-    self.gather_dest = np.concatenate([np.zeros(0, np.int64), *dest])  # float32 element indices in the body <- indices into source
-    self.gather_src = np.concatenate([np.zeros(0, np.int64), *src])
+    parts = [[x for part in gathered.values() for x in part[i]] for i in range(3)]
+    self.gather_dest = np.concatenate([np.zeros(0, np.int64), *parts[0]])  # float32 element indices in the body <- indices into source
+    self.gather_src = np.concatenate([np.zeros(0, np.int64), *parts[1]])
+    self.live = [array for array, _ in parts[2]]  # float32 arrays refilled in place, copied every frame to live_dest
+    self.live_dest = np.concatenate([np.zeros(0, np.int64), *(dest for _, dest in parts[2])])
     self.signature, _ = self.flatten(values)
     keep = [i for i in range(len(flat)) if not any(a <= i < b for a, b, *_ in self._ranges(values, gathered))]
     leaves, flat = [self.leaves[i] for i in keep], [flat[i] for i in keep]
@@ -106,9 +111,9 @@ class EventTemplate:
     for i, leaf in enumerate(leaves):
       if leaf is None or leaf[0] in ("bool", "data"): continue
       arrays, array_dest, others, other_dest = groups.setdefault(leaf[0], ([], [], [], []))
-      if type(flat[i]) is np.ndarray and i not in enums: arrays.append(i); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+      if type(flat[i]) is np.ndarray and flat[i].ndim and i not in enums: arrays.append(i); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
       else:
-        others.append((i, ENUM if i in enums else SEQUENCE if type(flat[i]) in SEQUENCES else SCALAR))
+        others.append((i, ENUM if i in enums else SEQUENCE if _is_sequence(flat[i]) else SCALAR))
         other_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
     self.groups = {k: (a, np.asarray(ad, np.int64), o, np.asarray(od, np.int64)) for k, (a, ad, o, od) in groups.items()}
     self.bools = [(i, leaf[1]) for i, leaf in enumerate(leaves) if leaf is not None and leaf[0] == "bool"]
@@ -127,18 +132,20 @@ class EventTemplate:
         at += n
     return out
 
-  def _gather(self, values: dict[str, Any], static: Sequence[str], flat: list) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """{static field: (float32 element indices in the body, indices into source)} of the `static` fields that can be gathered."""
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+  def _gather(self, values: dict[str, Any], static: Sequence[str], flat: list) -> dict[str, tuple[list, list, list]]:
+    """{static field: (float32 element indices in the body, their indices into source, [(array, its body indices)] of the writeable
+    arrays that are no view of it)} of the `static` fields whose every float32 array can be read so. Anything else in a static field is a
+    constant the template's bytes already hold: a read-only array, a number, a string (the field's objects are the same every frame)."""
+    out: dict[str, tuple[list, list, list]] = {}
     for first, end, field in self._ranges(values, static) if self.source is not None else ():
-      dest, src = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+      dest, src, live = [], [], []
       for i in range(first, end):
         leaf, value = self.leaves[i], flat[i]
-        if leaf is None or (type(value) is np.ndarray and not value.flags.writeable): continue  # not in this schema; a constant the bytes hold
-        if type(value) is not np.ndarray or leaf[0] != "float32" or (at := _view_indices(value, self.source)) is None: break
-        dest.append(np.arange(leaf[1], leaf[1] + leaf[2]))
-        src.append(at)
-      else: out[field] = (np.concatenate(dest), np.concatenate(src))
+        if leaf is None or type(value) is not np.ndarray or not value.flags.writeable: continue  # not in this schema; a constant
+        if leaf[0] != "float32" or value.dtype != np.float32 or value.size != leaf[2]: break
+        if (at := _view_indices(value, self.source)) is not None: dest.append(np.arange(leaf[1], leaf[1] + leaf[2])); src.append(at)
+        else: live.append((value, np.arange(leaf[1], leaf[1] + leaf[2])))
+      else: out[field] = (dest, src, live)
     return out
 
   def holds(self, values: dict[str, Any]) -> bool:
@@ -158,6 +165,11 @@ class EventTemplate:
   def gathered(self) -> int:
     """How many floats come straight from the source buffer."""
     return len(self.gather_dest)
+
+  @property
+  def copied(self) -> int:
+    """How many floats of static fields are copied from their own arrays."""
+    return len(self.live_dest)
 
   def _walk(self, struct: Any, values: dict[str, Any], word: int, data_words: int, prefix: str) -> None:
     """Record the leaves of `values` in `struct` (builder for the schema, its wire struct at `word` with `data_words`), in _signature's order."""
@@ -233,6 +245,7 @@ class EventTemplate:
     """The Event with the source's floats gathered and `flat` (flatten's values, of a frame whose signature is this template's) written in."""
     body = bytearray(self.body)
     if len(self.gather_dest): np.frombuffer(body, np.float32)[self.gather_dest] = self.source[self.gather_src]
+    if self.live: np.frombuffer(body, np.float32)[self.live_dest] = np.concatenate(self.live)
     for dtype, (arrays, array_dest, others, other_dest) in self.groups.items():
       view = np.frombuffer(body, DTYPES[dtype])
       if arrays: view[array_dest] = np.concatenate([flat[i] for i in arrays])

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sunnypilot.modeld_v2.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, T_IDXS
+from sunnypilot.modeld_v2.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH
 from sunnypilot.modeld_v2.desire_helper import CarStateLike, Desire, DesireHelper
-from sunnypilot.modeld_v2.drive_helpers import LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS, Action, get_action
+from sunnypilot.modeld_v2.drive_helpers import LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS, T_AXIS64, Action, get_action
 from sunnypilot.modeld_v2.fill_model_msg import (
   LANE_CHANGE_FIELDS,
   Confidence,
@@ -112,7 +112,7 @@ class PublishState:
                                self.lat_smooth_s, self.long_smooth_s)
     if "lat_planner_solution" in parsed:  # sunnypilot modeld.py @002f69b0: the solution's yaw and curvature one frame ahead
       solution = parsed["lat_planner_solution"]
-      self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_IDXS, solution[:, 2]), np.interp(DT_MDL, T_IDXS, solution[:, 3])]
+      self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_AXIS64, solution[:, 2]), np.interp(DT_MDL, T_AXIS64, solution[:, 3])]
     action = self.action if "plan" in parsed else None
     fields = model_v2_fields(parsed, action, self.hard_brake, self.confidence, frame.frame_id, self._views("modelV2", parsed))
     self.static["modelV2"] = fields.static
