@@ -95,8 +95,8 @@ class OutputParser:
   result is (selections, *shape), or `shape` for one selection).
 
   Every call writes one float32 buffer, laid out as [every head's means | every std | every binary head | every categorical head |
-  hidden_state], with one gather from the output vector (its hypotheses' rows picked first), then each activation once, in place, over
-  its part: elementwise, so each value is what a per-head call gives. The result is the same dict of the same views of that buffer on
+  hidden_state], with one gather from the output vector (its hypotheses' rows picked first), then the activations in place, one exp
+  over all three activated parts: elementwise, so each value is what a per-head call gives. The result is the same dict of the same views of that buffer on
   every call: the next call overwrites them (copy what must outlive the frame). Fixed views let a message template gather its values
   from `buffer` (message_template.py) and let fill_model_msg make the fields that are views of them once per parser."""
   def __init__(self, slices: dict[str, Sequence[int]]):
@@ -119,13 +119,17 @@ class OutputParser:
     self.gather = np.zeros(len(self.buffer), np.int64)  # buffer[i] = vec[gather[i]] before the activations; hypotheses' rows set per call
     self.stds, self.binary, self.categorical = slice(means, stds), slice(stds, binary_end), slice(binary_end, categorical_end)
     self.parsed: dict[str, np.ndarray] = {}
-    self.picked = []  # (mean part, std part, start, hypotheses, selections, values per half) of the heads whose hypotheses are picked per call
+    # per head whose hypotheses are picked per call: (its means' part of gather as (selections, n), its stds' part, the (hypotheses,
+    # selections) indices of the logits, the (hypotheses, n) indices of each hypothesis' means, n)
+    self.picked: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]] = []
     at = 0
     for (name, start, shape, hypotheses, selections, n), size in zip(heads, sizes, strict=True):
       mean, std = slice(at, at + size), slice(means + at, means + at + size)
       self.parsed[name], self.parsed[f"{name}_std"] = self.buffer[mean].reshape(shape), self.buffer[std].reshape(shape)
       if hypotheses == 1: self.gather[mean], self.gather[std] = np.arange(start, start + n), np.arange(start + n, start + 2 * n)
-      else: self.picked.append((mean, std, start, hypotheses, selections, n))
+      else:  # each hypothesis' row: its means, then as many log-stds, then the selection logits
+        rows = start + (2 * n + selections) * np.arange(hypotheses)[:, None]
+        self.picked.append((self.gather[mean].reshape(selections, n), self.gather[std], rows + 2 * n + np.arange(selections), rows + np.arange(n), n))
       at += size
     at = stds
     for name in (*binary, *categorical, *(["hidden_state"] if "hidden_state" in self.raw else [])):
@@ -134,26 +138,25 @@ class OutputParser:
       self.parsed[name] = self.buffer[at:at + stop - start].reshape(CATEGORICAL_HEADS.get(name, (stop - start,)))
       at += stop - start
     self.plan_plus = "plan" in self.parsed and "planplus" in self.parsed
-    self.steps = {n: np.arange(n) for *_, n in self.picked}  # a picked hypothesis' n values follow its first
 
   def __call__(self, outputs: np.ndarray) -> dict[str, np.ndarray]:
     """The model's (1, N) output vector -> named arrays after openpilot's activations (views of `buffer`, refilled by the next call)."""
     vec = np.asarray(outputs, np.float32).reshape(-1)
-    for mean, std, start, hypotheses, selections, n in self.picked:
-      rows = vec[start:start + hypotheses * (2 * n + selections)].reshape(hypotheses, -1)
-      # openpilot sorts the softmax weights and takes the first of the descending order: the last of an ascending (stable) argsort
-      weights = softmax(rows[:, 2 * n:2 * n + selections], axis=0)
-      first = start + rows.shape[1] * (hypotheses - 1 - weights[::-1].argmax(axis=0))  # the last of the largest: a stable sort's
-      np.add(first[:, None], self.steps[n], out=self.gather[mean].reshape(selections, n))
-      np.add(self.gather[mean], n, out=self.gather[std])
+    for means, stds, logits, rows, n in self.picked:
+      # openpilot sorts the softmax weights and takes the first of the descending order: the last of the largest, as a stable sort has it
+      weights = softmax(vec[logits], axis=0)
+      np.take(rows, len(weights) - 1 - weights[::-1].argmax(axis=0), axis=0, out=means)
+      np.add(means.reshape(-1), n, out=stds)
     buf = self.buffer
     np.take(vec, self.gather, out=buf)
-    stds, binary, rows = buf[self.stds], buf[self.binary], buf[self.categorical].reshape(-1, DESIRE_LEN)
-    np.exp(np.minimum(stds, EXP_CLIP, out=stds), out=stds)  # safe_exp
-    np.divide(1.0, np.add(np.exp(np.minimum(np.negative(binary, out=binary), EXP_CLIP, out=binary), out=binary), 1.0, out=binary), out=binary)  # sigmoid
-    # softmax: every categorical head's rows are DESIRE_LEN wide and independent
-    np.exp(np.minimum(np.subtract(rows, rows.max(axis=-1, keepdims=True), out=rows), EXP_CLIP, out=rows), out=rows)
-    np.divide(rows, rows.sum(axis=-1, keepdims=True), out=rows)
+    # one safe_exp over every std, every binary logit negated (sigmoid) and every categorical logit less its row's largest (softmax: the
+    # rows are DESIRE_LEN wide and independent); then each finished in place: elementwise, so each value is the per-head one
+    binary, rows, act = buf[self.binary], buf[self.categorical].reshape(-1, DESIRE_LEN), buf[self.stds.start:self.categorical.stop]
+    if len(binary): np.negative(binary, out=binary)
+    if len(rows): np.subtract(rows, rows.max(axis=-1, keepdims=True), out=rows)
+    np.exp(np.minimum(act, EXP_CLIP, out=act), out=act)
+    if len(binary): np.divide(1.0, np.add(binary, 1.0, out=binary), out=binary)
+    if len(rows): np.divide(rows, rows.sum(axis=-1, keepdims=True), out=rows)
     if self.plan_plus: np.add(self.parsed["plan"], self.parsed["planplus"], out=self.parsed["plan"])
     return self.parsed
 
