@@ -5,6 +5,7 @@ import pytest
 
 from sunnypilot.modeld_v2.message_template import Serializer
 from sunnypilot.modeld_v2.messaging import log, new_message
+from sunnypilot.modeld_v2.parse_model_outputs import parse_outputs
 from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
 from sunnypilot.modeld_v2.stand_in_models import NAMES
 from tests.test_parse_model_outputs import car, layout
@@ -28,7 +29,7 @@ def test_template_bytes_decode_to_what_pycapnp_writes(generation, send_raw):
     outputs = (rng.standard_normal((1, width)) * 3).astype(np.float32)
     frame, car_state, active = info(i, rng), car(v_ego=float(rng.uniform(0, 35)), left=i % 17 > 12), bool(i % 3)
     msgs = {s: new_message(s) for s in SERVICES}
-    reference.fill(msgs, outputs, slices, frame, car_state, active)
+    reference.fill(msgs, outputs, slices, frame, car_state, active, parse_outputs(outputs, slices))  # its own parse: every part made per frame
     data = templated.serialize(templated.fill(None, outputs, slices, frame, car_state, active), frame, log_mono_time=10**12 + i)
     for service in SERVICES:
       msgs[service].logMonoTime = 10**12 + i
@@ -38,10 +39,28 @@ def test_template_bytes_decode_to_what_pycapnp_writes(generation, send_raw):
   static = {service: set(templated.serializer.templates[service].static) for service in SERVICES}
   assert static["modelV2"] >= ({"position", "temporalPose"} if "plan" in slices else set()) | ({"meta.engagedProb"} if "meta" in slices else set()) | \
     ({"laneLines", "laneLineStds"} if {"lane_lines", "plan"} <= set(slices) else set()) | ({"leadsV3"} if {"lead", "lead_prob"} <= set(slices) else set())
-  assert templated.serializer.templates["modelV2"].copied == (33 * 6 if {"lane_lines", "road_edges", "plan"} <= set(slices) else 0)  # lane times
+  lines = 4 * ({"lane_lines", "plan"} <= set(slices)) + 2 * ({"road_edges", "plan"} <= set(slices))
+  assert templated.serializer.templates["modelV2"].copied == 33 * lines  # each line's times: the plan's, refilled each frame
   assert static["cameraOdometry"] >= ({"trans", "rotStd"} if "pose" in slices else set())
   assert templated.serializer.templates["modelV2"].gathered >= (5 * 3 * 33 + 3 * 33 if "plan" in slices else 0)
   assert templated.reported == reference.reported  # the same fields reported missing or absent from this schema
+
+def test_a_layout_change_mid_run_makes_a_new_parser_cache_and_template():
+  """One PublishState whose output layout changes between frames (a model swapped under it) publishes what pycapnp writes for each frame."""
+  layouts = [layout("split_current"), layout("native"), layout("split_current")]
+  rng, reference, templated, made = np.random.default_rng(7), PublishState(log=lambda s: None), PublishState(log=lambda s: None), []
+  for i in range(12):
+    slices = layouts[i // 4]
+    outputs = rng.standard_normal((1, max(stop for _, stop in slices.values()))).astype(np.float32)
+    frame, msgs = info(i, rng), {s: new_message(s) for s in SERVICES}
+    reference.fill(msgs, outputs, slices, frame, car(), True, parse_outputs(outputs, slices))
+    data = templated.serialize(templated.fill(None, outputs, slices, frame, car(), True), frame, log_mono_time=i)
+    for service in SERVICES:
+      msgs[service].logMonoTime = i
+      assert decoded(data[service]) == decoded(msgs[service].to_bytes()), f"frame {i} {service}"
+    made.append(templated.serializer.templates["modelV2"])
+  assert [m is made[0] for m in made] == [True] * 4 + [False] * 8 and made[4] is made[7] and made[8] is made[11] and made[8] is not made[4]
+  assert made[11].gathered > 0
 
 def test_a_new_shape_builds_a_new_template_and_absent_fields_are_skipped():
   serializer = Serializer()

@@ -55,7 +55,7 @@ class Fields:
   frame. An OutputParser refills the same arrays every frame, so with its parsed dict and a `cache` kept beside the parser such a part is
   made once and its values (the same objects) reused; `static` lists the fields those parts gave, which a message template then gathers
   straight from the parser's buffer (message_template.py)."""
-  def __init__(self, parsed: dict[str, np.ndarray], cache: dict[tuple[str, ...], dict[str, Any]] | None = None):
+  def __init__(self, parsed: dict[str, np.ndarray], cache: dict[tuple[str, ...] | str, Any] | None = None):
     self.parsed, self.values, self.missing, self.cache, self.static = parsed, {}, {}, cache, []
 
   def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]], views: bool = False) -> None:
@@ -166,9 +166,10 @@ def meta_views(layout: MetaLayout | None) -> tuple[str, ...]:
   disengage = [field for field, attr in DISENGAGE_FIELDS.items() if layout is None or getattr(layout, attr) is not None]
   return ("meta.engagedProb", "meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
 
-ALL_META_FIELDS = meta_fields(None)
-META_FIELDS = {n: meta_fields(layout) for n, layout in META_LAYOUTS.items()}  # per meta length: made once, not per frame
+ALL_META_FIELDS, ALL_META_VIEWS = meta_fields(None), meta_views(None)
+# per meta length, made once: its view fields, and the fields no entry of it fills
 META_VIEWS = {n: meta_views(layout) for n, layout in META_LAYOUTS.items()}
+META_UNFILLED = {n: tuple(f for f in ALL_META_FIELDS if f not in meta_fields(layout)) for n, layout in META_LAYOUTS.items()}
 
 def action_values(action: Action) -> dict[str, Any]:
   return dict(zip(ACTION_FIELDS, (action.desired_curvature, action.desired_acceleration, action.should_stop), strict=True))
@@ -216,7 +217,8 @@ def lane_line_probs(p: dict[str, np.ndarray]) -> np.ndarray: return p["lane_line
 
 def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake: HardBrake, confidence: Confidence, frame_id: int,
                     cache: dict | None = None) -> Fields:
-  """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan."""
+  """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan. `cache`:
+  the views parts kept beside the parser that made `p` (Fields), None to make every part."""
   f = Fields(p, cache)
   t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else None  # when the plan reaches each X_IDXS: lane lines and road edges
   if t is not None and cache is not None: t = refilled(cache, "lane times", t)  # the lines' parts then hold the same array every frame
@@ -233,12 +235,10 @@ def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake:
   f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1)}, views=True)
   layout = META_LAYOUTS.get(len(p["meta"])) if "meta" in p else None
   if "meta" in p and layout is None: f.skip(ALL_META_FIELDS, f"no known layout for a meta head of {len(p['meta'])} entries")
-  elif layout is None: f.skip(ALL_META_FIELDS, "the model has no meta output")
-  else:
-    f.part(("meta",), META_VIEWS[len(p["meta"])], lambda: _meta_views(p["meta"], layout), views=True)
+  else:  # without a meta head both parts report it missing
+    f.part(("meta",), META_VIEWS[len(p["meta"])] if layout else ALL_META_VIEWS, lambda: _meta_views(p["meta"], layout), views=True)
     f.part(("meta",), META_STATE_FIELDS, lambda: _meta_state(p["meta"], layout, hard_brake, confidence, frame_id))
-    if unfilled := tuple(f for f in ALL_META_FIELDS if f not in META_FIELDS[len(p["meta"])]):
-      f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
+    if layout is not None and (unfilled := META_UNFILLED[len(p["meta"])]): f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
   return f
 
 def driving_model_data_fields(p: dict[str, np.ndarray], action: Action | None) -> Fields:
@@ -252,6 +252,7 @@ def driving_model_data_fields(p: dict[str, np.ndarray], action: Action | None) -
   return f
 
 def camera_odometry_fields(p: dict[str, np.ndarray], cache: dict | None = None) -> Fields:
+  """cameraOdometry's fields: the pose heads' views (`cache` as for model_v2_fields)."""
   f = Fields(p, cache)
   f.part(("pose",), ("trans", "rot", "transStd", "rotStd"), lambda: {"trans": p["pose"][:3], "rot": p["pose"][3:],
                                                                    "transStd": p["pose_std"][:3], "rotStd": p["pose_std"][3:]}, views=True)

@@ -93,14 +93,17 @@ class EventTemplate:
     self.enums: dict[int, dict[str, int]] = {}  # flat index of an enum leaf -> its enumerants (values may be names or numbers)
     _, root, dw, _pw = _pointer(self.body, 0)
     self._walk(event, values, root, dw, "")
-    self.service, self.source = service, source
+    self.service, self.source, self.offered = service, source, tuple(static)
     gathered = self._gather(values, static, flat)
     self.static = {k: values[service][k] for k in gathered}  # field -> the object a frame's values must hold there
     parts = [[x for part in gathered.values() for x in part[i]] for i in range(3)]
     self.gather_dest = np.concatenate([np.zeros(0, np.int64), *parts[0]])  # float32 element indices in the body <- indices into source
     self.gather_src = np.concatenate([np.zeros(0, np.int64), *parts[1]])
-    self.live = [array for array, _ in parts[2]]  # float32 arrays refilled in place, copied every frame to live_dest
+    # float32 arrays refilled in place (each once, however many fields hold it), copied every frame: body[live_dest] = cat(live)[live_src]
+    self.live = list({id(array): array for array, _ in parts[2]}.values())
+    starts = dict(zip(map(id, self.live), np.cumsum([0] + [a.size for a in self.live])[:-1].tolist(), strict=True))
     self.live_dest = np.concatenate([np.zeros(0, np.int64), *(dest for _, dest in parts[2])])
+    self.live_src = np.concatenate([np.zeros(0, np.int64), *(starts[id(array)] + np.arange(array.size) for array, _ in parts[2])])
     self.signature, _ = self.flatten(values)
     keep = [i for i in range(len(flat)) if not any(a <= i < b for a, b, *_ in self._ranges(values, gathered))]
     leaves, flat = [self.leaves[i] for i in keep], [flat[i] for i in keep]
@@ -168,7 +171,7 @@ class EventTemplate:
 
   @property
   def copied(self) -> int:
-    """How many floats of static fields are copied from their own arrays."""
+    """How many floats of static fields are copied from their own arrays each frame."""
     return len(self.live_dest)
 
   def _walk(self, struct: Any, values: dict[str, Any], word: int, data_words: int, prefix: str) -> None:
@@ -245,7 +248,7 @@ class EventTemplate:
     """The Event with the source's floats gathered and `flat` (flatten's values, of a frame whose signature is this template's) written in."""
     body = bytearray(self.body)
     if len(self.gather_dest): np.frombuffer(body, np.float32)[self.gather_dest] = self.source[self.gather_src]
-    if self.live: np.frombuffer(body, np.float32)[self.live_dest] = np.concatenate(self.live)
+    if self.live: np.frombuffer(body, np.float32)[self.live_dest] = (self.live[0] if len(self.live) == 1 else np.concatenate(self.live))[self.live_src]
     for dtype, (arrays, array_dest, others, other_dest) in self.groups.items():
       view = np.frombuffer(body, DTYPES[dtype])
       if arrays: view[array_dest] = np.concatenate([flat[i] for i in arrays])
@@ -274,7 +277,7 @@ class Serializer:
     """(bytes, paths this schema lacks: non-empty only on frames that built a template or went through pycapnp). `static`, `source`: the
     service struct's fields a new template may gather from the source buffer (EventTemplate)."""
     template = self.templates.get(service)
-    if template is not None and template.holds(values):
+    if template is not None and template.offered == tuple(static) and template.holds(values):  # offered other static fields: rebuilt
       sig, flat = template.flatten(values)
       if template.signature == sig: return template.serialize(flat), []
     sig = []

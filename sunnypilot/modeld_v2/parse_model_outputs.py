@@ -36,8 +36,6 @@ EXP_CLIP = 11.0  # exp(11) ~ 6e4, the largest float16 finite value's order: a la
 
 def safe_exp(x: np.ndarray) -> np.ndarray: return np.exp(np.minimum(x, EXP_CLIP))
 
-def sigmoid(x: np.ndarray) -> np.ndarray: return 1.0 / (1.0 + safe_exp(-x))
-
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:  # the array methods: np.max / np.sum add ~3 us of dispatch each
   e = safe_exp(x - x.max(axis=axis, keepdims=True))
   return e / e.sum(axis=axis, keepdims=True)
@@ -145,10 +143,10 @@ class OutputParser:
     for means, stds, logits, rows, n in self.picked:
       # openpilot sorts the softmax weights and takes the first of the descending order: the last of the largest, as a stable sort has it
       weights = softmax(vec[logits], axis=0)
-      np.take(rows, len(weights) - 1 - weights[::-1].argmax(axis=0), axis=0, out=means)
+      np.take(rows, len(weights) - 1 - weights[::-1].argmax(axis=0), axis=0, out=means, mode="clip")  # in range: clip skips a buffered copy
       np.add(means.reshape(-1), n, out=stds)
     buf = self.buffer
-    np.take(vec, self.gather, out=buf)
+    np.take(vec, self.gather, out=buf, mode="clip")  # planned in range; "raise" with out= copies through a buffer
     # one safe_exp over every std, every binary logit negated (sigmoid) and every categorical logit less its row's largest (softmax: the
     # rows are DESIRE_LEN wide and independent); then each finished in place: elementwise, so each value is the per-head one
     binary, rows, act = buf[self.binary], buf[self.categorical].reshape(-1, DESIRE_LEN), buf[self.stds.start:self.categorical.stop]

@@ -95,7 +95,8 @@ class PublishState:
     """Fill the Event builders msgs[s] for s in SERVICES, Event.valid included (msgs None: only return the values), from the raw output
     vector and its `output_slices` (or `parsed`, the daemon's parse_outputs of them), advancing the action, FCW, confidence, lane-change
     and lat_planner_state by one frame. `car_state`: carState (a reader or any CarStateLike); `lateral_active`: carControl.latActive.
-    Returns the values written, {service: {field path: value}}, including fields this schema lacks. fill_model_v2 then fill_rest, in one."""
+    Returns the values written, {service: {field path: value}}, including fields this schema lacks. fill_model_v2 then fill_rest, in one.
+    The values are shared with later frames (views of the parser's buffer, parts made once): copy what must outlive the frame, change none."""
     values = {"modelV2": self.fill_model_v2(outputs, slices, frame, car_state, lateral_active, parsed)} | self.fill_rest()
     for service in SERVICES if msgs is not None else ():
       msgs[service].valid = frame.valid[service]
@@ -105,7 +106,7 @@ class PublishState:
   def fill_model_v2(self, outputs: np.ndarray, slices: dict[str, Sequence[int]], frame: FrameInfo, car_state: CarStateLike, lateral_active: bool,
                     parsed: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """modelV2's values of this frame, advancing the frame's state (as fill says); fill_rest() then gives the other two messages' values of
-    the same frame. modeld sends modelV2, which controls wait for, in between."""
+    the same frame. modeld sends modelV2, which controls wait for, in between. Shared with later frames, as fill's values are."""
     if parsed is None: parsed = self.parser(slices)(outputs)
     if "plan" in parsed:
       self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0), self.rules,
