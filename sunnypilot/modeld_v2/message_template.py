@@ -12,6 +12,7 @@ be the same ones). Their other values (numbers, strings, read-only arrays) are c
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,6 +97,7 @@ class EventTemplate:
     self.service, self.source, self.offered = service, source, tuple(static)
     gathered = self._gather(values, static, flat)
     self.static = {k: values[service][k] for k in gathered}  # field -> the object a frame's values must hold there
+    self.static_keys, self.static_objects = tuple(self.static), tuple(self.static.values())
     parts = [[x for part in gathered.values() for x in part[i]] for i in range(3)]
     self.gather_dest = np.concatenate([np.zeros(0, np.int64), *parts[0]])  # float32 element indices in the body <- indices into source
     self.gather_src = np.concatenate([np.zeros(0, np.int64), *parts[1]])
@@ -154,7 +156,7 @@ class EventTemplate:
   def holds(self, values: dict[str, Any]) -> bool:
     """Whether `values` hold this template's static objects: their floats can be gathered."""
     inner = values.get(self.service)
-    return type(inner) is dict and all(inner.get(k) is v for k, v in self.static.items())
+    return type(inner) is dict and all(map(operator.is_, map(inner.get, self.static_keys), self.static_objects))  # a C loop: ~25 fields per frame
 
   def flatten(self, values: dict[str, Any]) -> tuple[list, list]:
     """(signature, flat values) of `values` without the static fields: what serialize takes and what `signature` is compared with."""
