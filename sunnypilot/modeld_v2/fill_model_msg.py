@@ -205,9 +205,8 @@ def _disengage(meta: np.ndarray, layout: MetaLayout) -> dict[str, np.ndarray]:
   return {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
 
 def _meta_state(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
-  probs = _disengage(meta, layout)
-  return {"meta.hardBrakePredicted": hard_brake.update(probs["brake5MetersPerSecondSquaredProbs"][0], probs["brake3MetersPerSecondSquaredProbs"][0]),
-          "confidence": confidence.update(frame_id, probs["gasDisengageProbs"], probs["brakeDisengageProbs"], probs["steerOverrideProbs"])}
+  return {"meta.hardBrakePredicted": hard_brake.update(meta[layout.hard_brake_5][0], meta[layout.hard_brake_3][0]),
+          "confidence": confidence.update(frame_id, meta[layout.gas_disengage], meta[layout.brake_disengage], meta[layout.steer_override])}
 
 def _meta_views(meta: np.ndarray, layout: MetaLayout) -> dict[str, Any]:
   views = {"meta.engagedProb": meta[layout.engaged][0, ...], "meta.disengagePredictions.t": META_T_AXIS}  # [0, ...]: a 0-d view
