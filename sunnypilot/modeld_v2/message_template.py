@@ -79,8 +79,8 @@ def _view_indices(value: np.ndarray, source: np.ndarray) -> np.ndarray | None:
 class EventTemplate:
   """One Event's bytes and where each leaf of values of this shape goes. Built from `values` (an Event-level {path: value}, the service
   struct as a dict under its name); `skipped`: the paths this schema lacks, as set_fields reports them. `static`: fields of the service
-  struct that may be gathered from `source` (those whose every leaf is a float32 view of it or a read-only constant are; the others are
-  written per frame like any field)."""
+  struct held by the same objects every frame; those whose every writeable array is a float32 one the template can place are gathered
+  from `source` or copied (the module's docstring says how), the others are written per frame like any field."""
   def __init__(self, service: str, values: dict[str, Any], static: Sequence[str] = (), source: np.ndarray | None = None):
     msg = new_message(service)
     self.skipped = set_fields(msg, values)
