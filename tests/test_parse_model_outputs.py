@@ -436,6 +436,19 @@ def test_lane_change_through_every_state():
   hot = [i for i, p in enumerate(pulses) if p.any()]
   assert hot == [6] and pulses[6].tolist() == [0, 0, 0, 1, 0, 0, 0, 0], "one pulse, on the frame after the change started"
 
+def test_desire_pulse_as_openpilot_computes_it():
+  """Any sequence of DesireHelper desires (changes, repeats, back to none, out of range) against openpilot's input, written out from
+  selfdrive/modeld/modeld.py (@6c6be47b): the one-hot vector of the desire, index 0 zeroed, where(now - previous > 0.99, now, 0)."""
+  state, rng, prev = PublishState(), np.random.default_rng(5), np.zeros(8, np.float32)
+  for desire in [0, 3, 3, 3, 0, 3, 4, 3, 3, 6, 0, 0, 5, 5, 9, 5, *rng.integers(0, 9, 200).tolist()]:
+    state.desire_helper.desire = desire
+    vec = np.zeros(8, np.float32)
+    if 0 <= desire < 8: vec[desire] = 1
+    vec[0] = 0
+    expected = np.where(vec - prev > 0.99, vec, 0)
+    prev = vec
+    assert state.desire_input().tolist() == expected.tolist(), desire
+
 def test_desire_helper_guards():
   dh = DesireHelper()
   dh.update(car(v_ego=8.9, left=True), True, 0.0)
@@ -540,7 +553,7 @@ def test_lane_line_times_equal_openpilots_loop_bit_for_bit():
     np.testing.assert_array_equal(plan_t_idxs(plan_x), np.array(openpilot_plan_t_idxs(plan_x), np.float32), err_msg=f"plan {i}")
 
 def test_fcw_history_compares_as_openpilots_float32_arrays():
-  """HardBrake (Python floats) against openpilot's float32 arrays, np.append and array compares, with probabilities on the float32
+  """HardBrake (Python floats of float32 values) against openpilot's float32 arrays, np.append and array compares, with probabilities on the float32
   thresholds and one step beside them."""
   from sunnypilot.modeld_v2.fill_model_msg import HardBrake
   t5, t3 = np.array([0.05, 0.05, 0.15, 0.15, 0.15], np.float32), np.array([0.7, 0.7], np.float32)
@@ -549,4 +562,4 @@ def test_fcw_history_compares_as_openpilots_float32_arrays():
   for _ in range(3000):
     b5, b3 = (edges[rng.integers(len(edges))] if rng.random() < 0.8 else rng.random() for _ in range(2))
     h5, h3 = np.append(h5[1:], np.float32(b5)), np.append(h3[1:], np.float32(b3))
-    assert hard_brake.update(b5, b3) == bool((h5 > t5).all() and (h3 > t3).all())
+    assert hard_brake.update(np.float32(b5).item(), np.float32(b3).item()) == bool((h5 > t5).all() and (h3 > t3).all())  # as meta.item gives them

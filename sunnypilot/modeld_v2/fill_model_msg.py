@@ -120,14 +120,15 @@ def poly_path(position: np.ndarray) -> dict[str, np.ndarray]:
 
 class HardBrake:
   """FCW: hard braking is predicted when the 5 m/s2 probability (2 s ahead) stayed above its thresholds over the last 5 frames and the
-  3 m/s2 one over the last 2. The histories are float32 values held as Python floats: each compare is the float32 one, without numpy calls."""
+  3 m/s2 one over the last 2. The histories are float32 values held as Python floats: each compare is the float32 one, without numpy calls.
+  `update` takes the two probabilities as Python floats of float32 values (what `array.item` gives for a float32 array)."""
   THRESHOLDS_5MS2, THRESHOLDS_3MS2 = FCW_THRESHOLDS_5MS2.tolist(), FCW_THRESHOLDS_3MS2.tolist()
 
   def __init__(self): self.brake_5ms2, self.brake_3ms2 = [0.0] * len(self.THRESHOLDS_5MS2), [0.0] * len(self.THRESHOLDS_3MS2)
 
   def update(self, brake_5ms2: float, brake_3ms2: float) -> bool:
-    self.brake_5ms2 = self.brake_5ms2[1:] + [float(np.float32(brake_5ms2))]
-    self.brake_3ms2 = self.brake_3ms2[1:] + [float(np.float32(brake_3ms2))]
+    self.brake_5ms2 = self.brake_5ms2[1:] + [brake_5ms2]
+    self.brake_3ms2 = self.brake_3ms2[1:] + [brake_3ms2]
     return all(p > t for p, t in zip(self.brake_5ms2, self.THRESHOLDS_5MS2, strict=True)) and \
       all(p > t for p, t in zip(self.brake_3ms2, self.THRESHOLDS_3MS2, strict=True))
 
@@ -146,7 +147,7 @@ class Confidence:
 
   @property
   def score(self) -> float:
-    return sum(float(self.buffer[i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i]) / DISENGAGE_WIDTH for i in range(DISENGAGE_WIDTH))
+    return sum(self.buffer.item(i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i) / DISENGAGE_WIDTH for i in range(DISENGAGE_WIDTH))
 
 PLAN_FIELDS = ("position", "velocity", "acceleration", "orientation", "orientationRate")
 ACTION_FIELDS = ("action.desiredCurvature", "action.desiredAcceleration", "action.shouldStop")
@@ -205,7 +206,8 @@ def _disengage(meta: np.ndarray, layout: MetaLayout) -> dict[str, np.ndarray]:
   return {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
 
 def _meta_state(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
-  return {"meta.hardBrakePredicted": hard_brake.update(meta[layout.hard_brake_5][0], meta[layout.hard_brake_3][0]),
+  # .item: a Python float of the float32 value, no numpy scalar (a numpy call path less per frame)
+  return {"meta.hardBrakePredicted": hard_brake.update(meta.item(layout.hard_brake_5.start), meta.item(layout.hard_brake_3.start)),
           "confidence": confidence.update(frame_id, meta[layout.gas_disengage], meta[layout.brake_disengage], meta[layout.steer_override])}
 
 def _meta_views(meta: np.ndarray, layout: MetaLayout) -> dict[str, Any]:

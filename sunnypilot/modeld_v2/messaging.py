@@ -22,7 +22,9 @@ def ensure_prefix_dir() -> None:
   """msgq needs /dev/shm/msgq_<prefix> to exist before the first socket (openpilot's OpenpilotPrefix makes it)."""
   if prefix := os.environ.get("OPENPILOT_PREFIX"): os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
 
-def has_service(name: str) -> bool: return name in log.Event.schema.union_fields
+SCHEMA_SERVICES = frozenset(log.Event.schema.union_fields)  # read once: pycapnp builds the union's field dict anew on every access
+
+def has_service(name: str) -> bool: return name in SCHEMA_SERVICES
 
 def _struct_at(nodes: dict[str, tuple[Any, frozenset[str]] | None], key: str) -> tuple[Any, frozenset[str]] | None:
   """The struct at dotted path `key` and its field names, None where this schema lacks one on the way; `nodes` caches them per call. A

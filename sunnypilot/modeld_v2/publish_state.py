@@ -34,6 +34,9 @@ from sunnypilot.modeld_v2.messaging import set_fields
 from sunnypilot.modeld_v2.parse_model_outputs import OutputParser
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
+DESIRE_PULSES = np.eye(DESIRE_LEN, dtype=np.float32)  # row d: the desire input on the frame desire d starts; row 0 (none): all zero
+DESIRE_PULSES[0] = 0
+DESIRE_PULSES.flags.writeable = False
 
 @dataclass(frozen=True)
 class FrameInfo:
@@ -72,7 +75,7 @@ class PublishState:
     self.desire_helper = DesireHelper()
     self.hard_brake, self.confidence = HardBrake(), Confidence()
     self.action = Action()  # the last published action: the next one is smoothed against it
-    self.prev_desire = np.zeros(DESIRE_LEN, np.float32)
+    self.prev_desire = 0  # the desire of the last frame the model saw (0: none)
     self.lat_planner_state = np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32)  # the lat_planner_state input of models that have one
     self.reported: set[str] = set()
     self.serializer = Serializer()  # a byte template per service: serialize()
@@ -83,10 +86,11 @@ class PublishState:
 
   def desire_input(self) -> np.ndarray:
     """The model's desire input for this frame: DesireHelper's desire one-hot, index 0 (none) zeroed, and only on its rising edge (the
-    model decides when the manoeuvre is done). Call it on every frame the model sees, prepare-only ones included, as openpilot does."""
-    now = np.zeros(DESIRE_LEN, np.float32)
-    if 0 < self.desire_helper.desire < DESIRE_LEN: now[self.desire_helper.desire] = 1
-    pulse = np.where(now - self.prev_desire > 0.99, now, 0).astype(np.float32)
+    model decides when the manoeuvre is done). Call it on every frame the model sees, prepare-only ones included, as openpilot does.
+    openpilot keeps the one-hot vectors and takes where(now - previous > 0.99, now, 0): a desire's row on the frame it differs from the
+    last one, else zeros. The result is a read-only row of DESIRE_PULSES: copy it to change it."""
+    now = self.desire_helper.desire if 0 < self.desire_helper.desire < DESIRE_LEN else 0
+    pulse = DESIRE_PULSES[now if now != self.prev_desire else 0]
     self.prev_desire = now
     return pulse
 
@@ -171,7 +175,7 @@ class PublishState:
   def _update_lane_change(self, parsed: dict[str, np.ndarray], car_state: CarStateLike, lateral_active: bool) -> dict[str, int]:
     """DesireHelper sees the lane-change probability the model just published (0 without a desire_state head)."""
     state = parsed.get("desire_state")
-    prob = float(state[Desire.laneChangeLeft]) + float(state[Desire.laneChangeRight]) if state is not None else 0.0
+    prob = state.item(Desire.laneChangeLeft) + state.item(Desire.laneChangeRight) if state is not None else 0.0
     self.desire_helper.update(car_state, lateral_active, prob)
     return dict(zip(LANE_CHANGE_FIELDS, (int(self.desire_helper.lane_change_state), int(self.desire_helper.lane_change_direction)), strict=True))
 
