@@ -15,6 +15,12 @@ camera_replay's own publish cost (copying both frames into VisionIPC, the camera
 parse, fill and serialize (byte templates) in this process on the bundle's output layout (the parse/fill split modeld's stamps cannot
 make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read medians and p10.
 
+  python -m benchmarks.bench_daemon --stub-loop [--generation native] [--publish-runs 300] [--publish-idle-ms 50] [--json out/stub.json]
+
+runs modeld's own frame loop in this process with the camera and the model stubbed (benchmarks/stubbed_loop.py): back to back, then
+asleep --publish-idle-ms (default 50, modeld's idle at 20 Hz) before each frame; its stamps give the added latency and its split with
+no camera copies, no model run and no other process: the same code hot and on a core that slept.
+
   python -m benchmarks.bench_daemon --publish-layouts [--baseline DIR] [--publish-runs 300] [--json out/publish.json]
 
 times only that in-process split, on every stand-in generation's output layout (no bundle built, no daemon); with --baseline, another
@@ -229,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--publish-only", action="store_true", help="only the in-process parse/fill/serialize table (no daemon runs)")
   parser.add_argument("--publish-layouts", action="store_true",
                       help="only the in-process parse/fill/serialize split, on every stand-in generation's output layout (no bundle built, no daemon runs)")
+  parser.add_argument("--stub-loop", action="store_true", help="only modeld's frame loop in this process with the camera and model stubbed, back "
+                      "to back and after --publish-idle-ms (default 50) asleep before each frame (no bundle built, no daemon runs)")
   parser.add_argument("--baseline", metavar="DIR", help="with --publish-layouts: another commit's tree (mkdir DIR; git archive REV | tar -x -C DIR) whose "
                       "publish path runs beside this one's, by turns on the same outputs")
   parser.add_argument("--publish-runs", type=int, default=300, help="timed frames of the in-process split, per layout")
@@ -246,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
   if not 0 <= args.publish_idle_ms <= 1000: parser.error("--publish-idle-ms must be within 0 to 1000")
   log = lambda s: print(s, file=sys.stderr, flush=True)
   if args.publish_layouts: return publish_layouts(args, log)
+  if args.stub_loop: return stub_loop(args, log)
   runs, split = [], {}
   for beam in beams:
     artifacts = os.path.join(args.workdir, f"beam{beam}")
@@ -262,6 +271,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nBEAM={beam} bundle's layout, in this process{idle_note(args)} (p50 / p10 / p99 ms): " + split_line(s))
   write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "device": Device.DEFAULT, "runs": runs,
                          "publish_split_ms": split, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+  return 0
+
+STUB_WARMUP = 20  # frames of the stubbed loop left out of its figures: the templates' and the parser's first frames
+
+def stub_split(rows: list[list[int]]) -> dict:
+  """Percentiles (ms) of modeld's added latency (receive -> modelV2 sent, minus copy + run + readback) and of its stages, from --timings rows."""
+  s = [row[1:] for row in rows[STUB_WARMUP:]]
+  ms = lambda ns: ns / 1e6
+  names = ("inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
+  return {"frames": len(s), "added_in_modeld_ms": percentiles([ms(r[7] - r[0] - (r[4] - r[1])) for r in s]),
+          "stages_ms": {name: percentiles([ms(r[i + 1] - r[i]) for r in s]) for i, name in enumerate(names)}}
+
+def stub_loop(args: argparse.Namespace, log) -> int:
+  """--stub-loop: the stubbed frame loop on a stand-in layout, back to back and with a sleep before each frame."""
+  from benchmarks.stubbed_loop import run_stubbed
+  idle_ms = args.publish_idle_ms or 50.0
+  slices, width = stand_in_layout(args.generation)
+  splits = {}
+  for sleep_ms in (0.0, idle_ms):
+    log(f"stubbed loop, {args.generation} layout, {sleep_ms:g} ms asleep before each frame: {args.publish_runs} frames ...")
+    splits[f"{sleep_ms:g}"] = stub_split(run_stubbed(slices, width, args.generation, args.publish_runs + STUB_WARMUP, sleep_ms / 1e3))
+  q = lambda d, k="p50": f"{d[k]:.3f}"
+  print(f"modeld's frame loop in this process, camera and model stubbed, {args.generation} layout, {args.publish_runs} frames per row, ms")
+  print("| asleep before each frame | added p10 | added p50 | added p95 | added p99 | max | inputs p50 (p99) | parse+fill | serialize | send "
+        "| the other two |\n" + "|---" * 11 + "|")
+  for sleep_ms, split in splits.items():
+    added, stages = split["added_in_modeld_ms"], split["stages_ms"]
+    cells = " | ".join(f"{q(stages[k])} ({q(stages[k], 'p99')})" for k in ("inputs", "parse_fill", "serialize", "send", "others"))
+    print(f"| {sleep_ms} ms | {q(added, 'p10')} | {q(added)} | {q(added, 'p95')} | {q(added, 'p99')} | {q(added, 'max')} | {cells} |")
+  write_json(args.json, {"generation": args.generation, "stub_loop_ms": splits})
   return 0
 
 def layouts_table(splits: dict[str, dict]) -> str:

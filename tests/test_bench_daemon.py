@@ -22,3 +22,18 @@ def test_a_baseline_tree_runs_beside_this_one_and_its_bytes_are_compared(tmp_pat
     assert split["same bytes"] is same and split["baseline fill"]["n"] == split["fill"]["n"] == 2
   assert sys.modules["sunnypilot.modeld_v2.publish_state"] is ours and all(
     not getattr(m, "__file__", None) or not m.__file__.startswith(str(tmp_path)) for k, m in sys.modules.items() if k.split(".")[0] == "sunnypilot")
+
+def test_the_stubbed_loop_runs_modelds_frame_loop_and_leaves_nothing_behind(monkeypatch):
+  """--stub-loop: ModelD.run publishes every stubbed frame, in order, its stamps in STAGE_STAMPS order; afterwards the collector is on
+  again, OPENPILOT_PREFIX is what it was and the private bus is gone."""
+  import gc
+  import os
+
+  from benchmarks.stubbed_loop import run_stubbed
+  from sunnypilot.modeld_v2.modeld import STAGE_STAMPS
+  monkeypatch.setenv("OPENPILOT_PREFIX", "bench_stub_test_outer")
+  before = set(os.listdir("/dev/shm"))
+  rows = run_stubbed(*stand_in_layout("split_current"), "split_current", frames=5, idle_s=0.001)
+  assert [row[0] for row in rows] == [1, 2, 3, 4, 5] and all(len(row) == 1 + len(STAGE_STAMPS) for row in rows)
+  assert all(row[1:] == sorted(row[1:]) for row in rows), "stamps in the loop's order"
+  assert gc.isenabled() and os.environ["OPENPILOT_PREFIX"] == "bench_stub_test_outer" and set(os.listdir("/dev/shm")) <= before
