@@ -3,17 +3,19 @@
   python -m benchmarks.bench_daemon [--model full] [--generation native] [--camera 1928x1208] [--beams 0,2] [--rates 20,100,0]
                                     [--frames 2000] [--json out/bench_daemon.json]
 
-Per bundle (one per --beams level) and rate (Hz; 0 = lockstep, each frame sent once the last one's modelV2 arrived: as fast as modeld goes),
-this process serves camerad's 18 rotating buffers per camera with camera_replay's CameraReplay and subscribes to modelV2; modeld runs as a
-separate process with --timings. Latency is from the frame's last VisionIPC send returning (CameraReplay.send) to modelV2 received here;
-a frame with no modelV2 is a drop. modeld's CPU time per frame comes from /proc over the timed frames. modeld's own stamps split each
-published frame: VisionIPC delivery (send returned -> modeld's receive returned), inputs, copy, run, readback, parse+fill, serialize and
-send of modelV2, then the other two messages (made and sent after modelV2). modeld's added latency = (VisionIPC send returned -> modelV2
-sent) - the model run (copy + run + readback); "added in modeld" starts at modeld's receive. --modeld-core pins modeld to a core (modeld
---core, as openpilot's modeld on a device); --publish-idle-ms sleeps before each in-process publish, as modeld idles between frames.
-camera_replay's own publish cost (copying both frames into VisionIPC, the camera states) is reported apart. A last line times modeld's
-parse, fill and serialize (byte templates) in this process on the bundle's output layout (the parse/fill split modeld's stamps cannot
-make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read medians and p10.
+Per bundle (one per --beams level) and rate (Hz; 0 = lockstep, each frame sent once the last one's modelV2 arrived: as fast as modeld
+goes), this process serves camerad's 18 rotating buffers per camera with camera_replay's CameraReplay (which also publishes the camera
+states and, once a second, liveCalibration), publishes carState, carControl and driverMonitoringState before each frame as a car's bus
+would (not with --no-bus), and subscribes to modelV2; modeld runs as a separate process with --timings. Latency is from the frame's last
+VisionIPC send returning (CameraReplay.send) to modelV2 received here; a frame with no modelV2 is a drop. modeld's CPU time per frame comes
+from /proc over the timed frames. modeld's own stamps split each published frame: VisionIPC delivery (send returned -> modeld's receive
+returned), inputs, copy, run, readback, parse+fill, serialize and send of modelV2, then the other two messages (made and sent after
+modelV2). modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback); "added in modeld"
+starts at modeld's receive. --modeld-core pins modeld to a core (modeld --core, as openpilot's modeld on a device); --publish-idle-ms
+sleeps before each in-process publish, as modeld idles between frames. camera_replay's own publish cost (copying both frames into
+VisionIPC, the camera states) is reported apart. A last line times modeld's parse, fill and serialize (byte templates) in this process on
+the bundle's output layout (the parse/fill split modeld's stamps cannot make), and the pycapnp path the templates replaced. Times on a
+shared machine are noisy: read medians and p10.
 
   python -m benchmarks.bench_daemon --stub-loop [--generation native] [--publish-runs 300] [--publish-idle-ms 50] [--json out/stub.json]
 
@@ -73,10 +75,12 @@ class Receiver:
         t = time.monotonic_ns()
         with log.Event.from_bytes(raw) as event: self.arrived[event.modelV2.frameId] = t
 
-def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None) -> dict:
+def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None, bus: bool = True) -> dict:
   """One modeld process (pinned to `core` if given: modeld --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep
-  frames."""
+  frames; with `bus`, bus_traffic() published before each frame."""
+  from benchmarks.stubbed_loop import BUS_SERVICES, bus_traffic
   from sunnypilot.modeld_v2.camera_replay import CameraReplay, synthetic_frames
+  from sunnypilot.modeld_v2.messaging import pub_master
   from sunnypilot.modeld_v2.route_replay import Modeld
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
@@ -85,11 +89,13 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
   timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
   replay = CameraReplay(frame)
   receiver = Receiver()
+  traffic, bus_pm = (bus_traffic(), pub_master(list(BUS_SERVICES))) if bus else ({}, None)
   modeld = Modeld(artifacts, ["--timings", timings, *(["--core", str(core)] if core is not None else [])], echo=False)
   try:
     modeld.wait_running(300)
     sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
     def send(frame_id: int) -> None:
+      for service, raw in traffic.items(): bus_pm.send(service, raw)  # before the frame: the car's messages of the last 50 ms
       t = time.monotonic_ns()
       # start-of-frame on camerad's 20 Hz sensor clock whatever the send rate: modeld pairs road and wide frames by it (25 ms)
       sent[frame_id] = replay.send(frame_id, *source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
@@ -241,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                       "publish path runs beside this one's, by turns on the same outputs")
   parser.add_argument("--publish-runs", type=int, default=300, help="timed frames of the in-process split, per layout")
   parser.add_argument("--publish-idle-ms", type=float, default=0.0, help="sleep this long before each in-process frame (50: modeld's idle at 20 Hz)")
+  parser.add_argument("--no-bus", action="store_true", help="publish only the camera states, not carState, carControl and driverMonitoringState "
+                      "before each frame (as the runs before the third session of 2026-12-03 did)")
   parser.add_argument("--modeld-core", type=core_arg, help="pin modeld to this CPU core (modeld --core)")
   parser.add_argument("--json")
   args = parser.parse_args(argv)
@@ -262,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     split[beam] = publish_split(*bundle_layout(built["model"]), args.publish_runs, idle_s=args.publish_idle_ms / 1e3)
     for rate in rates if not args.publish_only else ():
       log(f"BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
-      runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log, args.modeld_core) | {"beam": beam})
+      runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log, args.modeld_core, not args.no_bus) | {"beam": beam})
       write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "runs": runs, "partial": True})  # row by row
   print(f"modeld end to end: {args.model} {args.generation} (random-weight stand-in), {args.camera}, device {Device.DEFAULT}, "
         f"latencies in ms, {args.frames} timed frames per row")

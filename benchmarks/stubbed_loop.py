@@ -1,10 +1,10 @@
 """modeld's own frame loop (ModelD.run) in this process with the camera and the model stubbed: what modeld adds to a frame, hot and after
 the sleep a frame rate leaves between frames, with no camera copies, no model run and no other process on the machine.
 
-The stub camera sleeps `idle_s` in place of the VisionIPC wait, then hands over the next frame id; the stub model returns one of a few
-random output vectors of the layout at once. Everything else is modeld's: the bus read (a SubMaster on a private OPENPILOT_PREFIX, on
-which nothing else publishes), the checked inputs, the host-input writes, the parse, fill, serialize and send of modelV2, then the other
-two messages, stamped by modeld's --timings stamps.
+The stub camera sleeps `idle_s` in place of the VisionIPC wait, publishes the car's messages of that time (bus_traffic) and hands over
+the next frame id; the stub model returns one of a few random output vectors of the layout at once. Everything else is modeld's: the bus
+read (a SubMaster on a private OPENPILOT_PREFIX), the checked inputs, the host-input writes, the parse, fill, serialize and send of
+modelV2, then the other two messages, stamped by modeld's --timings stamps. bench_daemon publishes the same bus_traffic to the real daemon.
 """
 from __future__ import annotations
 
@@ -22,13 +22,23 @@ from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.modeld import ModelD
 
 STUB_SENSOR = "ar0231"  # the intrinsics the transforms are made with: any known sensor does
+BUS_SERVICES = ("carState", "carControl", "driverMonitoringState")  # what a car publishes at least once per model frame besides the cameras
+
+def bus_traffic() -> dict[str, bytes]:
+  """One message per BUS_SERVICES, as a car at 20 m/s with lateral control on sends them: modeld reads each on every frame (a bus with only
+  the camera states would leave its SubMaster almost nothing to read)."""
+  from sunnypilot.modeld_v2.messaging import new_message
+  car, control, monitoring = (new_message(s) for s in BUS_SERVICES)
+  car.carState.vEgo, control.carControl.latActive, monitoring.driverMonitoringState.isRHD = 20.0, True, False
+  return {s: m.to_bytes() for s, m in zip(BUS_SERVICES, (car, control, monitoring), strict=True)}
 
 class StubCamera:
-  """CameraSync's interface as the frame loop uses it: after `idle_s` asleep, the next frame id on both cameras."""
+  """CameraSync's interface as the frame loop uses it: after `idle_s` asleep and bus_traffic() sent, the next frame id on both cameras."""
   main_wide, use_extra = False, True
 
   def __init__(self, idle_s: float):
-    self.idle_s, self.frame_id = idle_s, 0
+    from sunnypilot.modeld_v2.messaging import pub_master
+    self.idle_s, self.frame_id, self.traffic, self.pm = idle_s, 0, bus_traffic(), pub_master(list(BUS_SERVICES))
 
   def wait_for_camerad(self) -> bool: return True
   def alive(self) -> None: pass
@@ -37,6 +47,7 @@ class StubCamera:
 
   def recv_frames(self) -> tuple:
     if self.idle_s: time.sleep(self.idle_s)
+    for service, raw in self.traffic.items(): self.pm.send(service, raw)
     self.frame_id += 1
     meta = FrameMeta(self.frame_id, self.frame_id * 50_000_000, self.frame_id * 50_000_000 + 1)
     return None, meta, None, meta

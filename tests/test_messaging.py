@@ -26,3 +26,22 @@ def test_set_fields_makes_no_reference_cycles():
     for _ in range(10): messaging.set_fields(messaging.new_message("modelV2").modelV2, values)
     assert gc.collect() == 0
   finally: gc.enable()
+
+def test_a_kept_message_outlives_its_bytes(openpilot_prefix):
+  """SubMaster keeps each message's reader, not a copy: the reader must pin the received bytes, so that every message kept stays readable
+  after its bytes are dropped and their memory reused, and a message of another type is still refused."""
+  pm, sm = messaging.PubMaster(["carState"]), messaging.SubMaster(["carState"])
+  kept = []
+  for i in range(200):
+    msg = messaging.new_message("carState")
+    msg.carState.vEgo, msg.carState.steeringTorque = float(i), -float(i)
+    pm.send("carState", msg.to_bytes())
+    sm.update(0)
+    assert sm.updated["carState"]
+    kept.append(sm["carState"])
+  gc.collect()
+  junk = [bytes([i % 251]) * 512 for i in range(20000)]
+  assert [(cs.vEgo, cs.steeringTorque) for cs in kept] == [(float(i), -float(i)) for i in range(200)] and len(junk) == 20000
+  pm.send("carState", messaging.new_message("roadCameraState").to_bytes())
+  sm.update(0)
+  assert not sm.updated["carState"] and sm.dropped["carState"] == 1 and sm["carState"].vEgo == 199.0

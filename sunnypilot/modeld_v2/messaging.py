@@ -18,6 +18,8 @@ except ImportError:
   _openpilot_messaging = None
   from openpilot_logging.cereal import log
 
+NO_TRAVERSAL_LIMIT = 2**64 - 1
+
 def ensure_prefix_dir() -> None:
   """msgq needs /dev/shm/msgq_<prefix> to exist before the first socket (openpilot's OpenpilotPrefix makes it)."""
   if prefix := os.environ.get("OPENPILOT_PREFIX"): os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
@@ -109,10 +111,11 @@ class SubMaster:
     """Keep `raw` as the latest `service` message if it is one; else count it as dropped."""
     import capnp
     try:
-      with log.Event.from_bytes(raw) as event:
+      # the reader pins `raw` and stays valid after the block; read frame after frame, it must not run into capnp's traversal limit (both as
+      # openpilot's log_from_bytes, cereal/messaging/__init__.py @e4439232). No copy: ~5 us less per message.
+      with log.Event.from_bytes(raw, traversal_limit_in_words=NO_TRAVERSAL_LIMIT) as event:
         if (kind := str(event.which())) != service: raise ValueError(f"an Event of type {kind}")
-        self.data[service], self.valid[service] = getattr(event, service).as_builder().as_reader(), event.valid  # a copy: it outlives raw
-        self.logMonoTime[service] = event.logMonoTime
+      self.data[service], self.valid[service], self.logMonoTime[service] = getattr(event, service), event.valid, event.logMonoTime
       return True
     except (capnp.KjException, ValueError) as e:
       self.dropped[service] += 1
