@@ -88,6 +88,48 @@ def test_camera_height_out_of_range_is_refused(height):
   assert bus.camera_height(sm_with(liveCalibration={"height": [height]})) == pytest.approx(1.4), "the last good one"
   assert len(lines) == 1 and "liveCalibration.height" in lines[0] and "refused" in lines[0], lines
 
+def calibration_cut_before_its_lists() -> bytes:
+  """A liveCalibration whose segment ends where its rpyCalib list starts: the root and the struct are whole, so a SubMaster takes it, and
+  capnp raises only when a list is read (its pointer leads past the end). Wire format: capnproto.org/encoding (segment table, then words)."""
+  import struct
+
+  from sunnypilot.modeld_v2.messaging import new_message
+  msg = new_message("liveCalibration")
+  msg.liveCalibration.rpyCalib, msg.liveCalibration.height = [0.0123, 0.0456, 0.0789], [1.25]
+  raw = bytearray(msg.to_bytes())
+  words = (raw.find(struct.pack("<f", 0.0123)) - 8) // 8  # the list's first word, counted from the segment's start
+  assert int.from_bytes(raw[:4], "little") == 0 and words > 0, "one segment, the list after the structs"
+  return bytes(raw[:4] + words.to_bytes(4, "little") + raw[8:8 + 8 * words])
+
+def test_an_unreadable_calibration_list_keeps_the_last_good_values():
+  """SubMaster keeps a message's reader, so a list that lies outside the message's bytes raises (capnp.KjException) only when BusInputs
+  reads it: the frame loop would stop. The last good calibration and height stay, once logged, until a readable message comes."""
+  from sunnypilot.modeld_v2.messaging import log
+  with log.Event.from_bytes(calibration_cut_before_its_lists()) as event:
+    cut = SM(seen={"liveCalibration": True}, data={"liveCalibration": event.liveCalibration})
+  lines = []
+  bus = BusInputs(Episodes(lines.append))
+  good = sm_with(liveCalibration={"rpyCalib": [0.01, 0.02, 0.03], "height": [1.4]})
+  assert bus.calibration(good) == pytest.approx((0.01, 0.02, 0.03)) and bus.camera_height(good) == pytest.approx(1.4)
+  for _ in range(3): assert bus.calibration(cut) == pytest.approx((0.01, 0.02, 0.03)) and bus.camera_height(cut) == pytest.approx(1.4)
+  assert bus.calibration(good) == pytest.approx((0.01, 0.02, 0.03)) and bus.camera_height(good) == pytest.approx(1.4)
+  assert [line.split(" (")[0] for line in lines] == ["liveCalibration.rpyCalib unreadable", "liveCalibration.height unreadable",
+                                                     "liveCalibration.rpyCalib readable again after unreadable messages",
+                                                     "liveCalibration.height readable again after unreadable messages"], lines
+
+def test_modeld_keeps_running_through_an_unreadable_calibration(split_09, openpilot_prefix):
+  """The same message on the bus: modeld used to abort in the SubMaster's copy of it (a C++ exception pycapnp does not translate)."""
+  daemon = Daemon(split_09)
+  daemon.exchange(range(10))
+  for frame_id in range(10, 13):
+    daemon.replay.pm.send("liveCalibration", calibration_cut_before_its_lists())
+    daemon.exchange([frame_id])
+  daemon.exchange(range(13, 25))  # CameraReplay publishes a good calibration again at frame 20
+  assert daemon.stop() == 0 and daemon.published == list(range(25))
+  assert [daemon.raw(i) for i in range(25)] == reference(split_09, list(range(25))), "the last good calibration throughout"
+  lines = "".join(daemon.lines)
+  assert lines.count("liveCalibration.rpyCalib unreadable") == 1 and "rpyCalib readable again after unreadable messages" in lines, lines
+
 @pytest.mark.parametrize("offset", [float("nan"), float("inf"), 1.5, -2.0])
 def test_camera_offset_out_of_range_is_refused(offset, tmp_path):
   """The flag at parse time, the parameter (read every 60 frames on a device) by the same rule: the last good value stays."""
