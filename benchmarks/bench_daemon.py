@@ -17,11 +17,13 @@ VisionIPC, the camera states) is reported apart. A last line times modeld's pars
 the bundle's output layout (the parse/fill split modeld's stamps cannot make), and the pycapnp path the templates replaced. Times on a
 shared machine are noisy: read medians and p10.
 
-  python -m benchmarks.bench_daemon --stub-loop [--generation native] [--publish-runs 300] [--publish-idle-ms 50] [--json out/stub.json]
+  python -m benchmarks.bench_daemon --stub-loop [--generation native] [--publish-runs 300] [--publish-idle-ms 50] [--stub-spin-ms 2]
+                                    [--no-bus] [--json out/stub.json]
 
 runs modeld's own frame loop in this process with the camera and the model stubbed (benchmarks/stubbed_loop.py): back to back, then
-asleep --publish-idle-ms (default 50, modeld's idle at 20 Hz) before each frame; its stamps give the added latency and its split with
-no camera copies, no model run and no other process: the same code hot and on a core that slept.
+--publish-idle-ms (default 50, modeld's idle at 20 Hz) between frames asleep, then the same with its last --stub-spin-ms spinning instead
+of asleep (0: no such row); its stamps give the added latency and its split with no camera copies, no model run and no other process:
+the same code hot and on a core that slept. It takes only these options.
 
   python -m benchmarks.bench_daemon --publish-layouts [--baseline DIR] [--publish-runs 300] [--json out/publish.json]
 
@@ -78,7 +80,7 @@ class Receiver:
 def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None, bus: bool = True) -> dict:
   """One modeld process (pinned to `core` if given: modeld --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep
   frames; with `bus`, bus_traffic() published before each frame."""
-  from benchmarks.stubbed_loop import BUS_SERVICES, bus_traffic
+  from benchmarks.car_bus import BUS_SERVICES, bus_traffic
   from sunnypilot.modeld_v2.camera_replay import CameraReplay, synthetic_frames
   from sunnypilot.modeld_v2.messaging import pub_master
   from sunnypilot.modeld_v2.route_replay import Modeld
@@ -225,6 +227,22 @@ def table(runs: list[dict]) -> str:
     lines.append(f"| {r['beam']} | {rate_name(r['rate_hz'])} | " + " | ".join(f"{q(c)} ({q(c, 'p99')})" for c in cells) + " |")
   return "\n".join(lines)
 
+def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[float], tuple[int, ...]]:
+  """(beams, rates, camera size) from the arguments, every combination checked (parser.error on a bad one); --publish-idle-ms defaulted."""
+  try:
+    beams, rates = [int(b) for b in args.beams.split(",")], [float(r) for r in args.rates.split(",")]
+    size = tuple(int(x) for x in args.camera.split("x"))
+  except ValueError as e: parser.error(f"--beams, --rates and --camera must be numbers: {e}")
+  if args.frames < 1 or any(r < 0 for r in rates) or any(b < 0 for b in beams): parser.error("--frames must be positive, --rates and --beams not negative")
+  if args.baseline and not args.publish_layouts: parser.error("--baseline needs --publish-layouts")
+  if args.publish_runs < 1: parser.error("--publish-runs must be positive")
+  if args.publish_idle_ms is None: args.publish_idle_ms = 50.0 if args.stub_loop else 0.0
+  if not 0 <= args.publish_idle_ms <= 1000: parser.error("--publish-idle-ms must be within 0 to 1000")
+  if args.stub_loop and args.publish_layouts: parser.error("--stub-loop and --publish-layouts are separate runs: give one")
+  if args.stub_loop and not 0 < args.publish_idle_ms: parser.error("--stub-loop compares back to back with a sleep: --publish-idle-ms must be above 0")
+  if not 0 <= args.stub_spin_ms <= args.publish_idle_ms: parser.error("--stub-spin-ms must be within 0 and --publish-idle-ms")
+  return beams, rates, size
+
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
@@ -242,24 +260,19 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--publish-layouts", action="store_true",
                       help="only the in-process parse/fill/serialize split, on every stand-in generation's output layout (no bundle built, no daemon runs)")
   parser.add_argument("--stub-loop", action="store_true", help="only modeld's frame loop in this process with the camera and model stubbed, back "
-                      "to back and after --publish-idle-ms (default 50) asleep before each frame (no bundle built, no daemon runs)")
+                      "to back, after --publish-idle-ms (default 50) asleep, and with its last --stub-spin-ms spinning (no bundle built, no daemon runs)")
+  parser.add_argument("--stub-spin-ms", type=float, default=2.0, help="with --stub-loop: a row whose wait spins its last this many ms (0: none)")
   parser.add_argument("--baseline", metavar="DIR", help="with --publish-layouts: another commit's tree (mkdir DIR; git archive REV | tar -x -C DIR) whose "
                       "publish path runs beside this one's, by turns on the same outputs")
   parser.add_argument("--publish-runs", type=int, default=300, help="timed frames of the in-process split, per layout")
-  parser.add_argument("--publish-idle-ms", type=float, default=0.0, help="sleep this long before each in-process frame (50: modeld's idle at 20 Hz)")
-  parser.add_argument("--no-bus", action="store_true", help="publish only the camera states, not carState, carControl and driverMonitoringState "
-                      "before each frame (as the runs before the third session of 2026-12-03 did)")
+  parser.add_argument("--publish-idle-ms", type=float, help="sleep this long before each in-process frame (50: modeld's idle at 20 Hz; default 0, "
+                      "with --stub-loop 50)")
+  parser.add_argument("--no-bus", action="store_true", help="publish only the camera states, not a car's carState, carControl and "
+                      "driverMonitoringState before each frame")
   parser.add_argument("--modeld-core", type=core_arg, help="pin modeld to this CPU core (modeld --core)")
   parser.add_argument("--json")
   args = parser.parse_args(argv)
-  try:
-    beams, rates = [int(b) for b in args.beams.split(",")], [float(r) for r in args.rates.split(",")]
-    size = tuple(int(x) for x in args.camera.split("x"))
-  except ValueError as e: parser.error(f"--beams, --rates and --camera must be numbers: {e}")
-  if args.frames < 1 or any(r < 0 for r in rates) or any(b < 0 for b in beams): parser.error("--frames must be positive, --rates and --beams not negative")
-  if args.baseline and not args.publish_layouts: parser.error("--baseline needs --publish-layouts")
-  if args.publish_runs < 1: parser.error("--publish-runs must be positive")
-  if not 0 <= args.publish_idle_ms <= 1000: parser.error("--publish-idle-ms must be within 0 to 1000")
+  beams, rates, size = checked_args(parser, args)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   if args.publish_layouts: return publish_layouts(args, log)
   if args.stub_loop: return stub_loop(args, log)
@@ -292,23 +305,27 @@ def stub_split(rows: list[list[int]]) -> dict:
           "stages_ms": {name: percentiles([ms(r[i + 1] - r[i]) for r in s]) for i, name in enumerate(names)}}
 
 def stub_loop(args: argparse.Namespace, log) -> int:
-  """--stub-loop: the stubbed frame loop on a stand-in layout, back to back and with a sleep before each frame."""
+  """--stub-loop: the stubbed frame loop on a stand-in layout, back to back, with a sleep between frames, and with the sleep's end spun."""
   from benchmarks.stubbed_loop import run_stubbed
-  idle_ms = args.publish_idle_ms or 50.0
+  idle, spin = args.publish_idle_ms, args.stub_spin_ms
   slices, width = stand_in_layout(args.generation)
+  waits = {"back to back": (0.0, 0.0), f"{idle:g} ms asleep": (idle, 0.0)}
+  if spin: waits[f"{idle - spin:g} ms asleep, {spin:g} ms spinning"] = (idle, spin)
   splits = {}
-  for sleep_ms in (0.0, idle_ms):
-    log(f"stubbed loop, {args.generation} layout, {sleep_ms:g} ms asleep before each frame: {args.publish_runs} frames ...")
-    splits[f"{sleep_ms:g}"] = stub_split(run_stubbed(slices, width, args.generation, args.publish_runs + STUB_WARMUP, sleep_ms / 1e3))
+  for name, (idle_ms, spin_ms) in waits.items():
+    log(f"stubbed loop, {args.generation} layout, {name} between frames: {args.publish_runs} frames ...")
+    rows = run_stubbed(slices, width, args.generation, args.publish_runs + STUB_WARMUP, idle_ms / 1e3, spin_ms / 1e3, not args.no_bus)
+    splits[name] = stub_split(rows)
   q = lambda d, k="p50": f"{d[k]:.3f}"
-  print(f"modeld's frame loop in this process, camera and model stubbed, {args.generation} layout, {args.publish_runs} frames per row, ms")
-  print("| asleep before each frame | added p10 | added p50 | added p95 | added p99 | max | inputs p50 (p99) | parse+fill | serialize | send "
+  print(f"modeld's frame loop in this process, camera and model stubbed, {args.generation} layout, {'no ' if args.no_bus else ''}car messages "
+        f"on the bus, {args.publish_runs} frames per row, ms")
+  print("| between frames | added p10 | added p50 | added p95 | added p99 | max | inputs p50 (p99) | parse+fill | serialize | send "
         "| the other two |\n" + "|---" * 11 + "|")
-  for sleep_ms, split in splits.items():
+  for name, split in splits.items():
     added, stages = split["added_in_modeld_ms"], split["stages_ms"]
     cells = " | ".join(f"{q(stages[k])} ({q(stages[k], 'p99')})" for k in ("inputs", "parse_fill", "serialize", "send", "others"))
-    print(f"| {sleep_ms} ms | {q(added, 'p10')} | {q(added)} | {q(added, 'p95')} | {q(added, 'p99')} | {q(added, 'max')} | {cells} |")
-  write_json(args.json, {"generation": args.generation, "stub_loop_ms": splits})
+    print(f"| {name} | {q(added, 'p10')} | {q(added)} | {q(added, 'p95')} | {q(added, 'p99')} | {q(added, 'max')} | {cells} |")
+  write_json(args.json, {"generation": args.generation, "bus": not args.no_bus, "stub_loop_ms": splits})
   return 0
 
 def layouts_table(splits: dict[str, dict]) -> str:

@@ -4,6 +4,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.bench_daemon import baseline_publish_state, publish_split, stand_in_layout
 from sunnypilot.modeld_v2 import publish_state
 
@@ -24,8 +26,8 @@ def test_a_baseline_tree_runs_beside_this_one_and_its_bytes_are_compared(tmp_pat
     not getattr(m, "__file__", None) or not m.__file__.startswith(str(tmp_path)) for k, m in sys.modules.items() if k.split(".")[0] == "sunnypilot")
 
 def test_the_stubbed_loop_runs_modelds_frame_loop_and_leaves_nothing_behind(monkeypatch):
-  """--stub-loop: ModelD.run publishes every stubbed frame, in order, its stamps in STAGE_STAMPS order; afterwards the collector is on
-  again, OPENPILOT_PREFIX is what it was and the private bus is gone."""
+  """--stub-loop: ModelD.run publishes every stubbed frame, in order, its stamps in STAGE_STAMPS order; afterwards, or after a failure,
+  the collector is as it was, OPENPILOT_PREFIX is what it was and the private bus is gone."""
   import gc
   import os
 
@@ -37,3 +39,8 @@ def test_the_stubbed_loop_runs_modelds_frame_loop_and_leaves_nothing_behind(monk
   assert [row[0] for row in rows] == [1, 2, 3, 4, 5] and all(len(row) == 1 + len(STAGE_STAMPS) for row in rows)
   assert all(row[1:] == sorted(row[1:]) for row in rows), "stamps in the loop's order"
   assert gc.isenabled() and os.environ["OPENPILOT_PREFIX"] == "bench_stub_test_outer" and set(os.listdir("/dev/shm")) <= before
+  gc.disable()
+  try:
+    with pytest.raises(ValueError): run_stubbed(stand_in_layout("split_current")[0], -1, "split_current", frames=5, idle_s=0.0)  # no such width
+    assert not gc.isenabled() and os.environ["OPENPILOT_PREFIX"] == "bench_stub_test_outer" and set(os.listdir("/dev/shm")) <= before
+  finally: gc.enable()

@@ -93,11 +93,14 @@ class BusInputs:
                          torque if good_t else self.car.steeringTorque, bool(cs.leftBlindspot), bool(cs.rightBlindspot))
     return self.car
 
-  def _floats(self, sm: Any, service: str, field: str) -> tuple[float, ...] | None:
-    """A list field of the last `service` message, or None when its pointer leads outside the message's bytes: the SubMaster checks a
-    message's type and root, capnp checks a list's bounds only when it is read (then KjException, which would stop the frame loop)."""
+  def _floats(self, sm: Any, service: str, field: str, most: int) -> tuple[float, ...] | None:
+    """At most `most` values of a list field of the last `service` message, or None when its pointer leads outside the message's bytes:
+    the SubMaster checks a message's type and root, capnp checks a list's bounds only when it is read (then KjException, which would stop
+    the frame loop). A longer list than expected costs no more than `most` values per frame."""
     key = f"{service}.{field}"
-    try: values = tuple(float(v) for v in getattr(sm[service], field))
+    try:
+      values = getattr(sm[service], field)
+      values = tuple(float(values[i]) for i in range(min(len(values), most)))
     except capnp.KjException as e:
       self.episodes.happened(f"{key} unreadable", f"{key} unreadable ({str(e).splitlines()[0][:120]}): using the last good value")
       return None
@@ -106,14 +109,14 @@ class BusInputs:
 
   def calibration(self, sm: Any) -> tuple[float, ...]:
     """liveCalibration.rpyCalib: three finite angles within RPY_LIMITS; else the last good calibration (DEFAULT_RPY before one)."""
-    if not sm.seen.get("liveCalibration") or (rpy := self._floats(sm, "liveCalibration", "rpyCalib")) is None: return self.rpy
+    if not sm.seen.get("liveCalibration") or (rpy := self._floats(sm, "liveCalibration", "rpyCalib", 4)) is None: return self.rpy  # 4: more than 3 is refused
     good = len(rpy) == 3 and all(math.isfinite(a) and lo <= a <= hi for a, (lo, hi) in zip(rpy, RPY_LIMITS, strict=True))
     if self._checked("liveCalibration.rpyCalib", good, list(rpy), list(self.rpy)): self.rpy = rpy
     return self.rpy
 
   def camera_height(self, sm: Any) -> float:
     """liveCalibration.height[0] (metres) within HEIGHT_LIMITS; else the last good one (CALIBRATION_HEIGHT before one)."""
-    if not sm.seen.get("liveCalibration") or not (heights := self._floats(sm, "liveCalibration", "height")): return self.height
+    if not sm.seen.get("liveCalibration") or not (heights := self._floats(sm, "liveCalibration", "height", 1)): return self.height
     height = heights[0]
     if self._checked("liveCalibration.height", math.isfinite(height) and HEIGHT_LIMITS[0] <= height <= HEIGHT_LIMITS[1], height, self.height):
       self.height = height

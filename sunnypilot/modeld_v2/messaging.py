@@ -76,9 +76,10 @@ class PubMaster:
 
 class SubMaster:
   """Latest message per service; `updated` says which arrived in the last update(). Unknown services in this schema are skipped.
-  A message that is not a whole Event of its service (bytes that are not capnp, another event type) is dropped: `dropped` counts them
-  per service in the last update(), as `updated` says which arrived, and `drop_reason` says why the last one was. (A zero-length message
-  still aborts in msgq's receive, before Python.)"""
+  A message that is not an Event of its service (bytes that are not capnp, another event type, a root or struct pointer past its end) is
+  dropped: `dropped` counts them per service in the last update(), as `updated` says which arrived, and `drop_reason` says why the last
+  one was. A message is kept as capnp's reader of its bytes, as openpilot's SubMaster keeps it: a list inside is bounds-checked only when
+  it is read (KjException then; BusInputs reads lists so). (A zero-length message still aborts in msgq's receive, before Python.)"""
   def __init__(self, services: list[str]):
     import msgq
     ensure_prefix_dir()
@@ -110,10 +111,9 @@ class SubMaster:
   def _read(self, service: str, raw: bytes) -> bool:
     """Keep `raw` as the latest `service` message if it is one; else count it as dropped."""
     import capnp
+    raw = raw if type(raw) is bytes else bytes(raw)  # the reader pins bytes; the view of any other buffer is released when the block ends
     try:
-      # the reader pins `raw` and stays valid after the block; read frame after frame, it must not run into capnp's traversal limit (both as
-      # openpilot's log_from_bytes, cereal/messaging/__init__.py @e4439232). No copy: ~5 us less per message, and no abort: the copy threw
-      # a C++ exception pycapnp does not translate on a list pointer past the message's end; a list is now bounds-checked where it is read.
+      # kept past the block and read frame after frame, without capnp's traversal limit: openpilot's log_from_bytes (cereal/messaging @e4439232)
       with log.Event.from_bytes(raw, traversal_limit_in_words=NO_TRAVERSAL_LIMIT) as event:
         if (kind := str(event.which())) != service: raise ValueError(f"an Event of type {kind}")
       self.data[service], self.valid[service], self.logMonoTime[service] = getattr(event, service), event.valid, event.logMonoTime

@@ -48,6 +48,7 @@ from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 # launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
 # wait for, so it goes first), drivingModelData and cameraOdometry filled, serialized and sent
 STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
+SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # read each frame
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
 # openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
@@ -149,19 +150,11 @@ class ModelD:
     try:
       warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=self.refused)
       if warp is None: return False
-      self.adapter = NativeTinygradAdapter(model_path, warp)
-      self.host_inputs = HostInputs(self.adapter.numpy_inputs, self.log_once)
+      self.use_model(NativeTinygradAdapter(model_path, warp), sensor)
     except ArtifactError as e:
       if warp is not None: self.refused.add(warp)
       self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting for another camera geometry (or a restart)")
       return False
-    self.slices = self.adapter.output_slices
-    generation, source = self.adapter.generation
-    self.publish_state.rules = GENERATIONS[generation]
-    self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
-    if "prepare_only" not in self.adapter.numpy_inputs:
-      self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
-    self.inputs.use_cameras(sensor, self.camera.main_wide)
     log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     self.adapter.numpy_inputs[HOST_TRANSFORM][:] = self.inputs.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
@@ -171,6 +164,22 @@ class ModelD:
       self.adapter.run()
     self.adapter.reset_warmup_buffers()
     return True
+
+  def use_model(self, adapter: Any, sensor: str) -> None:
+    """Run frames with `adapter` (a loaded model and warp): its host inputs, its output layout and its generation's rules, and the
+    intrinsics of `sensor`'s cameras. ArtifactError, the adapter closed, when its host inputs cannot be written: no later load may take the
+    half-bound adapter for its geometry's."""
+    try: self.host_inputs = HostInputs(adapter.numpy_inputs, self.log_once)
+    except ArtifactError:
+      adapter.close()
+      raise
+    self.adapter, self.slices = adapter, adapter.output_slices
+    generation, source = adapter.generation
+    self.publish_state.rules = GENERATIONS[generation]
+    self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
+    if "prepare_only" not in adapter.numpy_inputs:
+      self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
+    self.inputs.use_cameras(sensor, self.camera.main_wide)
 
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
     """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""
@@ -190,7 +199,7 @@ class ModelD:
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
-    sm = sub_master(["deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay"])
+    sm = sub_master(list(SUBSCRIBED))
     if not self.camera.wait_for_camerad(): return 0
     loaded = self.load()
     drops, published = FrameDrops(), 0
