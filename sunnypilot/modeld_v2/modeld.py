@@ -48,7 +48,7 @@ from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
 # launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
 # wait for, so it goes first), drivingModelData and cameraOdometry filled, serialized and sent
 STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
-SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # read each frame
+SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # sm.update each frame
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
 # openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
@@ -167,8 +167,8 @@ class ModelD:
 
   def use_model(self, adapter: Any, sensor: str) -> None:
     """Run frames with `adapter` (a loaded model and warp): its host inputs, its output layout and its generation's rules, and the
-    intrinsics of `sensor`'s cameras. ArtifactError, the adapter closed, when its host inputs cannot be written: no later load may take the
-    half-bound adapter for its geometry's."""
+    intrinsics of `sensor`'s cameras. ArtifactError when its host inputs cannot be written, the adapter then closed and not kept: a later
+    load for the same geometry must not find a half-bound one."""
     try: self.host_inputs = HostInputs(adapter.numpy_inputs, self.log_once)
     except ArtifactError:
       adapter.close()
