@@ -240,12 +240,10 @@ def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
   if not 0 <= args.publish_idle_ms <= 1000: parser.error("--publish-idle-ms must be within 0 to 1000")
   if args.stub_loop and args.publish_layouts: parser.error("--stub-loop and --publish-layouts are separate runs: give one")
   if args.stub_loop and not 0 < args.publish_idle_ms: parser.error("--stub-loop compares back to back with a sleep: --publish-idle-ms must be above 0")
-  if not 0 <= args.stub_spin_ms <= args.publish_idle_ms: parser.error("--stub-spin-ms must be within 0 and --publish-idle-ms")
+  if args.stub_loop and not 0 <= args.stub_spin_ms <= args.publish_idle_ms: parser.error("--stub-spin-ms must be within 0 and --publish-idle-ms")
   return beams, rates, size
 
-def main(argv: list[str] | None = None) -> int:
-  from tinygrad import Device
-
+def arg_parser() -> argparse.ArgumentParser:
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.modeld import core_arg
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                       "driverMonitoringState before each frame")
   parser.add_argument("--modeld-core", type=core_arg, help="pin modeld to this CPU core (modeld --core)")
   parser.add_argument("--json")
+  return parser
+
+def main(argv: list[str] | None = None) -> int:
+  from tinygrad import Device
+  parser = arg_parser()
   args = parser.parse_args(argv)
   beams, rates, size = checked_args(parser, args)
   log = lambda s: print(s, file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_daemon import baseline_publish_state, publish_split, stand_in_layout
+from benchmarks.bench_daemon import arg_parser, baseline_publish_state, checked_args, publish_split, stand_in_layout
 from sunnypilot.modeld_v2 import publish_state
 
 def test_a_baseline_tree_runs_beside_this_one_and_its_bytes_are_compared(tmp_path):
@@ -44,3 +44,16 @@ def test_the_stubbed_loop_runs_modelds_frame_loop_and_leaves_nothing_behind(monk
     with pytest.raises(ValueError): run_stubbed(stand_in_layout("split_current")[0], -1, "split_current", frames=5, idle_s=0.0)  # no such width
     assert not gc.isenabled() and os.environ["OPENPILOT_PREFIX"] == "bench_stub_test_outer" and set(os.listdir("/dev/shm")) <= before
   finally: gc.enable()
+
+def test_the_options_each_mode_takes():
+  """Every mode runs on its defaults (a stub-loop check once refused the daemon runs' defaults), and a combination a mode would ignore or
+  cannot run is refused with a one-line error (exit 2)."""
+  parser = arg_parser()
+  for argv in ([], ["--publish-only"], ["--publish-layouts"], ["--stub-loop"], ["--stub-loop", "--stub-spin-ms", "0"]):
+    args = parser.parse_args(argv)
+    assert checked_args(parser, args) == ([0], [20.0, 100.0, 0.0], (1928, 1208)), argv
+    assert args.publish_idle_ms == (50.0 if "--stub-loop" in argv else 0.0), argv
+  for argv in (["--stub-loop", "--publish-layouts"], ["--stub-loop", "--publish-idle-ms", "0"], ["--stub-loop", "--stub-spin-ms", "60"],
+               ["--baseline", "x"], ["--frames", "0"], ["--rates", "a"]):
+    with pytest.raises(SystemExit) as e: checked_args(parser, parser.parse_args(argv))
+    assert e.value.code == 2, argv
