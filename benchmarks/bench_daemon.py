@@ -46,6 +46,7 @@ import uuid
 import numpy as np
 
 from benchmarks.bench import build, write_json
+from sunnypilot.modeld_v2.modeld import STAGE_STAMPS
 
 WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
 
@@ -76,6 +77,18 @@ class Receiver:
       while (raw := self.sock.receive(non_blocking=True)) is not None:
         t = time.monotonic_ns()
         with log.Event.from_bytes(raw) as event: self.arrived[event.modelV2.frameId] = t
+
+STAGES = STAGE_STAMPS[1:]  # each named for the stamp that ends it, from modeld's receive on
+# the model run is inputs -> readback (copy, run, readback); modelV2 is sent at "send"
+INPUTS, READBACK, SENT = STAGE_STAMPS.index("inputs"), STAGE_STAMPS.index("readback"), STAGE_STAMPS.index("send")
+
+def modeld_split(stamps: list[list[int]]) -> dict:
+  """From per-frame STAGE_STAMPS (ns): percentiles (ms) of modeld's added latency (receive -> modelV2 sent, minus the model run), the model
+  run and each stage."""
+  ms = lambda ns: ns / 1e6
+  return {"added_in_modeld_ms": percentiles([ms(r[SENT] - r[0] - (r[READBACK] - r[INPUTS])) for r in stamps]),
+          "model_run_ms": percentiles([ms(r[READBACK] - r[INPUTS]) for r in stamps]),
+          "stages_ms": {name: percentiles([ms(r[i + 1] - r[i]) for r in stamps]) for i, name in enumerate(STAGES)}}
 
 def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None, bus: bool = True) -> dict:
   """One modeld process (pinned to `core` if given: modeld --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep
@@ -124,16 +137,13 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
   got = [f for f in timed if f in receiver.arrived]
   own = [f for f in got if f in stamps]
   ms = lambda ns: ns / 1e6
-  stage = lambda a, b: percentiles([ms(stamps[f][b] - stamps[f][a]) for f in own])
-  names = ("inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
   return {"rate_hz": rate, "frames": frames, "received": len(got), "drops": frames - len(got), "wall_s": elapsed_s,
           "achieved_hz": len(got) / elapsed_s if elapsed_s else 0.0, "modeld_cpu_ms_per_frame": 1e3 * cpu_s / max(len(got), 1),
           "latency_ms": percentiles([ms(receiver.arrived[f] - sent[f]) for f in got]),
-          "added_ms": percentiles([ms(stamps[f][7] - sent[f] - (stamps[f][4] - stamps[f][1])) for f in own]),
-          "added_in_modeld_ms": percentiles([ms(stamps[f][7] - stamps[f][0] - (stamps[f][4] - stamps[f][1])) for f in own]),
-          "model_run_ms": stage(1, 4), "delivery_ms": percentiles([ms(stamps[f][0] - sent[f]) for f in own]),
-          "stages_ms": {name: stage(i, i + 1) for i, name in enumerate(names)},
-          "bus_ms": percentiles([ms(receiver.arrived[f] - stamps[f][7]) for f in own]),
+          "added_ms": percentiles([ms(stamps[f][SENT] - sent[f] - (stamps[f][READBACK] - stamps[f][INPUTS])) for f in own]),
+          "delivery_ms": percentiles([ms(stamps[f][0] - sent[f]) for f in own]),
+          "bus_ms": percentiles([ms(receiver.arrived[f] - stamps[f][SENT]) for f in own]),
+          **modeld_split([stamps[f] for f in own]),
           "camera_replay_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
           "modeld_log_tail": modeld.lines[-3:]}
 
@@ -299,13 +309,6 @@ def main(argv: list[str] | None = None) -> int:
 
 STUB_WARMUP = 20  # frames of the stubbed loop left out of its figures: the templates' and the parser's first frames
 
-def stub_split(rows: list[list[int]]) -> dict:
-  """Percentiles (ms) of modeld's added latency (receive -> modelV2 sent, minus copy + run + readback) and of its stages, from --timings rows."""
-  s = [row[1:] for row in rows[STUB_WARMUP:]]
-  ms = lambda ns: ns / 1e6
-  names = ("inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
-  return {"frames": len(s), "added_in_modeld_ms": percentiles([ms(r[7] - r[0] - (r[4] - r[1])) for r in s]),
-          "stages_ms": {name: percentiles([ms(r[i + 1] - r[i]) for r in s]) for i, name in enumerate(names)}}
 
 def stub_loop(args: argparse.Namespace, log) -> int:
   """--stub-loop: the stubbed frame loop on a stand-in layout, back to back, with a sleep between frames, and with the sleep's end spun."""
@@ -318,7 +321,7 @@ def stub_loop(args: argparse.Namespace, log) -> int:
   for name, (idle_ms, spin_ms) in waits.items():
     log(f"stubbed loop, {args.generation} layout, {name} between frames: {args.publish_runs} frames ...")
     rows = run_stubbed(slices, width, args.generation, args.publish_runs + STUB_WARMUP, idle_ms / 1e3, spin_ms / 1e3, not args.no_bus)
-    splits[name] = stub_split(rows)
+    splits[name] = {"frames": len(rows) - STUB_WARMUP, **modeld_split([row[1:] for row in rows[STUB_WARMUP:]])}
   q = lambda d, k="p50": f"{d[k]:.3f}"
   print(f"modeld's frame loop in this process, camera and model stubbed, {args.generation} layout, {'no ' if args.no_bus else ''}car messages "
         f"on the bus, {args.publish_runs} frames per row, ms")
