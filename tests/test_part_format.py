@@ -1,6 +1,7 @@
 """Part records: the JSON written by capture and fusion reads back into records that write the same JSON, field for field; the builder
 keeps every blob range pointing at the same bytes; a bad field is a one-line ArtifactError naming it."""
 import copy
+import dataclasses
 import hashlib
 import os
 
@@ -12,6 +13,7 @@ from sunnypilot.modeld_v2.capture import capture, capture_part
 from sunnypilot.modeld_v2.frame_fusion import fuse
 from sunnypilot.modeld_v2.part_builder import PartBuilder
 from sunnypilot.modeld_v2.part_format import ArtifactError, BufferView, Call, InputArg, Part
+from sunnypilot.modeld_v2.replay import Replay
 
 from conftest import realized
 
@@ -97,3 +99,31 @@ def test_a_bad_field_is_one_line_naming_it(native_artifacts, path, value, messag
   target[path[-1]] = value
   with pytest.raises(ArtifactError) as e: Part.from_json(header, blob)
   assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+def test_one_binary_given_buffers_of_other_sizes_is_a_program_per_signature(tmp_path):
+  """tinygrad compiles one binary for `a[:8] * 2` (a of 16 floats) and `b * 2` (b of 8): the part keeps a program per signature, sharing the
+  stored binary, so the loader checks each call against the extent its own kernel was built for (merged, the second call's 8-float input
+  was checked against the first's 16 and the bundle refused at load)."""
+  fn = lambda a, b: ((a[:8] * 2).contiguous() + (b * 2).contiguous()).realize()
+  inputs = lambda: {"a": realized(np.arange(16, dtype=np.float32)), "b": realized(np.arange(8, dtype=np.float32))}
+  part, blob = capture_part(fn, inputs).part
+  first, second = part.calls[0].program, part.calls[1].program
+  assert first != second and part.programs[first].lib == part.programs[second].lib, "two programs, one stored binary"
+  assert [p.shape for p in part.programs[first].signature] == [(8,), (16,)] and [p.shape for p in part.programs[second].signature] == [(8,), (8,)]
+  write_bundle(path := str(tmp_path / "b.bin"), {"run": (part, blob)}, {})
+  (loaded, loaded_blob), = read_parts(path)[0].values()
+  assert loaded == part
+  out = Replay(loaded, loaded_blob)(**inputs()).numpy()
+  np.testing.assert_equal(out, np.arange(8) * 2 + np.arange(8) * 2)
+
+def test_a_bundle_the_loader_would_refuse_is_never_written(tmp_path):
+  """write_bundle reads the written bytes back through the loader's checks before the file takes its name: a part whose call passes an
+  argument smaller than its kernel's view is refused with one line, and nothing is left behind."""
+  part, blob = capture_part(lambda a: (a * 2).realize(), lambda: {"a": realized(np.arange(8, dtype=np.float32))}).part
+  program = part.programs[0]
+  small = dataclasses.replace(program, signature=tuple(p._replace(shape=(16,)) for p in program.signature))
+  bad = dataclasses.replace(part, programs=(small,))
+  with pytest.raises(ArtifactError, match=r"^the bundle as written would be refused at load, so it was not written: .*b\.bin: malformed part 'run': "
+                     r"program E_\w+ reads or writes 64 bytes of argument \d, which has 32$"):
+    write_bundle(str(tmp_path / "b.bin"), {"run": (bad, blob)}, {})
+  assert os.listdir(tmp_path) == []

@@ -145,12 +145,6 @@ def test_captured_calls_bind_inputs_and_buffers_and_say_what_each_call_reads_and
   with pytest.raises(bundle.ArtifactError, match="cannot serialize a Ops.SINK call"):
     ti.captured_calls(UOp(Ops.LINEAR, src=(UOp(Ops.CALL, src=(UOp(Ops.SINK),)),)))
 
-def test_program_key_is_one_per_distinct_kernel():
-  asts = [captured_linear("CPU", fn)[0].src[0].src[0] for fn in (lambda x: (x * 2).realize(), lambda x: (x * 2).realize(), lambda x: (x + 2).realize())]
-  keys = [ti.program_key(ast) for ast in asts]
-  assert keys[0] == keys[1] != keys[2], "the same kernel captured twice is one program, another kernel another"
-  assert keys[0][0] == keys[2][0] and keys[0][1] != keys[2][1], "one name, two binaries: two programs"
-
 def test_graph_batches_and_the_runner_they_build():
   linear, x, _ = captured_linear("NULL", lambda x: ((x * 2).contiguous() + x).realize())
   batched = ti.graph_batches(linear, "NULL")

@@ -167,14 +167,25 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
   data = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
   digest = hashlib.sha256(data + blob).digest()
   try:
-    with replaced_atomically(path) as (tmp,), open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+    with replaced_atomically(path) as (tmp,):
+      with open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+      # the loader's own checks on a fresh read of the written bytes, before the file takes its name: what a compiler writes, the loader takes
+      try: read_parts(tmp, allow_device=True, name=path)
+      except ArtifactError as e: raise ArtifactError(f"the bundle as written would be refused at load, so it was not written: {e}") from None
   except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None  # a full disk: one line from every compiler
   return PREAMBLE.size + len(data) + len(blob)
 
 # *** reading ***
 
-def read_bundle(path: str) -> tuple[dict, memoryview]:
-  """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data."""
+def read_bundle(path: str, name: str | None = None) -> tuple[dict, memoryview]:
+  """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data. Errors name the file as
+  `name` (default: `path`)."""
+  try: return _read_bundle(path)
+  except ArtifactError as e:
+    if name is None: raise
+    raise ArtifactError(str(e).replace(path, name, 1)) from None
+
+def _read_bundle(path: str) -> tuple[dict, memoryview]:
   try:
     with open_regular(path) as f:  # into a writable, uninitialised buffer: weights are copied to the device straight from it
       data = memoryview(np.empty(os.fstat(f.fileno()).st_size, np.uint8))
@@ -209,12 +220,14 @@ def check_provenance(prov: dict, device: str | None = None, path: str = "bundle"
     raise ArtifactError(f"{path}: kernels built for {prov.get('target')}, this device compiles for {target}")
   return here
 
-def read_parts(path: str, device: str | None = None, allow_device: bool = False) -> tuple[dict[str, tuple[Part, memoryview]], dict]:
+def read_parts(path: str, device: str | None = None, allow_device: bool = False, name: str | None = None) \
+    -> tuple[dict[str, tuple[Part, memoryview]], dict]:
   """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch.
-  Each part is `(Part record, blob)`; the extras' `input_specs` and `output_specs` come back as {name: TensorSpec}."""
-  head, blob = read_bundle(path)
-  check_provenance(head["provenance"], device, path, allow_device)
-  records = check_parts(head, blob, path)
+  Each part is `(Part record, blob)`; the extras' `input_specs` and `output_specs` come back as {name: TensorSpec}. Errors name the file
+  as `name` (default: `path`)."""
+  head, blob = read_bundle(path, name)
+  check_provenance(head["provenance"], device, name or path, allow_device)
+  records = check_parts(head, blob, name or path)
   parts = {name: (records[name], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}
   extras = head["extras"] | {k: {n: TensorSpec.of(s) for n, s in head["extras"].get(k, {}).items()} for k in ("input_specs", "output_specs")}
   return parts, extras

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import logging
 import math
 import time
@@ -45,7 +46,7 @@ from sunnypilot.modeld_v2.tinygrad_internals import (
   CapturedCall,
   captured_calls,
   host_backed_null,
-  program_key,
+  program_binary,
   program_record,
   record_kernel_linear,
   watched_beam_search,
@@ -142,11 +143,14 @@ def part_device(calls: list[CapturedCall]) -> str:
 
 class PartSerializer:
   """One capture's kernel list turned into a part: each tinygrad buffer base once (by identity), each program once per (name, binary), and
-  per buffer range what the replay does to it first, which decides the ranges whose bytes the bundle carries (read before written)."""
+  per buffer range what the replay does to it first, which decides the ranges whose bytes the bundle carries (read before written).
+  A program is one per record and binary: tinygrad compiles one binary for kernels that differ only in the sizes of the buffers they are
+  given, and each keeps its own signature, the extent the loader checks its arguments against."""
   def __init__(self, device: str, layout: list[tuple[str, str | None, Tensor]]):
     self.device, self.layout, self.builder = device, layout, PartBuilder()
     self.bases: dict[int, tuple[int, Buffer]] = {}  # id(buffer base) -> (buffer index, buffer)
-    self.program_index: dict[tuple[str, bytes], int] = {}
+    self.program_index: dict[tuple[str, bytes], int] = {}  # (the record's JSON, binary) -> program index
+    self.ast_program: dict[UOp, int] = {}
     self.first_access: dict[tuple[int, int, int], str] = {}  # (buffer, offset, nbytes) -> "r" or "w"
 
   def buffer_view(self, buf: Buffer) -> BufferView:
@@ -165,8 +169,12 @@ class PartSerializer:
     if isinstance(a, BufferView): self.first_access.setdefault((a.buffer, a.offset, a.nbytes), mode)
 
   def program(self, ast: UOp) -> int:
-    if (key := program_key(ast)) not in self.program_index: self.program_index[key] = self.builder.add_program(program_record(ast), key[1])
-    return self.program_index[key]
+    if ast not in self.ast_program:
+      record, lib = program_record(ast), program_binary(ast)
+      key = (json.dumps(record.to_json(), sort_keys=True), lib)
+      if key not in self.program_index: self.program_index[key] = self.builder.add_program(record, lib)
+      self.ast_program[ast] = self.program_index[key]
+    return self.ast_program[ast]
 
   def call(self, call: CapturedCall) -> Call:
     args = tuple(map(self.arg, call.args))

@@ -30,6 +30,7 @@ from sunnypilot.modeld_v2.input_queues import (
   queue_role,
 )
 from sunnypilot.modeld_v2.onnx_model import ModelError, load_onnx, main_output, merge_slices, model_slices
+from sunnypilot.modeld_v2.parse_model_outputs import check_output_slices
 
 LAYOUTS = {"native": ("model",), "supercombo": ("model",), "split": ("vision", "policy"), "multi_policy": ("vision", "off_policy", "on_policy")}
 FLAGS = {"model": "--onnx", "vision": "--vision", "policy": "--policy", "off_policy": "--off-policy", "on_policy": "--on-policy"}
@@ -102,7 +103,11 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
   if "model" in infos: layout = "native" if "new_img" in infos["model"]["inputs"] else "supercombo"
   outputs = {k: main_output(paths[k], info) for k, info in infos.items()}
   own_slices = {k: model_slices(paths[k], info, outputs[k]) for k, info in infos.items()}
-  slices = merge_slices({k: (own_slices[k], infos[k]["outputs"][outputs[k]][0][-1]) for k in infos})
+  widths = {k: infos[k]["outputs"][outputs[k]][0][-1] for k in infos}
+  for k in infos:  # the loader's own check of a bundle's output_slices, per file: a head modeld cannot parse fails here, not in the car
+    try: check_output_slices(own_slices[k], widths[k])
+    except ValueError as e: raise ModelError(f"{paths[k]}: output_slices: {e}") from None
+  slices = merge_slices({k: (own_slices[k], widths[k]) for k in infos})
   dtypes = {k: {n: d for n, (_, d) in info["inputs"].items()} for k, info in infos.items()}
   metadata = {k: v for info in reversed(infos.values()) for k, v in info["metadata"].items()}
   shapes: dict[str, tuple] = {}  # every model's inputs by name: an input two models share has one shape

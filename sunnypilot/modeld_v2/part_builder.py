@@ -36,6 +36,7 @@ class PartBuilder:
     self.size = 0
     self.buffers: list[BufferSpec] = []
     self.programs: list[Program] = []
+    self.libs: dict[bytes, tuple[int, int]] = {}  # each binary's blob range: stored once however many programs share it
 
   def add_bytes(self, data: Any) -> tuple[int, int]:
     """Append bytes to the blob; returns their range."""
@@ -48,8 +49,10 @@ class PartBuilder:
     return len(self.buffers) - 1
 
   def add_program(self, program: Program, lib: bytes) -> int:
-    """Append a program with its binary stored in the blob (its `lib` is set here)."""
-    self.programs.append(dataclasses.replace(program, lib=self.add_bytes(lib)))
+    """Append a program with its binary stored in the blob once (its `lib` is set here). Programs of one binary may still differ: the same
+    code compiled against buffers of other sizes has other signatures, and each call is checked against its own."""
+    if lib not in self.libs: self.libs[lib] = self.add_bytes(lib)
+    self.programs.append(dataclasses.replace(program, lib=self.libs[lib]))
     return len(self.programs) - 1
 
   def set_init(self, index: int, data: bytes) -> None:

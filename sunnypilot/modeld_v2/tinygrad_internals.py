@@ -18,7 +18,7 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
   the parameter PARAMs, and whose last src is a BINARY holding the compiled code (a PROGRAM with one is never compiled again).
   `to_elf().signature` lists (name, argument index, dtype, shape) per parameter, buffers first; runtime variables are PARAMs in the ALU
   address space with vmin_vmax; `Target.parse(repr(target))` round-trips a target.
-- `is_graph_batch`, `unbatched_calls`, `captured_calls`, `program_key`: a LINEAR holds CALLs whose first src is the ast (a PROGRAM, a
+- `is_graph_batch`, `unbatched_calls`, `captured_calls`: a LINEAR holds CALLs whose first src is the ast (a PROGRAM, a
   COPY, or a graph batch: a CUSTOM_FUNCTION with arg "graph" whose first src is the LINEAR of the calls it batches) and whose other srcs
   are its arguments: a PARAM (`arg.slot`: the JIT input slot) or a uop whose `.buffer` is the Buffer, and bound variables; a PROGRAM's
   `ProgramInfo` lists the argument indices it reads (`ins`) and writes (`outs`), a COPY's are (destination, source).
@@ -183,10 +183,6 @@ def captured_calls(linear: UOp) -> list[CapturedCall]:
     ast, args = c.src[0], tuple(u.arg.slot if u.op is Ops.PARAM else u.buffer for u in c.src[1:] if not u.is_bound_var)
     return CapturedCall(None, args, (1,), (0,)) if ast.op is Ops.COPY else CapturedCall(ast, args, tuple(ast.arg.ins), tuple(ast.arg.outs))
   return [call(c) for c in calls]
-
-def program_key(ast: UOp) -> tuple[str, bytes]:
-  """What makes compiled PROGRAMs one program of a part: the kernel's name and binary."""
-  return ast.arg.name, program_binary(ast)
 
 def is_graph_batch(ast: UOp) -> bool:
   """Whether a call's ast is a batch of calls for the device's graph runner (what `graph_batches` makes)."""
