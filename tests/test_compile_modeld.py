@@ -132,10 +132,12 @@ def test_errors_name_the_input_and_the_rule(onnx_files, tmp_path):
             "integer \\[start:stop\\] slices"),
            (mutated(tmp_path, files, "onnx", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice("a", 3)})).decode()), "g"),
             "integer \\[start:stop\\] slices"),
-           (mutated(tmp_path, files, "onnx", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice(0, 3)})).decode()), "n"),
+           (mutated(tmp_path, files, "onnx", set_meta("output_slices", base64.b64encode(pickle.dumps({"extra": slice(0, 3)})).decode()), "n"),
             "output_slices has no hidden_state: features_buffer is fed back from it"),
-           (mutated(tmp_path, onnx_files["split_09"], "policy", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice(0, 3)})).decode()), "c"),
+           (mutated(tmp_path, onnx_files["split_09"], "policy", set_meta("output_slices", base64.b64encode(pickle.dumps({"x": slice(0, 3)})).decode()), "c"),
             "desired_curvature: prev_desired_curv is fed back from it"),
+           (mutated(tmp_path, files, "onnx", set_meta("output_slices", base64.b64encode(pickle.dumps({"plan": slice(0, 3)})).decode()), "p"),
+            "p_onnx.onnx: output_slices: plan has 3 values, openpilot's layouts have 4955 or 990$"),  # what the loader would refuse, refused first
            (onnx_files["split_09"] | {"vision": onnx_files["split_010"]["vision"]}, None)]
   for case, message in cases[:-1]:
     with pytest.raises(ModelError, match=message): plan_model(**case)
@@ -165,7 +167,7 @@ def test_stateless_native_output_must_be_named_outputs(tmp_path):
                              axes=[1, 2, 3], keepdims=0)], "stateless", [helper.make_tensor_value_info("new_img", TensorProto.UINT8, (2, 6, 128, 256))],
                             [helper.make_tensor_value_info("vec", TensorProto.FLOAT, (2,))])
   model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-  model.metadata_props.add(key="output_slices", value=output_slices_prop({"pose": 2}))
+  model.metadata_props.add(key="output_slices", value=output_slices_prop({"extra": 2}))
   onnx.save(model, str(tmp_path / "stateless.onnx"))
   with pytest.raises(ModelError, match="must be named 'outputs'"): plan_model(onnx=str(tmp_path / "stateless.onnx"))
 

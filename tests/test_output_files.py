@@ -127,7 +127,7 @@ def test_compile_warp_on_a_full_disk_leaves_no_partial_file(tmp_path, capsys, mo
   tiny, out = unpadded_frame(64, 32).spec, str(tmp_path / "w.bin")
   with pytest.raises(ArtifactError, match=f"cannot write {out}: No space left on device"): compile_warp.compile_warp(tiny, "32x16", out, log=lambda s: None)
   assert os.listdir(tmp_path) == []
-  assert exit_code(compile_warp.main, ["--frame", tiny, "--warp-to", "32x16", "--output", out]) == 2
+  assert exit_code(compile_warp.main, ["--frame", tiny, "--any-camera", "--warp-to", "32x16", "--output", out]) == 2
   err = capsys.readouterr().err
   assert err.splitlines()[-1] == f"compile_warp: error: cannot write {out}: No space left on device" and "Traceback" not in err, err
   assert os.listdir(tmp_path) == []
@@ -143,7 +143,7 @@ def test_write_bundle_refuses_a_fifo_that_appears_during_the_work(tmp_path):
   bundle.check_output_path(path)
   os.mkfifo(path)
   with pytest.raises(ArtifactError, match="a FIFO, not a regular file"):
-    write_bundle(path, {"run": ({"device": "CPU"}, b"")}, {})
+    write_bundle(path, {"run": ({"device": "CPU"}, b"")}, {}, check=False)
   assert stat.S_ISFIFO(os.lstat(path).st_mode) and os.listdir(tmp_path) == ["out.bin"]
 
 def dead_pid() -> int:
@@ -231,8 +231,8 @@ def test_a_planted_temporary_name_is_never_written_through(tmp_path, small_bundl
 def test_a_missing_device_compiler_is_one_line(tmp_path):
   """tinygrad's CPU backend compiles with clang: without it (the H200 image has none) compile_warp printed a traceback ending in
   FileNotFoundError; the compile scaffolding now says it in one line, exit 2, nothing written."""
-  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.compile_warp", "--frame", unpadded_frame(72, 40).spec, "--warp-to", "32x16",
-                        "--output", str(tmp_path / "w.bin")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.compile_warp", "--frame", unpadded_frame(72, 40).spec, "--any-camera", "--warp-to",
+                        "32x16", "--output", str(tmp_path / "w.bin")], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=os.environ | {"PATH": str(tmp_path), "DEV": "CPU", "CACHELEVEL": "0"})
   last = out.stderr.strip().splitlines()[-1]
   assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr

@@ -151,10 +151,19 @@ def open_regular(path: str) -> BinaryIO:
   os.set_blocking(fd, True)
   return os.fdopen(fd, "rb")
 
-def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None) -> int:
+def file_sha256(path: str) -> str:
+  """A file's content hash, read in 1 MiB blocks (a full-size model is hundreds of MB): what a bundle records of the sources it was built
+  from, so that a rebuild is decided by content, not by a name."""
+  digest = hashlib.sha256()
+  with open_regular(path) as f:
+    while block := f.read(1 << 20): digest.update(block)
+  return digest.hexdigest()
+
+def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None, check: bool = True) -> int:
   """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
   atomically: a temporary file renamed into place, removed on any failure (an OSError, such as a full disk, raised as an ArtifactError).
-  `flags` override the build flags provenance records. Returns the size in bytes."""
+  `flags` override the build flags provenance records. The written file is read back through the loader's checks before it takes its name
+  (`check=False` only crafts a hostile file, for the tests of those checks). Returns the size in bytes."""
   if not parts: raise ArtifactError("a bundle needs at least one part")
   headers = {name: header.to_json() if isinstance(header, Part) else header for name, (header, _) in parts.items()}
   devices = {device_kind(h["device"]) for h in headers.values()}
@@ -170,7 +179,7 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
     with replaced_atomically(path) as (tmp,):
       with open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
       # the loader's own checks on a fresh read of the written bytes, before the file takes its name: what a compiler writes, the loader takes
-      try: read_parts(tmp, allow_device=True, name=path)
+      try: check and read_parts(tmp, allow_device=True, name=path)
       except ArtifactError as e: raise ArtifactError(f"the bundle as written would be refused at load, so it was not written: {e}") from None
   except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None  # a full disk: one line from every compiler
   return PREAMBLE.size + len(data) + len(blob)
@@ -185,28 +194,48 @@ def read_bundle(path: str, name: str | None = None) -> tuple[dict, memoryview]:
     if name is None: raise
     raise ArtifactError(str(e).replace(path, name, 1)) from None
 
-def _read_bundle(path: str) -> tuple[dict, memoryview]:
-  try:
-    with open_regular(path) as f:  # into a writable, uninitialised buffer: weights are copied to the device straight from it
-      data = memoryview(np.empty(os.fstat(f.fileno()).st_size, np.uint8))
-      got = f.readinto(data)
-  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
-  if got != len(data): raise ArtifactError(f"{path}: the file shrank while it was read (being rewritten?)")
-  if len(data) < PREAMBLE.size: raise ArtifactError(f"{path}: {len(data)} bytes is too short to be a bundle (truncated?)")
-  magic, version, head_len, digest = PREAMBLE.unpack_from(data)
-  if (magic := bytes(magic)) != MAGIC: raise ArtifactError(f"{path}: not a modeld_v2 bundle (magic {magic!r}, expected {MAGIC!r})")
+def _read_head(f: BinaryIO, path: str) -> tuple[dict, bytes, bytes, int]:
+  """The header of an open bundle file, read as far as it reaches and no further: (header, its bytes, the preamble's digest, the blob's
+  length). The magic, version and sizes the header declares are checked against the file's size first, so a stray large file costs eight
+  bytes, not a read of the whole."""
+  size = os.fstat(f.fileno()).st_size
+  if len(preamble := f.read(PREAMBLE.size)) < PREAMBLE.size: raise ArtifactError(f"{path}: {size} bytes is too short to be a bundle (truncated?)")
+  magic, version, head_len, digest = PREAMBLE.unpack(preamble)
+  if magic != MAGIC: raise ArtifactError(f"{path}: not a modeld_v2 bundle (magic {magic!r}, expected {MAGIC!r})")
   if version != FORMAT_VERSION: raise ArtifactError(f"{path}: bundle format version {version}, this loader reads version {FORMAT_VERSION}")
-  if PREAMBLE.size + head_len > len(data): raise ArtifactError(f"{path}: header runs past the end of the file (truncated?)")
-  body = data[PREAMBLE.size:]
-  if hashlib.sha256(body).digest() != digest:
-    raise ArtifactError(f"{path}: content hash mismatch: file says {digest.hex()[:16]}, content is {hashlib.sha256(body).hexdigest()[:16]} "
-                        "(truncated or edited)")
-  try: head = json.loads(bytes(body[:head_len]))
+  if PREAMBLE.size + head_len > size: raise ArtifactError(f"{path}: header runs past the end of the file (truncated?)")
+  if len(data := f.read(head_len)) < head_len: raise ArtifactError(f"{path}: the file shrank while it was read (being rewritten?)")
+  try: head = json.loads(data)
   except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: also integers too long to convert
     raise ArtifactError(f"{path}: header is not valid JSON: {str(e)[:120]}") from None
   try: _check_head(head)
   except ArtifactError as e: raise ArtifactError(f"{path}: malformed header: {e}") from None
-  return head, body[head_len:]
+  blob_len = max(p["blob"][-1] for p in head["parts"].values()) if all(p["blob"] for p in head["parts"].values()) else -1
+  if PREAMBLE.size + head_len + blob_len != size:
+    raise ArtifactError(f"{path}: the header declares a {PREAMBLE.size + head_len + blob_len:,} byte bundle, the file has {size:,} bytes (truncated, "
+                        "or not one bundle)")
+  return head, data, digest, blob_len
+
+def read_header(path: str) -> dict:
+  """A bundle's header alone, its sizes checked against the file's and nothing past it read (no hash: `read_bundle` checks that): what
+  looking through a folder of bundles needs to know which is which."""
+  try:
+    with open_regular(path) as f: return _read_head(f, path)[0]
+  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
+
+def _read_bundle(path: str) -> tuple[dict, memoryview]:
+  try:
+    with open_regular(path) as f:
+      head, data, digest, blob_len = _read_head(f, path)
+      blob = memoryview(np.empty(blob_len, np.uint8))  # writable and uninitialised: weights are copied to the device straight from it
+      got = f.readinto(blob)
+  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
+  if got != blob_len: raise ArtifactError(f"{path}: the file shrank while it was read (being rewritten?)")
+  content = hashlib.sha256(data)
+  content.update(blob)
+  if content.digest() != digest:
+    raise ArtifactError(f"{path}: content hash mismatch: file says {digest.hex()[:16]}, content is {content.hexdigest()[:16]} (truncated or edited)")
+  return head, blob
 
 def check_provenance(prov: dict, device: str | None = None, path: str = "bundle", allow_device: bool = False) -> str:
   """Raise unless a bundle with provenance `prov` runs here; returns the device to load on."""

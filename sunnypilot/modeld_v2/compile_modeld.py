@@ -16,7 +16,6 @@ in the bundle. Host inputs are float32, cast in the graph to the model's dtype;
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import os
@@ -25,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import ArtifactError, next_name
+from sunnypilot.modeld_v2.bundle import ArtifactError, file_sha256, next_name
 from sunnypilot.modeld_v2.bundle_compile import BundleCompile
 from sunnypilot.modeld_v2.cli import add_compile_flags, add_model_flags, interruptible
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.generations import GENERATIONS
 from sunnypilot.modeld_v2.input_queues import (  # POLICY_INPUTS, derive_frame_skip, make_*_input_queues: the seed's adapter imports them from here
   POLICY_INPUTS,
@@ -105,7 +105,8 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
               "frame_skip": frame_skip, "output_slices": plan.slices, "input_roles": plan.input_roles,
               "onnx_roles": plan.roles, "input_shapes": {n: list(s) for n, s in plan.input_shapes.items()},
               "output_shapes": {k: list(s) for k, (s, _) in plan.out_specs.items()},
-              "stand_in": plan.metadata.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in plan.paths.items()}}
+              "stand_in": plan.metadata.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in plan.paths.items()},
+              "source_sha256": {k: file_sha256(p) for k, p in plan.paths.items()}}
   summary = job.write(part, plan.specs, plan.out_specs, metadata) | {"layout": plan.layout, "jit": jit, "part": part, "inputs": inputs}
   log(f"wrote {output}: {summary['kernels']} kernels ({summary['programs']} distinct), {summary['weight_bytes'] / 1e6:.1f} MB weights, "
       f"{summary['bytes'] / 1e6:.1f} MB bundle, {summary['compile_s']:.1f} s" + (f"  [{plan.metadata['stand_in']}]" if plan.metadata.get("stand_in") else ""))
@@ -113,7 +114,7 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
 
 @interruptible("compile_modeld")
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("compile_modeld", __doc__)
   add_model_flags(parser)
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--generation", choices=tuple(GENERATIONS), help="the model's generation, which decides modeld's rules (curvature source, "
