@@ -27,7 +27,7 @@ STUB_SENSOR = "ar0231"  # the intrinsics the transforms are made with: any known
 class StubCamera:
   """CameraSync's interface as the frame loop uses it: after `idle_s` (its last `spin_s` spinning, not asleep) and the car's messages
   sent (with `bus`), the next frame id on both cameras."""
-  main_wide, use_extra = False, True
+  main_wide, use_extra, clock_frozen = False, True, False
 
   def __init__(self, idle_s: float, spin_s: float = 0.0, bus: bool = True):
     from sunnypilot.modeld_v2.messaging import pub_master

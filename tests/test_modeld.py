@@ -340,10 +340,11 @@ def test_frame_drop_filter():
   ids = list(range(15)) + [18, 19, 20]
   assert [round(drops.update(i)[1], 9) for i in ids] == [round(x, 9) for x in expected_drop_perc(ids)]
 
-def test_demo_runs(artifacts, tmp_path):
+def test_demo_runs(artifacts, native_artifacts, tmp_path):
   folder = tmp_path / "artifacts"
   folder.mkdir()
   shutil.copy(os.path.join(artifacts, "model.bin"), folder / "model.bin")
+  shutil.copy(os.path.join(native_artifacts, "native.onnx"), folder / "native_tiny_stand_in.onnx")  # the stand-in it records it was built from
   shutil.copy(os.path.join(artifacts, "warp_split.bin"), folder / "warp_1344x760_split.bin")
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.demo", "--frames", "20", "--camera", "1344x760", "--artifacts", str(folder),
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -66,7 +66,7 @@ def sm_with(**messages) -> SM:
     msg = new_message(service)
     for name, value in fields.items(): setattr(getattr(msg, service), name, value)
     data[service] = getattr(msg.as_reader(), service)
-  return SM(seen=dict.fromkeys(data, True), data=data)
+  return SM(seen=dict.fromkeys(data, True), updated=dict.fromkeys(data, True), data=data)
 
 @pytest.mark.parametrize("rpy", [[float("nan"), 0, 0], [0, float("inf"), 0], [0, 1e30, 0], [0, 0.5, 0], [0.0, 0.01]])
 def test_calibration_out_of_range_is_refused(rpy):
@@ -434,3 +434,166 @@ def test_host_inputs_are_written_in_place_and_the_unfed_ones_said_once():
   assert lines == ["host input traffic_convention (3 values) does not take modeld's 2: it stays zero",
                    "host input mystery (2 values) has no source here: it stays zero"]
   with pytest.raises(ArtifactError, match="desire is not contiguous"): HostInputs({"desire": np.zeros((8, 2), np.float32).T}, lines.append)
+
+# *** the fourth round: files in the folder, refused pairs, calibrations, camera clocks, values computed from the outputs ***
+
+def test_a_stray_file_larger_than_memory_costs_its_first_bytes(artifacts, tmp_path):
+  """A 12 GB sparse dump.bin in the folder was read and hashed whole before its magic was checked (71 s, 12.7 GB RSS). Now the magic and
+  the sizes the header declares are checked first: files larger than this machine's memory are skipped with one line each."""
+  from sunnypilot.modeld_v2.artifacts import check_artifacts, warp_bundles
+  from sunnypilot.modeld_v2.bundle import read_bundle, read_header
+  huge = 64 << 30  # more than the 24 GiB of memory CI machines have: a whole read would fail, not pass slowly
+  shutil.copy(os.path.join(artifacts, "warp_split.bin"), tmp_path / "warp_split.bin")
+  with open(tmp_path / "dump.bin", "wb") as f: f.truncate(huge)  # sparse: no disk used
+  with open(tmp_path / "padded.bin", "wb") as f:  # a real warp's bytes, then a huge sparse tail its header does not declare
+    f.write(open(tmp_path / "warp_split.bin", "rb").read())
+    f.truncate(huge)
+  lines = []
+  found = warp_bundles(str(tmp_path), report=lines.append)
+  assert [os.path.basename(p) for p, _ in found] == ["warp_split.bin"], lines
+  assert sum("dump.bin: not a modeld_v2 bundle (magic" in line for line in lines) == 1, lines
+  assert sum("padded.bin: the header declares a" in line and f"the file has {huge:,} bytes" in line for line in lines) == 1, lines
+  for name in ("dump.bin", "padded.bin"):
+    with pytest.raises(ArtifactError): read_bundle(str(tmp_path / name))
+    with pytest.raises(ArtifactError): read_header(str(tmp_path / name))
+  os.replace(tmp_path / "dump.bin", tmp_path / "model.bin")
+  with pytest.raises(ArtifactError, match="model.bin: not a modeld_v2 bundle"): check_artifacts(str(tmp_path))
+
+def test_other_bundles_and_bad_folders_are_named_as_what_they_are(artifacts, tmp_path):
+  """A driving model that is not model.bin was skipped without a line; a missing --artifacts folder, or a file given as one, was reported as
+  'model.bin not found'."""
+  from sunnypilot.modeld_v2.artifacts import check_artifacts, warp_bundles
+  shutil.copy(os.path.join(artifacts, "warp_split.bin"), tmp_path / "warp_split.bin")
+  shutil.copy(os.path.join(artifacts, "model.bin"), tmp_path / "other_model.bin")
+  lines = []
+  assert len(warp_bundles(str(tmp_path), report=lines.append)) == 1
+  assert lines == [f"skipping {tmp_path / 'other_model.bin'}: a model bundle, not a warp (only model.bin is read as the model)"], lines
+  with pytest.raises(ArtifactError, match=r"^--artifacts .*/missing: no such folder \(it holds model.bin and warp bundles\)$"):
+    check_artifacts(str(tmp_path / "missing"))
+  with pytest.raises(ArtifactError, match=r"^--artifacts .*/warp_split.bin: is a file, not a folder"): check_artifacts(str(tmp_path / "warp_split.bin"))
+
+def test_the_no_warp_hint_is_a_command_that_builds_the_warp(artifacts, tmp_path):
+  """modeld's hint printed `<uv_height>`; it is camerad's layout, so the whole --frame is known: the command builds a warp modeld then takes."""
+  from sunnypilot.modeld_v2.artifacts import find_warp, warp_command
+  from sunnypilot.modeld_v2.camera_sync import live_frame
+  client = SimpleNamespace(width=BIG_FRAME.width, height=BIG_FRAME.height, stride=BIG_FRAME.stride, uv_offset=BIG_FRAME.uv_offset, buffer_len=BIG_FRAME.size)
+  live = live_frame(client)  # what modeld knows of the buffers: no uv_height
+  assert live.uv_height != BIG_FRAME.uv_height
+  lines = []
+  assert find_warp(str(tmp_path), live, live, report=lines.append) is None
+  assert warp_command(live) in lines[-1] and f"--frame {BIG_FRAME.spec} --warp-to 512x256 --split-frames" in warp_command(live), lines
+
+def overwrite_in_place(path, data: bytes) -> None:
+  """Rewrite a file's bytes in place (not renamed): what an editor or a careless copy does; its inode stays."""
+  with open(path, "r+b") as f:
+    f.write(data)
+    f.truncate()
+
+def test_a_model_broken_for_a_moment_refuses_the_pair_not_the_warp(artifacts, tmp_path, openpilot_prefix):
+  """model.bin overwritten in place while the camera geometry changed put the good warp on a refused list for good: that camera size was
+  never served again until a restart, and the log said to build the warp that was there. Now the pair is refused, and tried again once
+  one of its files changes."""
+  for name in ("model.bin", "warp_split.bin", "warp_big_split.bin"): shutil.copy(os.path.join(artifacts, name), tmp_path / name)
+  good = (tmp_path / "model.bin").read_bytes()
+  daemon = Daemon(str(tmp_path))
+  daemon.exchange(range(5))
+  overwrite_in_place(tmp_path / "model.bin", good[:len(good) // 2])  # broken: truncated mid-write
+  seen = len(daemon.lines)
+  daemon.restart_camerad(BIG_FRAME)
+  daemon.wait_for_line("cannot load", after=seen)
+  daemon.wait_for_line("failed to load with model.bin", after=seen)  # the retry sees the same files: said once, not tried again
+  overwrite_in_place(tmp_path / "model.bin", good)
+  daemon.wait_for_line("running:", after=seen)
+  daemon.exchange(range(100, 105))
+  assert daemon.stop() == 0
+  after = "".join(daemon.lines[seen:])
+  assert after.count("cannot load") == 1 and "no warp bundle" not in after and after.count("running:") == 1, after
+
+def test_refused_calibrations_never_make_the_frame_calibrated():
+  """Every liveCalibration refused from the first (rpyCalib of 2 values, or NaN): modelV2 was valid=True while the warp ran on the default
+  calibration. A refused calibration is not one: the frame stays uncalibrated, so every message is invalid, until one is accepted."""
+  from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
+  from sunnypilot.modeld_v2.frame_inputs import FrameInputs
+  from sunnypilot.modeld_v2.publish_state import FrameInfo, PublishState
+  inputs, state = FrameInputs(BusInputs(Episodes(lambda line: None))), PublishState(log=lambda line: None)
+  inputs.use_cameras("os04c10", main_wide=False)
+  def frame(rpy) -> FrameInfo:
+    fed = inputs.step(sm_with(liveCalibration={"rpyCalib": rpy}), TYPICAL_CAR, state)
+    return FrameInfo(1, 1, 0, 1, 0.0, 0, 0.0, fed.calibrated, fed.lat_t, fed.long_t)
+  for rpy in ([0.0, 0.01], [float("nan"), 0.0, 0.0], [0.0, 0.01, 0.0, 0.0]):
+    assert not any(frame(rpy).valid.values()), rpy
+  assert all(frame([0.0, 0.02, 0.01]).valid.values()), "an accepted calibration makes the frame valid"
+  assert all(frame([0.0, 0.01]).valid.values()), "a refused one after it keeps the last good calibration"
+
+def send_clocked(daemon: Daemon, frame_id: int, road_sof: int, wide_sof: int) -> None:
+  """A road + wide pair with the given start-of-frame times, a calibration every 20 frames (as camera_replay sends it)."""
+  from sunnypilot.modeld_v2.camera_sync import VisionStreamType
+  road, wide = frames_for(frame_id)
+  daemon.replay.server.send(VisionStreamType.ROAD, road.tobytes(), frame_id, road_sof, road_sof + 20_000_000)
+  daemon.replay.server.send(VisionStreamType.WIDE_ROAD, wide.tobytes(), frame_id, wide_sof, wide_sof + 20_000_000)
+  if frame_id % 20 == 0: daemon.replay.send_calibration()
+
+@pytest.mark.parametrize("clock", ["both zero", "road zero", "frozen"])
+def test_camera_timestamps_that_stop_are_paired_by_frame_id_and_published_invalid(artifacts, openpilot_prefix, clock):
+  """Camera timestamps all 0 (both cameras, or the road one alone), or a frozen clock: nothing was published, and the one line blamed the
+  extra camera. Now a clock that stops while frame ids go on is said once, frames are paired by frame id and published valid=False; once
+  the clock runs again they are valid."""
+  daemon = Daemon(artifacts)
+  daemon.exchange(range(20))
+  start = SOF0 + 20 * 50_000_000
+  stopped = {"both zero": lambda i: (0, 0), "road zero": lambda i: (0, start + i * 50_000_000), "frozen": lambda i: (start, start)}[clock]
+  send_clocked(daemon, 20, *stopped(20))  # the first frame of the stop is skipped (its clock looks 25 ms short), the next pair by frame id
+  for frame_id in range(21, 40):
+    send_clocked(daemon, frame_id, *stopped(frame_id))
+    daemon.receive(frame_id)
+  for frame_id in range(40, 50):
+    send_clocked(daemon, frame_id, start + frame_id * 50_000_000, start + frame_id * 50_000_000)
+    daemon.receive(frame_id)
+  assert daemon.stop() == 0
+  assert all(daemon.messages[i]["modelV2"][0].frameIdExtra == i for i in range(21, 50)), "road and wide frames of one id paired"
+  assert not any(valid for i in range(21, 40) for _, valid in daemon.messages[i].values()), "no message of a stopped clock is valid"
+  assert all(finite_and_valid(daemon, i) for i in range(41, 50)), "valid again once the clock runs"
+  lines = "".join(daemon.lines)
+  assert lines.count("camera timestamps stopped") == 1 and "no extra frame within" not in lines, lines
+
+# outputs near float32's maximum on one frame: finite, so the raw check passes, but the curvature a slow car's plan gives (2 yaw / (v t))
+# and the path fitted to the plan overflow float32, the message's type
+HUGE_OUTPUTS = ("-c", "import sys, numpy as np; from sunnypilot.modeld_v2 import model_adapters, modeld; calls = [0]\n"
+                "read = model_adapters.NativeTinygradAdapter.output_array\n"
+                "def huge(self):\n  calls[0] += 1\n  out = read(self)\n  return np.clip(out * 1e38, -3e38, 3e38) if calls[0] == 30 else out\n"
+                "model_adapters.NativeTinygradAdapter.output_array = huge; sys.exit(modeld.main())")
+
+def test_values_computed_from_finite_outputs_are_checked_too(artifacts, openpilot_prefix):
+  """Outputs finite but near float32's maximum made modeld publish action.desiredCurvature = -inf with valid=True: the check covered the
+  raw outputs, not what is computed from them. Now that frame is invalid and the next ones, smoothed against a fresh action, valid."""
+  daemon = Daemon(artifacts, command=HUGE_OUTPUTS)
+  for frame_id in range(40):
+    daemon.send(frame_id, v_ego=1.0)
+    daemon.receive(frame_id)
+  assert daemon.stop() == 0
+  huge = [i for i in range(40) if np.abs(np.frombuffer(daemon.raw(i), np.float32)).max() > 1e37]
+  assert len(huge) == 1 and huge[0] > 21 and np.isfinite(np.frombuffer(daemon.raw(huge[0]), np.float32)).all(), "one frame, its outputs finite"
+  assert not any(valid for _, valid in daemon.messages[huge[0]].values()), "what was computed from them is not: every message invalid"
+  assert all(finite_and_valid(daemon, i) and np.isfinite(daemon.messages[i]["modelV2"][0].action.desiredCurvature) for i in range(huge[0] + 1, 40))
+  assert sum("values computed from the outputs are not finite" in line for line in daemon.lines) == 1, daemon.lines
+
+def test_a_status_line_says_frames_drops_and_execution_time(artifacts, openpilot_prefix):
+  """There was no way to see what modeld does short of subscribing: it logs a status line every few seconds (--status-every) while
+  frames run, of the frames published, dropped and their modelExecutionTime since the line before."""
+  from sunnypilot.modeld_v2.modeld import Status
+  status = Status(every_s=2)
+  status.times += [0.004, 0.003, 0.010]
+  status.dropped += 2
+  assert status.line(10**9, 3) == "status: 3 frames published, 3 in the last 2 s, 2 dropped, modelExecutionTime p50 4.0 ms, max 10.0 ms"
+  assert status.next_ns == 3 * 10**9 and status.line(3 * 10**9, 3) == "status: 3 frames published, 0 in the last 2 s, 0 dropped"
+  daemon = Daemon(artifacts, args=("--status-every", "0.2"))
+  first = len(daemon.lines)
+  frame_id = 0
+  while sum("status:" in line for line in daemon.lines[first:]) < 2:  # lockstep frames until two lines came
+    daemon.exchange([frame_id])
+    frame_id += 1
+    assert frame_id < 2000, daemon.lines
+  assert daemon.stop() == 0
+  second = [line for line in daemon.lines if "status:" in line][1]
+  total, recent = map(int, re.search(r"status: (\d+) frames published, (\d+) in the last 0.2 s, 0 dropped, modelExecutionTime p50 [\d.]+ ms", second).groups())
+  assert 0 < recent <= total < frame_id, (second, frame_id)

@@ -66,6 +66,7 @@ class BusInputs:
     self.episodes = episodes
     self.car = CarInputs()
     self.rpy: tuple[float, ...] = DEFAULT_RPY
+    self.calibrated = False  # a liveCalibration was accepted: until then the warp runs on DEFAULT_RPY and every message is invalid
     self.height = CALIBRATION_HEIGHT
     self.lat_delay: float | None = None
 
@@ -108,10 +109,11 @@ class BusInputs:
     return values
 
   def calibration(self, sm: Any) -> tuple[float, ...]:
-    """liveCalibration.rpyCalib: three finite angles within RPY_LIMITS; else the last good calibration (DEFAULT_RPY before one)."""
+    """liveCalibration.rpyCalib: three finite angles within RPY_LIMITS; else the last good calibration (DEFAULT_RPY before one, and
+    `calibrated` stays False: a refused calibration is not one)."""
     if not sm.seen.get("liveCalibration") or (rpy := self._floats(sm, "liveCalibration", "rpyCalib", 4)) is None: return self.rpy  # 4: more than 3 is refused
     good = len(rpy) == 3 and all(math.isfinite(a) and lo <= a <= hi for a, (lo, hi) in zip(rpy, RPY_LIMITS, strict=True))
-    if self._checked("liveCalibration.rpyCalib", good, list(rpy), list(self.rpy)): self.rpy = rpy
+    if self._checked("liveCalibration.rpyCalib", good, list(rpy), list(self.rpy)): self.rpy, self.calibrated = rpy, True
     return self.rpy
 
   def camera_height(self, sm: Any) -> float:

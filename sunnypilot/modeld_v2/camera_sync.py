@@ -58,6 +58,8 @@ class CameraSync:
     self.streams: tuple[int, ...] = ()
     self.meta_extra = FrameMeta()  # the last extra frame: the next sync starts past it
     self.last_frame = time.monotonic()  # when a camera frame last arrived
+    self.previous: dict[str, FrameMeta] = {}  # per stream ("main", "extra"), its last frame: a clock that stops is seen against it
+    self.frozen: set[str] = set()  # the streams whose timestamps stopped while their frame ids go on
 
   def connect(self) -> bool:
     from msgq.visionipc import VisionIpcClient
@@ -71,7 +73,7 @@ class CameraSync:
     for client in filter(None, (self.client_main, self.client_extra)):
       if not client.connect(False): return False
     self.streams = tuple(sorted(int(s) for s in streams))
-    self.meta_extra = FrameMeta()
+    self.meta_extra, self.previous, self.frozen = FrameMeta(), {}, set()
     return True
 
   def live_geometry(self) -> Geometry:
@@ -93,31 +95,52 @@ class CameraSync:
     """No frame for `after_s` seconds: camerad may have gone away or restarted."""
     return time.monotonic() - self.last_frame > after_s
 
-  def recv(self, client) -> tuple[Any, FrameMeta] | None:
+  @property
+  def clock_frozen(self) -> bool:
+    """A camera's timestamps stopped while its frame ids go on: frames are paired by frame id, and their times cannot be trusted."""
+    return bool(self.frozen)
+
+  def recv(self, client, stream: str) -> tuple[Any, FrameMeta] | None:
     """A frame of `client` within 100 ms, or None. Any frame, used or skipped, shows the camera is alive."""
     if (buf := client.recv(100)) is None: return None
     self.alive()
-    return buf, FrameMeta.of(client)
+    meta, last = FrameMeta.of(client), self.previous.get(stream)
+    self.previous[stream] = meta
+    if last is not None and meta.frame_id > last.frame_id and meta.timestamp_sof <= last.timestamp_sof:
+      if stream not in self.frozen:
+        self.frozen.add(stream)
+        self.episodes.happened("clock", f"camera timestamps stopped ({stream} stream: frame {meta.frame_id} starts at {meta.timestamp_sof / 1e9:.3f} s, "
+                               f"frame {last.frame_id} at {last.timestamp_sof / 1e9:.3f} s): frames paired by frame id, messages valid=False")
+    elif last is not None and meta.timestamp_sof > last.timestamp_sof and stream in self.frozen:
+      self.frozen.discard(stream)
+      if not self.frozen: self.episodes.ended("clock", "camera timestamps advance again")
+    return buf, meta
+
+  def after(self, meta: FrameMeta, last: FrameMeta) -> bool:
+    """openpilot's sync rule, `meta` starts at least 25 ms after `last`; by frame id while a camera clock is stopped."""
+    return meta.frame_id > last.frame_id if self.frozen else meta.timestamp_sof >= last.timestamp_sof + SYNC_NS
 
   def recv_frames(self):
     """openpilot's sync: main frames until at least one past the last extra, then extra frames until they match main. Bounded: after
-    SYNC_MAX_SKIP frames skipped on a camera it gives up (a camera clock jumped), says why once per episode and starts the next sync afresh;
-    it returns as soon as the daemon is told to exit."""
-    if (got := self.recv(self.client_main)) is None: return None
+    SYNC_MAX_SKIP frames skipped on a camera it gives up (a camera clock jumped back), says why once per episode and starts the next sync
+    afresh; it returns as soon as the daemon is told to exit."""
+    if (got := self.recv(self.client_main, "main")) is None: return None
     (buf_main, meta_main), skipped = got, 0
-    while meta_main.timestamp_sof < self.meta_extra.timestamp_sof + SYNC_NS:
+    while not self.after(meta_main, self.meta_extra):
       if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, self.meta_extra)
-      if (got := self.recv(self.client_main)) is None: return None
+      if (got := self.recv(self.client_main, "main")) is None: return None
       (buf_main, meta_main), skipped = got, skipped + 1
     buf_extra, meta_extra = buf_main, meta_main
     if self.use_extra:
       skipped = 0
       while True:
         if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, meta_extra)
-        if (got := self.recv(self.client_extra)) is None: return None
+        if (got := self.recv(self.client_extra, "extra")) is None: return None
         (buf_extra, meta_extra), skipped = got, skipped + 1
-        if meta_main.timestamp_sof < meta_extra.timestamp_sof + SYNC_NS: break
-      if abs(meta_main.timestamp_sof - meta_extra.timestamp_sof) > OUT_OF_SYNC_NS:
+        if self.frozen and meta_extra.frame_id >= meta_main.frame_id: break
+        if not self.frozen and meta_main.timestamp_sof < meta_extra.timestamp_sof + SYNC_NS: break
+      if self.frozen: pass  # no clock to compare: the frame ids paired them
+      elif abs(meta_main.timestamp_sof - meta_extra.timestamp_sof) > OUT_OF_SYNC_NS:
         self.episodes.happened("out of sync", f"frames out of sync! main {meta_main.frame_id} ({meta_main.timestamp_sof / 1e9:.5f}), "
                                f"extra {meta_extra.frame_id} ({meta_extra.timestamp_sof / 1e9:.5f})")
       else:
@@ -127,9 +150,14 @@ class CameraSync:
     return buf_main, meta_main, buf_extra, meta_extra
 
   def sync_lost(self, meta_main: FrameMeta, meta_extra: FrameMeta) -> None:
-    if not self.exit.is_set():
+    if self.exit.is_set(): pass
+    elif self.use_extra:
       self.episodes.happened("sync", f"frame sync: no extra frame within {SYNC_NS / 1e6:.0f} ms of a main frame after {SYNC_MAX_SKIP} frames (main "
                              f"{meta_main.timestamp_sof / 1e9:.3f} s, extra {meta_extra.timestamp_sof / 1e9:.3f} s): waiting for the timestamps to agree")
+    else:
+      self.episodes.happened("sync", f"frame sync: {SYNC_MAX_SKIP} frames of the {'wide' if self.main_wide else 'road'} camera start before the last "
+                             f"one used ({meta_extra.timestamp_sof / 1e9:.3f} s, now {meta_main.timestamp_sof / 1e9:.3f} s): its clock went back; "
+                             "waiting for it to pass the last frame")
     self.meta_extra = FrameMeta()  # the next sync starts afresh, not from a timestamp that may never come back,
     if self.use_extra:  # and from fresh extra frames: those queued while main frames were skipped are as far off as the last one
       for _ in range(SYNC_MAX_SKIP * 2):

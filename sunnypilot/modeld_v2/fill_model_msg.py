@@ -112,6 +112,8 @@ def _poly_fit_matrix() -> np.ndarray:
   return np.linalg.pinv(vander / scale, rcond=len(T_IDXS) * np.finfo(np.float64).eps) / scale[:, None]
 
 POLY_FIT = _poly_fit_matrix()
+# plan positions below this in magnitude give path coefficients float32 can hold (each is a weighted sum of positions)
+POLY_PATH_LIMIT = float(np.finfo(np.float32).max / np.abs(POLY_FIT).sum(axis=1).max())
 
 def poly_path(position: np.ndarray) -> dict[str, np.ndarray]:
   """The plan's (33, 3) position as degree-4 polynomials of time, lowest power first (numpy.polynomial's polyfit, as openpilot)."""

@@ -70,7 +70,7 @@ class FrameValues:
   lat_t: float  # drive_helpers.action_times: the model's action_t and the published action use the same two
   long_t: float
   lateral_active: bool  # carControl.latActive
-  calibrated: bool  # a liveCalibration was seen: every message is invalid before
+  calibrated: bool  # a liveCalibration was accepted (BusInputs.calibrated): every message is invalid before
 
 class FrameInputs:
   """What the input sequence carries from frame to frame: the last good bus values, the applied CameraOffset, the transforms of the last
@@ -116,4 +116,4 @@ class FrameInputs:
     lat_t, long_t = action_times(lat_delay, delays.longitudinal)
     host = host_inputs(self.offset_transforms(sm), publish_state.desire_input(), rhd_of(sm, self.rhd), car.vEgo, lat_delay, lat_t, long_t,
                        publish_state.lat_planner_state, prepare_only)
-    return FrameValues(host, car, lat_t, long_t, lateral_active(sm), bool(sm.seen.get("liveCalibration")))
+    return FrameValues(host, car, lat_t, long_t, lateral_active(sm), self.bus.calibrated)

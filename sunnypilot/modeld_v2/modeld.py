@@ -1,6 +1,6 @@
 """The model daemon: VisionIPC camera frames in, one fused warp+model run per frame, modelV2 / drivingModelData / cameraOdometry out.
 
-  python -m sunnypilot.modeld_v2.modeld --artifacts out/artifacts [--max-frames N] [--rhd]
+  python -m sunnypilot.modeld_v2.modeld --artifacts out/artifacts/cpu_native_tiny [--max-frames N] [--rhd]   # the demo's folder on a CPU
 
 `--artifacts` holds `model.bin` (compile_modeld) and warp bundles (compile_warp) for the camera geometries it may meet; the daemon
 picks the warp whose frame layout matches the live camera buffers (a --split-frames warp first: it reads them in place). When camerad
@@ -18,6 +18,7 @@ checking the bundles artifacts.py's, the model's inputs from the bus state frame
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import logging
@@ -30,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.artifacts import check_artifacts, find_warp
+from sunnypilot.modeld_v2.artifacts import MODEL_NAME, check_artifacts, file_key, find_warp
 from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, replaced_atomically
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, Episodes
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, sensor_for_size
 from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.cli import camera_offset_arg, delay_arg, finite_float, interruptible, positive_int
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.constants import DT_MDL
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.frame_inputs import FrameInputs, HostInputs
@@ -51,6 +53,7 @@ STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "
 SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # sm.update each frame
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
+STATUS_EVERY_S = 5.0  # seconds between modeld's status lines (frames, drops, execution time)
 # openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
 DEVICE_CORE, REALTIME_PRIORITY = 7, 54
 
@@ -94,10 +97,26 @@ def config_realtime(core: int | None, realtime: bool) -> str:
     except PermissionError: done.append(f"SCHED_FIFO {REALTIME_PRIORITY} not permitted here: normal priority")
   return ", ".join(done)
 
+class Status:
+  """modeld's periodic status line: frames published, dropped and the model's execution time since the last line, every `every_s`
+  seconds of frames (never with 0)."""
+  def __init__(self, every_s: float = STATUS_EVERY_S):
+    self.every_ns = int(every_s * 1e9) if every_s > 0 else 1 << 62
+    self.next_ns, self.published = time.monotonic_ns() + self.every_ns, 0
+    self.times: list[float] = []  # modelExecutionTime of each frame published since the last line
+    self.dropped = 0  # frames dropped since the last line
+
+  def line(self, now_ns: int, published: int) -> str:
+    times = sorted(self.times)
+    ms = f", modelExecutionTime p50 {times[len(times) // 2] * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms" if times else ""
+    line = f"status: {published} frames published, {published - self.published} in the last {self.every_ns / 1e9:g} s, {self.dropped} dropped{ms}"
+    self.next_ns, self.times, self.dropped, self.published = now_ns + self.every_ns, [], 0, published
+    return line
+
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
                long_delay: float = TYPICAL_CAR.longitudinal, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None,
-               reconnect_after_s: float = RECONNECT_AFTER_S):
+               reconnect_after_s: float = RECONNECT_AFTER_S, status_every_s: float = STATUS_EVERY_S):
     self.artifacts, self.reconnect_after_s = artifacts, reconnect_after_s
     self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
@@ -110,7 +129,8 @@ class ModelD:
     self.inputs = FrameInputs(BusInputs(self.episodes), rhd, camera_offset)  # the bus state -> the model's host inputs, frame by frame
     self.camera = CameraSync(self.exit, self.episodes)
     self.new_img: list | None = None  # the planes the model takes, what a warp must make: main sets it from check_artifacts
-    self.refused: set[str] = set()  # warps that failed to load with the model: not tried again until a restart
+    self.refused: dict[str, tuple] = {}  # warp -> (model's, warp's file_key) when the pair failed to load: tried again once either changes
+    self.status = Status(status_every_s)
     self.slices: dict = {}  # the loaded model's output slices
     self.host_inputs: HostInputs | None = None  # the loaded model's host inputs, written each frame
 
@@ -145,16 +165,18 @@ class ModelD:
     except ValueError as e:
       self.log_once(f"{e}: waiting for a known camera")
       return False
-    model_path, warp = os.path.join(self.artifacts, "model.bin"), None
+    model_path, warp = os.path.join(self.artifacts, MODEL_NAME), None
     t = time.perf_counter()
+    refused = {w for w, keys in self.refused.items() if keys == (file_key(model_path), file_key(w))}  # a file that changed is tried again
     try:
-      warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=self.refused)
+      warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=refused)
       if warp is None: return False
       self.use_model(NativeTinygradAdapter(model_path, warp), sensor)
     except ArtifactError as e:
-      if warp is not None: self.refused.add(warp)
-      self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting for another camera geometry (or a restart)")
+      if warp is not None: self.refused[warp] = (file_key(model_path), file_key(warp))
+      self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting: tried again when one of them changes")
       return False
+    self.refused.pop(warp, None)
     log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     self.adapter.numpy_inputs[HOST_TRANSFORM][:] = self.inputs.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
@@ -181,6 +203,31 @@ class ModelD:
       self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
     self.inputs.use_cameras(sensor, self.camera.main_wide)
 
+  def reattached(self, loaded: bool) -> bool:
+    """camerad went away or restarted, and its buffers with it: connected again, load for its geometry (the same one: only the camera
+    mappings and their bindings are dropped); a new stream has new buffers and frame ids from its own start. Whether a model runs now."""
+    previous, was_loaded, loaded = self.geometry, loaded, self.load()
+    self.camera.alive()
+    if loaded and self.geometry != previous: log.info(f"camera geometry changed to {self.geometry}: reloaded")
+    elif loaded and was_loaded: self.episodes.happened("reconnect", f"no frames for {self.reconnect_after_s:g} s: reconnected to camerad")
+    if loaded and not was_loaded: self.running()  # after waiting for a warp or a model that loads
+    return loaded
+
+  def published_finite(self, frame: FrameInfo) -> FrameInfo:
+    """`frame`, marked invalid when what was computed from finite outputs is not finite (outputs near float32's limits can make an
+    infinite curvature or std): what is published is checked, not only what the model returned."""
+    if self.publish_state.published_finite():
+      if frame.outputs_finite: self.episodes.ended("published", "computed values finite again")
+      return frame
+    self.episodes.happened("published", f"frame {frame.frame_id}: values computed from the outputs are not finite (outputs near float32's limits): "
+                           "its messages marked valid=False, the action starts again from zero")
+    return dataclasses.replace(frame, outputs_finite=False)
+
+  def running(self) -> None:
+    """The line that says frames now run (route_replay and the benchmarks wait for it): after a load that found a model and a warp."""
+    log.info(f"running: main {'wide' if self.camera.main_wide else 'road'} camera{', extra wide camera' if self.camera.use_extra else ''}")
+    self.status.next_ns = time.monotonic_ns() + self.status.every_ns  # the status lines count from here
+
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
     """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""
     if np.isfinite(outputs).all():
@@ -204,18 +251,12 @@ class ModelD:
     loaded = self.load()
     drops, published = FrameDrops(), 0
     self.camera.alive()
-    log.info(f"running: main {'wide' if self.camera.main_wide else 'road'} camera{', extra wide camera' if self.camera.use_extra else ''}")
+    if loaded: self.running()
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
       frames = self.camera.recv_frames() if loaded else None
       t_recv = time.monotonic_ns()
       if frames is None:
-        # camerad went away or restarted, and its buffers with it: once connected again, load for its geometry (the same one: only the
-        # camera mappings and their bindings are dropped); a new stream has new buffers and frame ids from its own start
-        if self.camera.stalled(self.reconnect_after_s) and self.camera.connect():
-          previous, loaded, drops = self.geometry, self.load(), FrameDrops()
-          self.camera.alive()
-          if loaded and self.geometry != previous: log.info(f"camera geometry changed to {self.geometry}: reloaded")
-          elif loaded: self.episodes.happened("reconnect", f"no frames for {self.reconnect_after_s:g} s: reconnected to camerad")
+        if self.camera.stalled(self.reconnect_after_s) and self.camera.connect(): loaded, drops = self.reattached(loaded), FrameDrops()
         if not loaded: self.exit.wait(0.1)
         continue
       self.episodes.ended("reconnect", "frames again after reconnecting to camerad")
@@ -223,6 +264,8 @@ class ModelD:
       sm.update(0)
       if params is not None and sm.frame % PARAMS_EVERY == 0: self.inputs.camera_offset_target = camera_offset(params, self.inputs.camera_offset_target)
       dropped, drop_perc = drops.update(meta_main.frame_id)
+      self.status.dropped += dropped
+      if t_recv >= self.status.next_ns: log.info(self.status.line(t_recv, published))
       fed = self.inputs.step(sm, delays, self.publish_state, prepare_only=dropped > 0)
       self.host_inputs.write(fed.host)
       t_inputs = time.monotonic_ns()
@@ -243,8 +286,10 @@ class ModelD:
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
-                        fed.calibrated, fed.lat_t, fed.long_t, finite)
+                        fed.calibrated, fed.lat_t, fed.long_t, finite, not self.camera.clock_frozen)
       values = {"modelV2": self.publish_state.fill_model_v2(filled, self.slices, frame, fed.car, fed.lateral_active, parsed)}
+      frame = self.published_finite(frame)
+      self.status.times.append(execution_time)
       t_fill = time.monotonic_ns()
       model_v2 = self.publish_state.serialize(values, frame, SERVICES[:1])["modelV2"]
       t_serialize = time.monotonic_ns()
@@ -269,7 +314,7 @@ def core_arg(text: str) -> int:
 @interruptible("modeld")
 def main(argv: list[str] | None = None) -> int:
   import msgq
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("modeld", __doc__)
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
   parser.add_argument("--max-frames", type=positive_int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
@@ -289,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--reconnect-after", type=finite_float(0.1, 3600), default=RECONNECT_AFTER_S, help="seconds without frames before modeld "
                       f"re-attaches to camerad, which may have restarted (default {RECONNECT_AFTER_S:g}); route_replay's lockstep sets it high: its "
                       "frames pause while its reference check catches up, and a frame sent while modeld re-attaches would be lost")
+  parser.add_argument("--status-every", type=finite_float(0, 3600), default=STATUS_EVERY_S, help="seconds between status lines (frames "
+                      f"published and dropped, modelExecutionTime p50 and max) while frames run; 0: none (default {STATUS_EVERY_S:g})")
   parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
   args = parser.parse_args(argv)
   prefix = os.environ.get("OPENPILOT_PREFIX")
@@ -298,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     except ArtifactError as e: parser.exit(2, f"modeld: error: --timings: {e}\n")
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,
-                  args.reconnect_after)
+                  args.reconnect_after, args.status_every)
   stopped_by: list[int] = []
   def stop(signum: int, _frame) -> None:
     stopped_by.append(signum)

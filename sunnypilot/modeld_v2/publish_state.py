@@ -16,11 +16,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sunnypilot.modeld_v2.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH
+from sunnypilot.modeld_v2.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, Plan
 from sunnypilot.modeld_v2.desire_helper import CarStateLike, Desire, DesireHelper
 from sunnypilot.modeld_v2.drive_helpers import LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS, T_AXIS64, Action, get_action
 from sunnypilot.modeld_v2.fill_model_msg import (
   LANE_CHANGE_FIELDS,
+  POLY_PATH_LIMIT,
   Confidence,
   Fields,
   HardBrake,
@@ -34,6 +35,7 @@ from sunnypilot.modeld_v2.messaging import set_fields
 from sunnypilot.modeld_v2.parse_model_outputs import OutputParser
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the messages' floats: a finite float64 past this is published as inf
 DESIRE_PULSES = np.eye(DESIRE_LEN, dtype=np.float32)  # row d: the desire input on the frame desire d starts; row 0 (none): all zero
 DESIRE_PULSES[0] = 0
 DESIRE_PULSES.flags.writeable = False
@@ -51,12 +53,13 @@ class FrameInfo:
   live_calib_seen: bool  # every message is invalid until a calibration arrived
   lat_action_t: float  # drive_helpers.action_times: the same times as the model's action_t input
   long_action_t: float
-  outputs_finite: bool = True  # False: the model's outputs had NaN or inf (zeroed before filling), every message is invalid
+  outputs_finite: bool = True  # False: the model's outputs, or what was computed from them, had NaN or inf: every message is invalid
+  clock_ok: bool = True  # False: a camera's timestamps stopped (frames paired by frame id): every message is invalid
 
   @property
   def valid(self) -> dict[str, bool]:
     """Event.valid per service: openpilot marks cameraOdometry invalid on frames that follow dropped ones as well."""
-    ok = self.live_calib_seen and self.outputs_finite
+    ok = self.live_calib_seen and self.outputs_finite and self.clock_ok
     return {"modelV2": ok, "drivingModelData": ok, "cameraOdometry": ok and self.dropped_frames < 1}
 
 
@@ -128,6 +131,17 @@ class PublishState:
       "frameId": frame.frame_id, "frameIdExtra": frame.frame_id_extra, "frameAge": max(frame.road_frame_id - frame.frame_id, 0),
       "frameDropPerc": frame.frame_drop_perc, "timestampEof": frame.timestamp_eof, "modelExecutionTime": frame.model_execution_time,
     } | ({"rawPredictions": np.ascontiguousarray(outputs, np.float32).tobytes()} if self.send_raw else {})
+
+  def published_finite(self) -> bool:
+    """Whether what fill_model_v2 computed from this frame's outputs is finite as published: every parsed value, the action within
+    float32 (the message's type: a slow car's curvature, 2 yaw / (v t), overflows it first) and the path fill_rest fits to the plan. When
+    not, the action and lat_planner_state start again from zero: the next frame is smoothed against them."""
+    action, parsed = self.action, self.frame_parts.parsed if self.frame_parts is not None else {}
+    if (self._parser is None or np.isfinite(self._parser[2].buffer).all()) and np.isfinite(self.lat_planner_state).all() \
+       and abs(action.desired_curvature) <= FLOAT32_MAX and abs(action.desired_acceleration) <= FLOAT32_MAX \
+       and ("plan" not in parsed or np.abs(parsed["plan"][:, Plan.POSITION]).max() < POLY_PATH_LIMIT): return True
+    self.action, self.lat_planner_state[:] = Action(), 0.0
+    return False
 
   def fill_rest(self) -> dict[str, dict[str, Any]]:
     """drivingModelData's and cameraOdometry's values of the frame fill_model_v2 last filled."""
