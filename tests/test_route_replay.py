@@ -1,6 +1,6 @@
 """route_replay on a small route written for the test (synthetic_route: road_scene frames of a comma 4, os04c10 1344x760, encoded to
 HEVC with PyAV, and an rlog of liveCalibration / carState / roadCameraState events written with the schema). The replay's outputs are
-checked against an onnxruntime reference computed here (test_generations' Openpilot and conftest's numpy warp), not the tool's own."""
+checked against an onnxruntime reference computed here (openpilot_reference's Openpilot and conftest's numpy warp), not the tool's own."""
 import os
 import shutil
 import subprocess
@@ -10,7 +10,6 @@ import av
 import numpy as np
 import pytest
 from openpilot_logging.logreader import LogReader
-from test_generations import Openpilot, step_inputs
 
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, get_warp_matrix
@@ -20,6 +19,7 @@ from sunnypilot.modeld_v2.synthetic_route import FIRST_ID, encode_hevc, write_lo
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 from conftest import ROOT, reference_warp
+from openpilot_reference import Openpilot, step_inputs
 
 FRAME = camerad_frame(1344, 760)
 FRAMES = 24
@@ -147,18 +147,25 @@ def broken(route: str, tmp_path, what: str) -> str:
   elif what == "unknown size": encode_hevc(str(folder / "fcamera.hevc"), [np.full((360, 320), 128, np.uint8)] * 3, 320, 240)
   elif what == "out of step": write_log(str(folder / "rlog.zst"), FRAMES + 6, "os04c10")
   elif what == "garbage log": (folder / "rlog.zst").write_bytes(b"\x28\xb5\x2f\xfd" + b"\x01" * 100)
+  elif what == "size changes":  # the first half at the segment's size, then 1928x1208: two HEVC streams one after the other, as a decoder meets them
+    big = camerad_frame(1928, 1208)
+    encode_hevc(str(tmp_path / "big.hevc"), [np.full((big.height * 3 // 2, big.width), 128, np.uint8)] * (FRAMES // 2), big.width, big.height)
+    encode_hevc(str(tmp_path / "small.hevc"), [np.full((FRAME.height * 3 // 2, FRAME.width), 128, np.uint8)] * (FRAMES // 2), FRAME.width, FRAME.height)
+    for name in ("fcamera.hevc", "ecamera.hevc"): (folder / name).write_bytes((tmp_path / "small.hevc").read_bytes() + (tmp_path / "big.hevc").read_bytes())
   return str(folder)
 
 @pytest.mark.parametrize("what, message", [
   ("no video", "no road camera video (looked for fcamera.hevc"), ("no log", "no log (looked for rlog"),
   ("truncated", "frames and log out of step: fcamera.hevc has"), ("unknown size", "320x240 frames are no known comma camera's"),
   ("out of step", f"fcamera.hevc has {FRAMES} frames, the log names {FRAMES + 6} (roadCameraState)"), ("garbage log", "not a readable openpilot log"),
+  ("size changes", f"the video changes from 1344x760 to 1928x1208 at frame {FRAMES // 2}"),  # was replayed scaled into the first size, exit 0
 ])
 def test_bad_route_is_one_line_and_writes_nothing(route, native_artifacts, tmp_path, capsys, what, message):
   out = tmp_path / "out"
   with pytest.raises(SystemExit) as e: main([broken(route, tmp_path, what), "--artifacts", native_artifacts, "--out", str(out)])
   err = capsys.readouterr().err
-  assert e.value.code == 2 and message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+  lines = err.strip().splitlines()  # a size change is met while decoding, after modeld started and said what it runs: the error comes last
+  assert e.value.code == 2 and message in lines[-1] and "Traceback" not in err and (len(lines) == 1 or what == "size changes"), err
   assert not out.exists(), "nothing written"
 
 @pytest.mark.parametrize("offset", ["1.5", "-2", "nan"])
@@ -241,3 +248,51 @@ def test_synthetic_route_appears_whole_or_not_at_all(tmp_path, monkeypatch, caps
   for target in ("full", "file"):
     with pytest.raises(SystemExit) as e: synthetic_route.main([str(tmp_path / target)])
     assert e.value.code == 2 and "is not an empty folder" in capsys.readouterr().err
+
+def test_ctrl_c_while_drawing_says_what_was_written(route, native_artifacts, tmp_path, capsys, monkeypatch):
+  """Ctrl-C while the overlay was drawn said 'no log written for the segment in progress' with a complete modeld_rlog.zst on disk."""
+  from sunnypilot.modeld_v2 import route_overlay
+  def interrupted(*args, **kwargs): raise KeyboardInterrupt
+  monkeypatch.setattr(route_overlay, "write_overlay", interrupted)
+  monkeypatch.setenv("OPENPILOT_PREFIX", "unused")  # main sets its own: restored after the test
+  out = tmp_path / "out"
+  with pytest.raises(SystemExit) as e: main([route, "--artifacts", native_artifacts, "--out", str(out)])
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  log = out / os.path.basename(route) / "modeld_rlog.zst"
+  assert e.value.code == 130 and err == f"route_replay: interrupted: wrote {log} for {os.path.basename(route)}", err
+  assert len([e for e in LogReader(str(log)) if e.which() == "modelV2"]) == FRAMES, "the log it names is whole"
+
+def replay_processes(marker: str) -> list[int]:
+  """Processes whose command line holds `marker` (a path unique to one test): the replays and their modelds."""
+  pids = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try: cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError: continue
+    if marker.encode() in cmdline and int(pid) != os.getpid(): pids.append(int(pid))
+  return pids
+
+@pytest.mark.parametrize("how", ["SIGTERM to route_replay", "Ctrl-C to its process group"])
+def test_stopping_parallel_replays_stops_every_one(route, native_artifacts, tmp_path, how):
+  """SIGTERM to `route_replay --jobs 2` ended the parent only: both child replays and their modelds ran on and wrote logs. Ctrl-C to the
+  process group exited 2, each child blaming modeld ('modeld exited (130)'). Now both end every replay and modeld: 130, 'interrupted'."""
+  import signal
+  import time
+  artifacts = tmp_path / "artifacts"  # a path of this test's own: the processes it starts are found by it
+  shutil.copytree(native_artifacts, artifacts)
+  drive = tmp_path / "realdata"
+  for k in range(3): shutil.copytree(route, drive / f"2026-12-03--04-00-00--{k}")
+  proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", str(drive), "--artifacts", str(artifacts), "--jobs", "2",
+                           "--no-pictures", "--out", str(tmp_path / "out")], cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+  lines = []
+  while len([line for line in lines if "frames 1344x760" in line]) < 2:  # both replays have their segment open
+    assert (line := proc.stderr.readline()), "".join(lines)
+    lines.append(line)
+  if how.startswith("SIGTERM"): proc.send_signal(signal.SIGTERM)
+  else: os.killpg(proc.pid, signal.SIGINT)
+  err = "".join(lines) + proc.stderr.read()
+  assert proc.wait(timeout=60) == 130, err
+  deadline = time.monotonic() + 30
+  while (left := replay_processes(str(artifacts))) and time.monotonic() < deadline: time.sleep(0.1)
+  assert not left, f"still running: {left}\n{err}"
+  assert "modeld exited" not in err and "Traceback" not in err, err
+  assert err.count("route_replay: interrupted") == 3 and "1 not started" in err, err

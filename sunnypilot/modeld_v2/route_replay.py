@@ -37,6 +37,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX
 from sunnypilot.modeld_v2.cli import add_model_flags, camera_offset_arg, delay_arg, finite_float, model_files, positive_int
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS
@@ -188,12 +189,21 @@ def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
   return (["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay), "--camera-offset", str(args.camera_offset)]
           + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw + ["--reconnect-after", str(FRAME_TIMEOUT_S)] * (not args.realtime))
 
+ECHO_QUIET = ("reconnected to camerad", "modeld: status:")  # modeld's lines the replay does not pass on: it says its own progress
+
+def end_with_parent() -> None:
+  """In a child before it runs: the kernel sends it SIGTERM when its parent dies (Linux's PR_SET_PDEATHSIG), so a killed replay leaves
+  no modeld behind."""
+  import ctypes
+  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
 class Modeld:
   """modeld in a subprocess in this process's msgq namespace, with `flags` after --artifacts; its log lines are kept (the last ones quoted
-  when it fails) and, with `echo`, passed on. route_replay and benchmarks.bench_daemon run modeld through it."""
+  when it fails) and, with `echo`, passed on. route_replay and benchmarks.bench_daemon run modeld through it. It runs in a session of
+  its own: a Ctrl-C at the terminal reaches the replay, which stops modeld itself, instead of both at once."""
   def __init__(self, artifacts: str, flags: list[str], echo: bool = True):
     self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, *flags], stderr=subprocess.PIPE,
-                                 text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                                 text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"}, start_new_session=True, preexec_fn=end_with_parent)
     self.lines: list[str] = []
     self.echo = echo
     self.thread = threading.Thread(target=self._read, daemon=True)
@@ -202,7 +212,7 @@ class Modeld:
   def _read(self) -> None:
     for line in iter(self.proc.stderr.readline, ""):
       self.lines.append(line)
-      if self.echo and "reconnected to camerad" not in line: sys.stderr.write(line)  # it says what it could not use (a host input with no source, ...)
+      if self.echo and not any(quiet in line for quiet in ECHO_QUIET): sys.stderr.write(line)  # what it could not use (a host input with no source, ...)
 
   def check(self) -> None:
     if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
@@ -306,10 +316,11 @@ def make_reference(args, warp: str):
   except Exception as e: raise RouteError(f"the reference does not load: {type(e).__name__}: {e}") from None  # onnxruntime's own errors
   return None
 
-def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) -> Result:
-  """Replay one segment with a modeld of its own (this process's OPENPILOT_PREFIX); writes OUT/<segment>/ and returns what happened."""
+def replay_segment(folder: str, args, report: Callable[[str], None] = log.info, written: list[str] | None = None) -> Result:
+  """Replay one segment with a modeld of its own (this process's OPENPILOT_PREFIX); writes OUT/<segment>/ and returns what happened.
+  `written`: the files are listed in it as each is complete (what an interrupted replay did write)."""
   from sunnypilot.modeld_v2.artifacts import model_planes
-  from sunnypilot.modeld_v2.bundle import read_bundle
+  from sunnypilot.modeld_v2.bundle import read_bundle, replaced_atomically
   from sunnypilot.modeld_v2.bus_inputs import BusInputs, Episodes
   from sunnypilot.modeld_v2.camera_replay import CameraReplay
   from sunnypilot.modeld_v2.messaging import has_service, pub_master
@@ -330,7 +341,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) 
   replay = CameraReplay(segment.frame, wide=True, rpy=None)
   inputs = pub_master([s for s in INPUT_SERVICES if has_service(s)])
   published, decoder, modeld = Published(), FrameDecoder(segment), Modeld(args.artifacts, modeld_flags(args, send_raw=check is not None))
-  state, result, calibrations = LogState(), Result(segment.name), {}
+  state, result, calibrations = LogState(), Result(segment.name, files=[] if written is None else written), {}
   accepted = BusInputs(Episodes(lambda line: None))  # the calibration and camera height modeld takes from the log, for the overlay
   try:
     modeld.wait_running()
@@ -370,16 +381,19 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info) 
     check.finish()
     for frame_id in sorted(models): check.compare(frame_id, {s: published.by_frame[s].get(frame_id) for s in OUTPUT_SERVICES})
     result.check = check.report(tolerance)
-    with open(check_path := os.path.join(out, CHECK_NAME), "w") as f: json.dump(result.check, f, indent=1)
+    with replaced_atomically(check_path := os.path.join(out, CHECK_NAME)) as (tmp,), open(tmp, "w") as f: json.dump(result.check, f, indent=1)
     result.files.append(check_path)
   if not args.no_pictures:
     from sunnypilot.modeld_v2.route_overlay import plot_drive, write_overlay
     a, b = args.frames
     picked = [(k, f) for k, f in enumerate(frames) if a <= k < (b or len(frames)) and f.frame_id in models]
     report(f"{segment.name}: drawing {len(picked)} frames over the road camera ...")
-    write_overlay(video := os.path.join(out, VIDEO_NAME), segment, [(k, models[f.frame_id], *calibrations[f.frame_id]) for k, f in picked])
-    plot_drive(plot := os.path.join(out, PLOT_NAME), segment.name, [((f.log_time - frames[0].log_time) / 1e9, models[f.frame_id]) for _, f in picked])
-    result.files += [video, plot]
+    stand_in = metadata.get("stand_in")  # a random-weight stand-in: the pictures say so
+    write_overlay(video := os.path.join(out, VIDEO_NAME), segment, [(k, models[f.frame_id], *calibrations[f.frame_id]) for k, f in picked], stand_in)
+    result.files.append(video)
+    plot_drive(plot := os.path.join(out, PLOT_NAME), segment.name, [((f.log_time - frames[0].log_time) / 1e9, models[f.frame_id]) for _, f in picked],
+               stand_in)
+    result.files.append(plot)
   return result
 
 def summarize(result: Result) -> str:
@@ -405,7 +419,7 @@ def parse_range(spec: str) -> tuple[int, int | None]:
   return a or 0, b
 
 def parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p = cli_parser("route_replay", __doc__)
   p.add_argument("segments", nargs="+", help="segment folders (fcamera.hevc, ecamera.hevc, rlog or qlog), or folders of segments")
   p.add_argument("--artifacts", required=True, help="modeld's artifacts folder: model.bin and a warp for the route's camera")
   p.add_argument("--out", default=os.path.join("out", "replay"), help="where OUT/<segment>/ goes (default out/replay)")
@@ -443,19 +457,36 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   except ArtifactError as e: fail(p, str(e))
 
 def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
-  """Each segment in a process of its own (its own modeld and msgq prefix), `jobs` at a time, with the same `flags`; the worst exit code."""
+  """Each segment in a process of its own (its own modeld and msgq prefix), `jobs` at a time, with the same `flags`; the worst exit code.
+  Interrupted (Ctrl-C, SIGTERM), the replays running are told to stop (each stops its modeld and says what it wrote) and waited for:
+  130, and no segment started after that."""
   pending, running, codes = list(folders), [], []
-  while pending or running:
-    while pending and len(running) < jobs:
-      folder = pending.pop(0)
-      running.append(subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", folder, *flags]))
-    for p in [p for p in running if p.poll() is not None]:
-      codes.append(p.returncode)
-      running.remove(p)
-    time.sleep(0.1)
+  on_interrupt()
+  try:
+    while pending or running:
+      while pending and len(running) < jobs:
+        folder = pending.pop(0)
+        running.append(subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", folder, *flags], preexec_fn=end_with_parent))
+      for p in [p for p in running if p.poll() is not None]:
+        codes.append(p.returncode)
+        running.remove(p)
+      time.sleep(0.1)
+  except KeyboardInterrupt:
+    for p in running: p.send_signal(signal.SIGTERM)  # a Ctrl-C at the terminal reached them already; a SIGTERM to this process did not
+    for p in running: p.wait()
+    print(f"route_replay: interrupted: {len(codes)} of {len(folders)} segments done, {len(running)} stopped, {len(pending)} not started",
+          file=sys.stderr, flush=True)
+    return 130
   return max(codes, default=0)
 
-def interrupted(*_) -> None: raise KeyboardInterrupt
+def interrupted(*_) -> None:
+  """SIGINT or SIGTERM: stop, once. Signals after the first are ignored, so the clean-up they interrupt (stopping modeld, removing the
+  msgq namespace) runs to its end: a Ctrl-C at the terminal reaches a parallel replay's children, and its parent then tells them too."""
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: None)  # not SIG_IGN: a signal already pending then raises OSError
+  raise KeyboardInterrupt
+
+def on_interrupt() -> None:
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, interrupted)
 
 def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.logs import setup
@@ -469,10 +500,13 @@ def main(argv: list[str] | None = None) -> int:
   if len(folders) > 1: return run_jobs(folders, [a for a in argv if a not in args.segments], args.jobs)
   prefix = f"route_replay_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
-  signal.signal(signal.SIGTERM, interrupted)  # stop modeld and remove the namespace on SIGTERM too
-  try: result = replay_segment(folders[0], args)
+  on_interrupt()  # stop modeld and remove the namespace on SIGTERM too
+  written: list[str] = []
+  try: result = replay_segment(folders[0], args, written=written)
   except RouteError as e: fail(p, str(e))
-  except KeyboardInterrupt: p.exit(130, "route_replay: interrupted: no log written for the segment in progress\n")
+  except KeyboardInterrupt:
+    done = f"wrote {', '.join(written)}" if written else "nothing written"
+    p.exit(130, f"route_replay: interrupted: {done} for {os.path.basename(os.path.normpath(folders[0]))}\n")
   finally: shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
   print(summarize(result), flush=True)
   return 1 if result.check is not None and not result.check["passed"] else 0

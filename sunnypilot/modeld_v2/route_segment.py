@@ -159,7 +159,11 @@ def _decode(path: str, frame: NV12Frame) -> Iterator[np.ndarray]:
   from sunnypilot.modeld_v2.camera_replay import camerad_buffer
   try:
     with av.open(path) as container:
-      for picture in container.decode(video=0): yield camerad_buffer(picture, frame)
+      for k, picture in enumerate(container.decode(video=0)):
+        if (picture.width, picture.height) != (frame.width, frame.height):  # the buffers, intrinsics and warp are the first size's
+          raise RouteError(f"{path}: the video changes from {frame.width}x{frame.height} to {picture.width}x{picture.height} at frame {k}: a segment "
+                           "replays at one camera size (split it where the size changes)")
+        yield camerad_buffer(picture, frame)
   except av.FFmpegError as e: raise RouteError(f"{path}: decoding failed ({e})") from None
 
 class FrameDecoder:
