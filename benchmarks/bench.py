@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM, PACKED_FRAMES, WARP_TRANSFORM
 
 BUFFERS_PER_STREAM = 18  # camerad's count per stream
@@ -378,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
   from benchmarks.legacy import capture_legacy
   from sunnypilot.modeld_v2 import stand_in_models
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("benchmarks.bench", __doc__)
   parser.add_argument("--model", default="tiny", help="tiny, full (random-weight stand-ins) or a path to an ONNX")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="stand-in generation for tiny/full")
   parser.add_argument("--camera", default="1344x760,1928x1208", help="camera sizes, comma separated")

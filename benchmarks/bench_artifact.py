@@ -9,7 +9,6 @@ no check of the source files) and building the same replay.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pickle
@@ -25,6 +24,7 @@ from tinygrad import Device, Tensor, dtypes
 from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2.bundle import write_bundle
 from sunnypilot.modeld_v2.capture import capture
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compat import PlainJit
 from sunnypilot.modeld_v2.part_format import Part
 
@@ -171,7 +171,7 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("benchmarks.bench_artifact", __doc__)
   parser.add_argument("--calls", type=int, default=3000, help="calls per timing round (median of batches of 100)")
   parser.add_argument("--loads", type=int, default=5, help="fresh processes per load measurement")
   parser.add_argument("--fused-load", default="full", choices=("tiny", "full", "none"), help="stand-in model size for the fused load (none: skip)")

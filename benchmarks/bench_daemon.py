@@ -46,6 +46,7 @@ import uuid
 import numpy as np
 
 from benchmarks.bench import build, write_json
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.modeld import STAGE_STAMPS
 
 WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
@@ -256,7 +257,7 @@ def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
 def arg_parser() -> argparse.ArgumentParser:
   from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.modeld import core_arg
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("benchmarks.bench_daemon", __doc__)
   parser.add_argument("--model", default="tiny", choices=("tiny", "full"), help="random-weight stand-in size")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES)
   parser.add_argument("--camera", default="1928x1208")

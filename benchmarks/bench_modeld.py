@@ -9,7 +9,6 @@ or a hit in tinygrad's search cache).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ from tinygrad import Device, Tensor
 from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2 import stand_in_models
 from sunnypilot.modeld_v2.bundle import next_name, state_names
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.loader import load_bundle
 
@@ -48,7 +48,7 @@ def variant_options(name: str) -> dict:
   raise SystemExit(f"bench_modeld: unknown variant {name!r} (default, fuse-layers, beamN)")
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("benchmarks.bench_modeld", __doc__)
   parser.add_argument("--sizes", default="tiny,full")
   parser.add_argument("--generations", default=",".join(stand_in_models.NAMES), help="stand-in generations, comma separated")
   parser.add_argument("--variants", default="default", help="compile variants per generation, comma separated: default, fuse-layers, beamN")

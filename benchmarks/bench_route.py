@@ -9,7 +9,6 @@ the native random-weight stand-in, built with the demo's artifacts (out/artifact
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import subprocess
@@ -30,10 +29,11 @@ def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
   from sunnypilot.modeld_v2.cli import camera_size, positive_int
+  from sunnypilot.modeld_v2.cli import parser as cli_parser
   from sunnypilot.modeld_v2.demo import build_artifacts
   from sunnypilot.modeld_v2.route_segment import FrameDecoder, open_segment
   from sunnypilot.modeld_v2.synthetic_route import write_segment
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("benchmarks.bench_route", __doc__)
   parser.add_argument("--camera", type=camera_size, default="1928x1208", help="a comma camera's frame size (default 1928x1208)")
   parser.add_argument("--frames", type=positive_int, default=200, help="frames in the synthetic segment (default 200)")
   parser.add_argument("--model", default="tiny", choices=("tiny", "full"))

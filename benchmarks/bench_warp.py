@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -15,12 +14,13 @@ import numpy as np
 from tinygrad import Device, Tensor
 
 from benchmarks.bench import check_outputs, write_json
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.loader import load_bundle
 from sunnypilot.modeld_v2.warp import camerad_frame
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("benchmarks.bench_warp", __doc__)
   parser.add_argument("--runs", type=int, default=200, help="timed warps per case (median reported)")
   parser.add_argument("--beams", default="0", help="BEAM levels to build with, comma separated (0: no search), e.g. 0,2")
   parser.add_argument("--cameras", default="1928x1208,1344x760")

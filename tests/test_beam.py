@@ -16,7 +16,7 @@ TINY = unpadded_frame(64, 32)  # a warp small enough to search in seconds
 
 def test_searched_warp_replays_without_a_compiler(tmp_path, capfd):
   path = str(tmp_path / "warp.bin")
-  assert compile_warp_main(["--frame", TINY.spec, "--warp-to", "32x16", "--split-frames", "--beam", "1", "--output", path]) == 0
+  assert compile_warp_main(["--frame", TINY.spec, "--any-camera", "--warp-to", "32x16", "--split-frames", "--beam", "1", "--output", path]) == 0
   err = capfd.readouterr().err
   assert "searching 3 kernels with BEAM=1" in err and "BEAM=1: kernel 3 of ~3" in err, err
   assert read_bundle(path)[0]["provenance"]["flags"]["BEAM"] == 1
@@ -30,7 +30,8 @@ def test_searched_warp_replays_without_a_compiler(tmp_path, capfd):
 @pytest.mark.parametrize("how", [{"argv": ["--beam", "2"]}, {"env": {"BEAM": "2"}}], ids=["--beam", "BEAM env"])
 def test_search_on_null_is_refused_before_any_work(tmp_path, how):
   out = str(tmp_path / "warp.bin")
-  cmd = [sys.executable, "-m", "sunnypilot.modeld_v2.compile_warp", "--frame", TINY.spec, "--warp-to", "32x16", "--output", out, *how.get("argv", [])]
+  cmd = [sys.executable, "-m", "sunnypilot.modeld_v2.compile_warp", "--frame", TINY.spec, "--any-camera", "--warp-to", "32x16", "--output", out,
+         *how.get("argv", [])]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=os.environ | {"DEV": "NULL"} | how.get("env", {}))
   assert proc.returncode == 2 and "needs the target device" in proc.stderr.strip().splitlines()[-1] and "Traceback" not in proc.stderr, proc.stderr
   assert not os.path.exists(out) and "capturing" not in proc.stderr

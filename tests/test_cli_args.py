@@ -59,3 +59,19 @@ def test_diagnostics_read_prog_colon_message_on_stderr_results_stay_on_stdout(ca
   assert second() == 0
   out, err = capsys.readouterr()
   assert out == "a result\n" and err == "second: waiting for camerad\nsecond: running\n", err
+
+@pytest.mark.parametrize("argv,message", [
+  (["--frame", "640,480,640,480,240,460800"], "no known sensor has 640x480 frames"),  # modeld has no intrinsics for it: refused before work
+  (["--frame", "1344,760,1408,768,384,2428928", "--warp-to", "100000x100000"], "--warp-to 100000x100000 is more than 16,777,216 pixels")])
+def test_compile_warp_refuses_what_modeld_could_never_use_before_any_work(tmp_path, capsys, argv, message):
+  """`--frame 640,480,...` exited 0 (modeld then waits forever for a camera it has no intrinsics for); a 100000x100000 model input failed
+  only after the capture, out of memory."""
+  argv = argv + ["--warp-to", "512x256"] * ("--warp-to" not in argv)
+  rejected(capsys, compile_warp.main, argv + ["--output", str(tmp_path / "x.bin")], message)
+  assert not list(tmp_path.iterdir())
+
+def test_usage_errors_are_one_line_named_for_the_command(capsys):
+  """argparse printed 4-10 usage lines as `compile_modeld.py: error:`; every other error of a CLI is one line `compile_modeld: error:`."""
+  with pytest.raises(SystemExit) as e: compile_modeld.main(["--no-such-flag"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("compile_modeld: error: "), err

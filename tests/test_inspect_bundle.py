@@ -62,3 +62,11 @@ def test_profile_refuses_bad_peaks(tmp_path, capsys):
   import pytest
   with pytest.raises(SystemExit) as e: main(["profile", str(tmp_path / "none.bin"), "--peak-tflops", "0"])
   assert e.value.code == 2 and "argument --peak-tflops: expected a number above 0" in capsys.readouterr().err
+
+def test_errors_are_one_line_named_for_the_command_and_the_file_at_fault(native_artifacts, tmp_path, capsys):
+  """inspect_bundle's errors had no `inspect_bundle: error:` prefix; `profile --warp missing.bin` blamed the model bundle."""
+  model, missing = f"{native_artifacts}/model.bin", str(tmp_path / "missing.bin")
+  assert main(["profile", model, "--warp", missing]) == 2
+  assert capsys.readouterr().err == f"inspect_bundle: error: {missing}: cannot read: No such file or directory\n"
+  assert main(["verify", missing]) == 2
+  assert capsys.readouterr().err == f"inspect_bundle: error: {missing}: cannot read: No such file or directory\n"

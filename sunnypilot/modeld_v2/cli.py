@@ -8,6 +8,15 @@ import math
 import sys
 from collections.abc import Callable
 
+class Parser(argparse.ArgumentParser):
+  """argparse whose usage errors are one line, `<prog>: error: <message>` with exit code 2, as every other error of a CLI here is."""
+  def error(self, message: str):  # type: ignore[override]
+    self.exit(2, f"{self.prog}: error: {message}\n")
+
+def parser(prog: str, doc: str | None) -> Parser:
+  """A CLI's parser: `prog` names it in usage and errors, its module docstring is the description, printed as written."""
+  return Parser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
 def positive_int(text: str) -> int:
   try: value = int(text)
   except ValueError: raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None

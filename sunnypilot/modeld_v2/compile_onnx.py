@@ -11,7 +11,6 @@ compile_modeld; they are recorded in the bundle's provenance.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ import numpy as np
 from sunnypilot.modeld_v2.bundle import ArtifactError
 from sunnypilot.modeld_v2.bundle_compile import BundleCompile
 from sunnypilot.modeld_v2.cli import add_compile_flags, interruptible
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.onnx_model import ModelError, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
 from sunnypilot.modeld_v2.part_format import dtype_name, np_dtype
 
@@ -92,7 +92,7 @@ def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | No
 
 @interruptible("compile_onnx")
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("compile_onnx", __doc__)
   parser.add_argument("--onnx", required=True, help="the ONNX model")
   parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--shape", action="append", default=[], metavar="NAME=AxBxC",

@@ -7,12 +7,12 @@
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import logging
 import sys
 
 from sunnypilot.modeld_v2.cli import finite_float, interruptible, non_negative_int, positive_int
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
 
@@ -53,7 +53,7 @@ def describe(path: str) -> str:
 
 @interruptible("inspect_bundle")
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("inspect_bundle", __doc__)
   parser.add_argument("command", choices=("inspect", "verify", "profile"))
   parser.add_argument("bundle")
   parser.add_argument("--warp", help="profile: a warp bundle to fuse in front of the model (the frame modeld runs)")
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.bundle}: {'verified' if ok else 'MISMATCH: this device computes something else than the build recorded'}")
     return 0 if ok else 1
   except (ArtifactError, OSError) as e:
-    message = str(e) if str(e).startswith(args.bundle) else f"{args.bundle}: {e}"  # bundle errors name the file already
-    print(message, file=sys.stderr)
+    named = any(p and str(e).startswith(p) for p in (args.bundle, args.warp))  # errors of a file's read name that file already
+    print(f"inspect_bundle: error: {e if named else f'{args.bundle}: {e}'}", file=sys.stderr)
     return 2
 
 if __name__ == "__main__":
