@@ -97,6 +97,7 @@ def test_preview_of_a_synthetic_road_scene(bundles, tmp_path):
   import zlib
 
   from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, warp_matrices
+  from sunnypilot.modeld_v2.preview import layout
   from sunnypilot.modeld_v2.preview import main as preview_main
   from sunnypilot.modeld_v2.road_scene import road_scene
   frame, paths = bundles["camerad 1928x1208"]
@@ -105,15 +106,17 @@ def test_preview_of_a_synthetic_road_scene(bundles, tmp_path):
   data = out.read_bytes()
   assert data[:8] == b"\x89PNG\r\n\x1a\n"
   width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-  assert (width, height) == (2 * MODEL_W + 8, MODEL_H * 3 // 2)
+  boxes = layout(MODEL_H // 2, MODEL_W // 2)  # the planes lie between the labels' strips
+  assert (width, height) == boxes["size"][3:1:-1]
   idat = data.index(b"IDAT")
   pixels = np.frombuffer(zlib.decompress(data[idat + 4:idat + 4 + int.from_bytes(data[idat - 4:idat], "big")]), np.uint8)
   image = pixels.reshape(height, width + 1)[:, 1:]
   # what the model sees of the road camera equals the numpy reference warp of the same synthetic frame
   road = road_scene(frame, SENSOR_CAMERAS["ar0231"][0].focal_length)
   planes, ties = reference_warp(road, frame, warp_matrices(SENSOR_CAMERAS["ar0231"])[0])
-  y = image[:MODEL_H, :MODEL_W]
-  assert ((y[0::2, 0::2] == planes[0]) | ties[0]).all() and ((image[MODEL_H:, :MODEL_W // 2] == planes[4]) | ties[4]).all()
+  box = lambda name: image[boxes[name][0]:boxes[name][0] + boxes[name][2], boxes[name][1]:boxes[name][1] + boxes[name][3]]
+  y = box("road Y")
+  assert ((y[0::2, 0::2] == planes[0]) | ties[0]).all() and ((box("road U") == planes[4]) | ties[4]).all()
   # and it shows a road: bright lane-line pixels below the horizon (model row 47.6), sky above it
   assert (y[60:] > 200).sum() > 100 and y[:40].mean() > y[60:].mean()
 

@@ -25,6 +25,7 @@ import numpy as np
 from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, SENSOR_CAMERAS, sensor_for_size
 from sunnypilot.modeld_v2.camera_sync import VisionStreamType
 from sunnypilot.modeld_v2.cli import camera_size, finite_float, int_list, interruptible, positive_int
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
 CAMERAD_BUFFERS = 18
@@ -124,7 +125,7 @@ def serve_route(parser: argparse.ArgumentParser, args) -> int:
 
 @interruptible("camera_replay")
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("camera_replay", __doc__)
   parser.add_argument("--camera", default="1928x1208", type=camera_size, help="sensor frame size: 1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--video", help="a video file to serve instead of synthetic road scenes (needs PyAV: pip install av)")
   parser.add_argument("--frames", type=positive_int, help="stop after this many frame ids (default: run until SIGINT/SIGTERM)")

@@ -7,6 +7,7 @@ another). The peaks are given by the caller, who states where they come from.
 """
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
@@ -86,10 +87,49 @@ def table(result: dict, top: int = 0) -> str:
   lines.append(f"\n{len(result['calls'])} calls on {result['device']}: {result['ops'] / 1e9:.3f} GFLOP, {result['bytes'] / 1e6:.1f} MB; kernels timed alone "
                f"sum to {result['sum_s'] * 1e3:.3f} ms; the part's floor (calls back to back, as the replay runs them) {result['floor_s'] * 1e3:.3f} ms")
   if result["bound_s"]:
+    warning = peaks_warning(result["device"], result["peak_flops"], result["peak_bytes"])
     lines.append(f"roofline lower bound {result['bound_s'] * 1e3:.4f} ms at {result['peak_flops'] / 1e12:g} TFLOP/s and {result['peak_bytes'] / 1e12:g} TB/s: "
-                 f"floor = {result['floor_s'] / result['bound_s']:.1f}x the bound")
+                 f"floor = {result['floor_s'] / result['bound_s']:.1f}x the bound" + (" (against another machine's peaks: see the NOTE)" if warning else ""))
+    if warning: lines.append(warning)
     gaps = sorted(result["calls"], key=lambda r: -(r["s"] - (r["bound_s"] or 0)))[:5]
     lines.append("furthest from their bound (time - bound): " + ", ".join(f"call {r['call']} {r['name'][:32]} {(r['s'] - (r['bound_s'] or 0)) * 1e6:.0f} us"
                                                                            for r in gaps))
-  else: lines.append("no roofline: give --peak-tflops and --peak-tbs (and say where they come from), or a bundle whose kernels carry estimates")
+  else: lines.append("no roofline: give --peak-tflops and --peak-tbs (and say where they come from), or a bundle whose kernels carry estimates. "
+                     + how_to_pick_peaks(result["device"]))
   return "\n".join(lines)
+
+# *** peaks that fit the device ***
+
+CPU_BYTES_CEILING = 1.2e12  # B/s: above any CPU socket's memory (12-channel DDR5 ~0.5 TB/s, HBM Xeon Max ~1 TB/s); a GPU's HBM is 2-8 TB/s
+
+def cpu_flops_ceiling() -> tuple[float, str]:
+  """The most FP32 FLOP/s this CPU could reach, from /proc/cpuinfo: threads x clock x FLOPs per cycle of its widest FMA (two AVX-512 FMA
+  units: 64, AVX2 + FMA: 32, else 16), and how it was reckoned. A ceiling, not a measurement: hyperthreads share their core's units."""
+  threads, mhz, flags = os.cpu_count() or 1, 0.0, set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        if key.strip() == "cpu MHz": mhz = max(mhz, float(value or 0))
+        elif key.strip() in ("flags", "Features"): flags |= set(value.split())
+  except (OSError, ValueError): pass
+  ghz = mhz / 1e3 or 3.0
+  per_cycle, isa = (64, "AVX-512 FMA") if "avx512f" in flags else (32, "AVX2 FMA") if {"avx2", "fma"} <= flags else (16, "SIMD")
+  return threads * ghz * 1e9 * per_cycle, f"{threads} threads x {ghz:.2f} GHz{'' if mhz else ' (assumed)'} x {per_cycle} FP32 FLOP/cycle ({isa})"
+
+def how_to_pick_peaks(device: str) -> str:
+  """One line on where this device's peaks come from (a CPU's reckoned here, a GPU's from its datasheet)."""
+  if device.split(":")[0] != "CPU":
+    return f"For {device}: its datasheet's FP32 (or FP16 for a FLOAT16 build) TFLOP/s and memory TB/s, e.g. an H200 SXM: --peak-tflops 67 --peak-tbs 4.8"
+  flops, how = cpu_flops_ceiling()
+  return (f"For this CPU: --peak-tflops {flops / 1e12:.2g} at most ({how}) and --peak-tbs from its memory, channels x MT/s x 8 bytes "
+          "(dual-channel DDR4-3200: 0.051, 8-channel DDR5-4800: 0.31), or a STREAM run's")
+
+def peaks_warning(device: str, peak_flops: float | None, peak_bytes: float | None) -> str | None:
+  """A line when the peaks given cannot be this device's: on a CPU, FLOP/s above its ceiling (cpu_flops_ceiling) or bandwidth above any
+  CPU socket's (a GPU's peaks, such as the README's H200 numbers). The ratios against such a bound say nothing about the kernels."""
+  if device.split(":")[0] != "CPU" or not peak_flops or not peak_bytes: return None
+  ceiling, _ = cpu_flops_ceiling()
+  if peak_flops <= 2 * ceiling and peak_bytes <= CPU_BYTES_CEILING: return None
+  return (f"NOTE: {peak_flops / 1e12:g} TFLOP/s and {peak_bytes / 1e12:g} TB/s look like a GPU's peaks, beyond what this CPU reaches: the bound and "
+          f"the 'x bound' ratios above measure against the wrong machine. {how_to_pick_peaks(device)}")

@@ -6,7 +6,6 @@ Without --road/--wide it warps synthetic road scenes (lane lines in perspective)
 """
 from __future__ import annotations
 
-import argparse
 import struct
 import sys
 import zlib
@@ -14,6 +13,7 @@ import zlib
 import numpy as np
 
 from sunnypilot.modeld_v2.cli import interruptible
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 
 def write_png(path: str, gray: np.ndarray) -> None:
   """An 8-bit grayscale PNG, no dependencies, written atomically (a full disk or Ctrl-C leaves the old file or none, never half a PNG)."""
@@ -32,8 +32,58 @@ def planes_image(planes: np.ndarray) -> np.ndarray:
   y[0::2, 0::2], y[1::2, 0::2], y[0::2, 1::2], y[1::2, 1::2] = planes[:4]
   return np.concatenate([y, np.concatenate([planes[4], planes[5]], axis=1)], axis=0)
 
+TITLE, CAPTION, GAP = 20, 16, 8  # pixel rows of each panel's title strip and of the U|V caption strip; columns between the two panels
+BACKGROUND, INK = 40, 255
+CAMERAS = ("road", "wide")
+
+def layout(h2: int, w2: int) -> dict[str, tuple[int, int, int, int]]:
+  """Where each picture of the preview lies, (row, column, height, width) by name (`road Y`, `road U`, `road V`, `wide Y`, ...), for the
+  model's (H/2, W/2) planes: per camera a title strip, Y (H, W), a caption strip, then U and V side by side; the wide camera right of the
+  road camera. `size` is the whole picture's (height, width)."""
+  boxes = {}
+  for k, cam in enumerate(CAMERAS):
+    col = k * (2 * w2 + GAP)
+    boxes[f"{cam} Y"] = (TITLE, col, 2 * h2, 2 * w2)
+    boxes[f"{cam} U"] = (TITLE + 2 * h2 + CAPTION, col, h2, w2)
+    boxes[f"{cam} V"] = (TITLE + 2 * h2 + CAPTION, col + w2, h2, w2)
+  boxes["size"] = (0, 0, TITLE + 3 * h2 + CAPTION, 4 * w2 + GAP)
+  return boxes
+
+def _font(size: int):
+  """PIL's default font at `size` pixels (FreeType's when present, else its bitmap font); None without PIL: the strips stay blank."""
+  try:
+    from PIL import ImageFont
+  except ImportError: return None
+  try: return ImageFont.load_default(size=size)
+  except (TypeError, OSError): return ImageFont.load_default()
+
+def labeled_image(planes: np.ndarray, captions: dict[str, str]) -> np.ndarray:
+  """(2, 6, H/2, W/2) warped planes as one labeled grayscale picture (see `layout`): each camera's title (`captions[camera]`) above its
+  Y plane, "U" and "V" above the chroma planes. The planes' pixels are copied unchanged."""
+  h2, w2 = planes.shape[2:]
+  boxes = layout(h2, w2)
+  image = np.full(boxes["size"][2:], BACKGROUND, np.uint8)
+  for k, cam in enumerate(CAMERAS):
+    mosaic = planes_image(planes[k])  # Y, then U beside V
+    (ry, c, _, _), (ru, _, _, _) = boxes[f"{cam} Y"], boxes[f"{cam} U"]
+    image[ry:ry + 2 * h2, c:c + 2 * w2], image[ru:ru + h2, c:c + 2 * w2] = mosaic[:2 * h2], mosaic[2 * h2:]
+  if (font := _font(13)) is None: return image
+  from PIL import Image, ImageDraw
+  picture = Image.fromarray(image)
+  draw = ImageDraw.Draw(picture)
+  for cam in CAMERAS:
+    r, c, h, w = boxes[f"{cam} Y"]
+    draw.text((c + 4, r - TITLE + 3), captions.get(cam, cam), fill=INK, font=font)
+    for plane in "UV":
+      r, c, h, w = boxes[f"{cam} {plane}"]
+      label = f"{plane} ({'blue' if plane == 'U' else 'red'}-difference chroma, {w}x{h})"
+      draw.text((c + 4, r - CAPTION + 1), label, fill=INK, font=_font(11) or font)
+      if plane == "V": draw.line([(c, r - CAPTION), (c, r - 1)], fill=INK)
+  return np.asarray(picture)
+
 def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-  """Warp (road, wide) frames with the calibration's M_inv and write the preview PNG; returns the warped (2, 6, H/2, W/2) planes."""
+  """Warp (road, wide) frames with the calibration's M_inv and write the labeled preview PNG (see `layout`); returns the warped
+  (2, 6, H/2, W/2) planes."""
   from tinygrad import Device, Tensor
 
   from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
@@ -45,6 +95,7 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   if meta.get("kind") != "warp": raise ValueError(f"{warp_path} is not a warp bundle (metadata kind {meta.get('kind')!r})")
   frame = parse_frame(meta["frame"])
   sensor = sensor_for_size(frame.width, frame.height)
+  synthetic = frames is None
   if frames is None: frames = tuple(road_scene(frame, cam.focal_length) for cam in SENSOR_CAMERAS[sensor])
   if short := [f"{name} has {len(f):,} bytes" for name, f in zip(("road", "wide"), frames) if len(f) < frame.size]:
     raise ValueError(f"{', '.join(short)}; the warp reads {frame.size:,}-byte NV12 buffers ({meta['frame']})")
@@ -52,8 +103,10 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   bufs = [Tensor(np.ascontiguousarray(f[:frame.size]), device=Device.DEFAULT).realize() for f in frames]
   inputs = dict(zip(WARP_FRAMES, bufs, strict=True)) if meta["split_frames"] else {PACKED_FRAMES: Tensor(np.stack(frames)).realize()}
   planes = model.run(**inputs, **{WARP_TRANSFORM: m_inv}).numpy()
-  gap = np.full((planes.shape[2] * 3, 8), 255, np.uint8)
-  write_png(output, np.concatenate([planes_image(planes[0]), gap, planes_image(planes[1])], axis=1))
+  h, w = 2 * planes.shape[2], 2 * planes.shape[3]
+  source, rpy_text = "synthetic scene" if synthetic else "given frame", ",".join(f"{v:g}" for v in rpy)
+  captions = {cam: f"{cam} camera: Y (luma) {w}x{h}  -  {source}, rpy {rpy_text}" for cam in CAMERAS}
+  write_png(output, labeled_image(planes, captions))
   return planes
 
 def read_frame(path: str) -> np.ndarray:
@@ -63,7 +116,7 @@ def read_frame(path: str) -> np.ndarray:
 
 @interruptible("preview")
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("preview", __doc__)
   parser.add_argument("--warp", required=True, help="a warp bundle from compile_warp")
   parser.add_argument("--output", required=True, help="PNG to write")
   parser.add_argument("--rpy", default="0,0,0", help="calibration roll,pitch,yaw in radians (default 0,0,0)")
@@ -82,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     frames = (read_frame(args.road), read_frame(args.wide)) if args.road else None
     preview(args.warp, args.output, rpy, frames)
   except (ArtifactError, ValueError, OSError) as e: parser.exit(2, f"preview: error: {e}\n")
-  print(f"wrote {args.output}: road (left) and wide (right) camera as the model sees them; Y on top, U and V below")
+  print(f"wrote {args.output}: road (left) and wide (right) camera as the model sees them, labeled; Y on top, U and V below")
   return 0
 
 if __name__ == "__main__":

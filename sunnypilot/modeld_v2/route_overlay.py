@@ -64,8 +64,48 @@ def draw_model(image, model: Any, rpy: tuple[float, ...], height: float, sensor:
     draw.polygon([(x + sz * 1.25, yy + sz), (x, yy), (x - sz * 1.25, yy + sz)], fill=(201, 34, 49, max(alpha, 60)))
   image.paste(Image.alpha_composite(image.convert("RGBA"), layer).convert("RGB"))
 
-def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple[float, ...], float]]) -> None:
-  """An MP4 (20 fps, half size) of the road video's frames `items` = [(video frame index, modelV2, rpy, camera height)], drawn over."""
+LEGEND = (("path", "plan path (0.9 m each side)", (242, 242, 242, 160)), ("line", "lane lines: opacity = probability", (255, 255, 255, 230)),
+          ("line", "road edges: opacity = 1 - std", (255, 0, 0, 230)), ("lead", "lead (model's, probability > 0.5)", (201, 34, 49, 255)))
+STAND_IN_CAPTION = "RANDOM WEIGHTS: a stand-in model (openpilot's I/O, seeded random weights) - what is drawn is noise"
+
+def _font(size: int):
+  from PIL import ImageFont
+  try: return ImageFont.load_default(size=size)
+  except (TypeError, OSError): return ImageFont.load_default()
+
+def draw_caption(image, frame_index: int, frame_id: int | None = None, stand_in: str | None = None) -> None:
+  """The overlay's key, over a PIL RGB image: a legend of what is drawn (top left), the video frame number and camera frame id (top
+  right), and with a stand-in model (its bundle's metadata `stand_in`) a 'random weights' banner along the bottom."""
+  from PIL import Image, ImageDraw
+  font, layer = _font(max(11, image.size[1] // 45)), Image.new("RGBA", image.size)
+  draw = ImageDraw.Draw(layer)
+  line_h = font.getbbox("Ag")[3] + 6
+  width = max(font.getlength(text) for _, text, _ in LEGEND) + 44
+  draw.rectangle([6, 6, 6 + width, 10 + line_h * len(LEGEND)], fill=(0, 0, 0, 150))
+  for k, (kind, text, color) in enumerate(LEGEND):
+    x, y = 12, 10 + k * line_h
+    mid = y + line_h // 2 - 2
+    if kind == "path": draw.polygon([(x + 6, mid + 6), (x + 12, mid - 6), (x + 18, mid - 6), (x + 24, mid + 6)], fill=color)
+    elif kind == "line": draw.rectangle([x, mid - 1, x + 24, mid + 2], fill=color)
+    else:
+      draw.polygon([(x + 22, mid + 6), (x + 12, mid - 6), (x + 2, mid + 6)], fill=(218, 202, 37, 255))
+      draw.polygon([(x + 20, mid + 6), (x + 12, mid - 4), (x + 4, mid + 6)], fill=color)
+    draw.text((x + 32, y + 1), text, fill=(255, 255, 255, 255), font=font)
+  label = f"frame {frame_index}" + (f"  (camera frame id {frame_id})" if frame_id is not None else "")
+  right = image.size[0] - 6
+  draw.rectangle([right - font.getlength(label) - 12, 6, right, 6 + line_h + 2], fill=(0, 0, 0, 150))
+  draw.text((right - font.getlength(label) - 6, 9), label, fill=(255, 255, 255, 255), font=font)
+  if stand_in:
+    banner = _font(max(12, image.size[1] // 38))
+    h = banner.getbbox("Ag")[3] + 10
+    draw.rectangle([0, image.size[1] - h, image.size[0], image.size[1]], fill=(150, 20, 20, 200))
+    draw.text((8, image.size[1] - h + 4), STAND_IN_CAPTION, fill=(255, 255, 255, 255), font=banner)
+  image.paste(Image.alpha_composite(image.convert("RGBA"), layer).convert("RGB"))
+
+def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple[float, ...], float]], stand_in: str | None = None) -> None:
+  """An MP4 (20 fps, half size) of the road video's frames `items` = [(video frame index, modelV2, rpy, camera height)], drawn over, each
+  with its legend and frame number (draw_caption), and a 'random weights' banner when `stand_in` (the model bundle's metadata
+  `stand_in`) says the model is a stand-in."""
   import av
   from PIL import Image
   wanted = {k: (model, rpy, height) for k, model, rpy, height in items}
@@ -78,12 +118,14 @@ def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple
       if k not in wanted: continue
       image = Image.fromarray(picture.to_ndarray(format="rgb24", width=stream.width, height=stream.height))
       draw_model(image, *wanted[k], segment.sensor)
+      draw_caption(image, k, getattr(wanted[k][0], "frameId", None), stand_in)
       for packet in stream.encode(av.VideoFrame.from_image(image)): sink.mux(packet)
     for packet in stream.encode(): sink.mux(packet)
   os.replace(tmp, path)
 
-def plot_drive(path: str, title: str, items: list[tuple[float, Any]]) -> None:
-  """desired curvature, acceleration, lead distance (with its probability) and confidence over `items` = [(seconds, modelV2)]."""
+def plot_drive(path: str, title: str, items: list[tuple[float, Any]], stand_in: str | None = None) -> None:
+  """desired curvature, acceleration, lead distance (with its probability) and confidence over `items` = [(seconds, modelV2)]; the title
+  says 'random weights' when `stand_in` (the model bundle's metadata) marks a stand-in."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -105,7 +147,7 @@ def plot_drive(path: str, title: str, items: list[tuple[float, Any]]) -> None:
   axes[3].set_yticks([0, 1, 2], ["green", "yellow", "red"])
   axes[3].set_ylabel("confidence")
   axes[3].set_xlabel("seconds into the segment")
-  fig.suptitle(title)
+  fig.suptitle(title + ("\nRANDOM WEIGHTS: a stand-in model, these decisions are noise" if stand_in else ""), color="black")
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)

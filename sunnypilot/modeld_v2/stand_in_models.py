@@ -26,7 +26,6 @@ Recurrent cells are MatMul/Sigmoid/Tanh, as comma's are: tinygrad's ONNX runner 
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import os
 import pickle
@@ -36,6 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from sunnypilot.modeld_v2.cli import interruptible, non_negative_int
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES, FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
 
 OPSET = 17
@@ -243,6 +243,10 @@ def part_path(path: str, part: str) -> str:
   """Where one model of a generation goes: `path` itself for a one-model generation, else `<path stem>_<part>.onnx`."""
   return path if part == "onnx" else f"{os.path.splitext(path)[0]}_{part}.onnx"
 
+def files(generation: str, path: str) -> dict[str, str]:
+  """{compile_model keyword: path} of the files `write(generation, ..., path)` writes, without writing them."""
+  return {key: part_path(path, key) for key in (GENERATIONS[generation] if generation in GENERATIONS else ("onnx",))}
+
 def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple[Any, dict]]:
   """{compile_model keyword ("onnx", "vision", "policy", "off_policy", "on_policy"): (ModelProto, stats)} of a generation's stand-in."""
   if generation not in NAMES + OTHER_MODELS or size not in BACKBONES:
@@ -258,18 +262,28 @@ def write(generation: str, size: str, path: str, seed: int = 0) -> dict:
   import onnx
 
   from sunnypilot.modeld_v2.bundle import replaced_atomically
-  models = build(generation, size, seed)
-  files = {key: part_path(path, key) for key in models}
-  with replaced_atomically(*files.values()) as tmps:
+  models, written = build(generation, size, seed), files(generation, path)
+  with replaced_atomically(*written.values()) as tmps:
     for (model, _), tmp in zip(models.values(), tmps):
       onnx.checker.check_model(model)
       onnx.save(model, tmp)
-  return {"files": files, "flops": sum(s["flops"] for _, s in models.values()), "params": sum(s["params"] for _, s in models.values())}
+  return {"files": written, "flops": sum(s["flops"] for _, s in models.values()), "params": sum(s["params"] for _, s in models.values())}
+
+def next_command(generation: str, output: str, files: dict[str, str]) -> str:
+  """The compile command for what was just written, its bundle named after the ONNX and beside it (`out/dm.onnx` -> `out/dm.bin`): a fixed
+  name such as model.bin would, pasted, replace whatever bundle of that name is there (the driving model beside a dmonitoring stand-in)."""
+  import shlex
+  python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else sys.executable
+  compiler = "compile_onnx" if generation in OTHER_MODELS else "compile_modeld"
+  flags = " ".join(f"--{k.replace('_', '-')} {shlex.quote(p)}" for k, p in files.items())
+  bundle = os.path.splitext(output)[0] + ".bin"
+  if bundle == output: bundle = os.path.splitext(output)[0] + "_compiled.bin"  # an ONNX written as x.bin: never the input itself
+  return f"{shlex.quote(python)} -m sunnypilot.modeld_v2.{compiler} {flags} --output {shlex.quote(bundle)}"
 
 @interruptible("stand_in_models")
 def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli_parser("stand_in_models", __doc__)
   parser.add_argument("--generation", choices=NAMES + OTHER_MODELS, required=True)
   parser.add_argument("--size", choices=tuple(BACKBONES), default="tiny")
   parser.add_argument("--seed", type=non_negative_int, default=0)
@@ -282,10 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.exit(2, f"stand_in_models: error: {e}\n")
   except OSError as e:  # a full disk or a folder that went away: nothing was renamed into place
     parser.exit(2, f"stand_in_models: error: cannot write {args.output}: {e.strerror or e}\n")
-  flags = " ".join(f"--{k.replace('_', '-')} {p}" for k, p in stats["files"].items())
-  compiler = "compile_onnx" if args.generation in OTHER_MODELS else "compile_modeld"
   print(f"wrote {', '.join(stats['files'].values())}: {args.generation} {args.size} RANDOM-WEIGHT STAND-IN, {stats['params'] / 1e6:.2f} M parameters, "
-        f"{stats['flops'] / 1e9:.3f} GFLOPs per step\ncompile with: python -m sunnypilot.modeld_v2.{compiler} {flags} --output model.bin")
+        f"{stats['flops'] / 1e9:.3f} GFLOPs per step\ncompile with: {next_command(args.generation, args.output, stats['files'])}")
   return 0
 
 if __name__ == "__main__":

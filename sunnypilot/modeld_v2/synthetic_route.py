@@ -8,7 +8,6 @@ through openpilot_logging's save_log.
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -18,6 +17,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size
 from sunnypilot.modeld_v2.cli import camera_size, interruptible, positive_int
+from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.warp import NV12Frame, camerad_frame
 
 T0, FIRST_ID = 10**9, 100
@@ -88,23 +88,35 @@ def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: in
     encode_hevc(os.path.join(folder, name), [rendered[k % n] for k in range(frames)], *camera)
   write_log(os.path.join(folder, "rlog.zst"), frames, sensor, **log_options)
 
+def missing_parents(folder: str) -> list[str]:
+  """The parent folders of `folder` that do not exist yet, innermost first."""
+  missing, up = [], os.path.dirname(os.path.abspath(folder))
+  while not os.path.exists(up):
+    missing.append(up)
+    up = os.path.dirname(up)
+  return missing
+
 @interruptible("synthetic_route")
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("folder", help="the segment folder to write, new or empty (route_replay takes it, or its parent)")
+  parser = cli_parser("synthetic_route", __doc__)
+  parser.add_argument("folder", help="the segment folder to write, new or empty (route_replay takes it, or its parent); missing parent folders are made")
   parser.add_argument("--camera", type=camera_size, default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--frames", type=positive_int, default=200, help="frames in the segment (default 200: 10 s)")
   parser.add_argument("--distinct", type=positive_int, default=40, help="frames rendered; the rest repeat them (rendering is slow)")
   args = parser.parse_args(argv)
   folder = os.path.abspath(args.folder)
   if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)): parser.error(f"{args.folder} exists and is not an empty folder")
-  if not os.path.isdir(os.path.dirname(folder)): parser.error(f"the folder {os.path.dirname(folder)} does not exist")
-  log.info(f"rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...")
-  tmp = f"{folder}.tmp{os.getpid()}"  # the segment appears whole or not at all
+  made, tmp = missing_parents(folder), f"{folder}.tmp{os.getpid()}"  # the segment appears whole or not at all
   try:
+    try: os.makedirs(os.path.dirname(folder), exist_ok=True)  # a route folder under out/ on a fresh clone: its parents are made
+    except OSError as e: parser.error(f"cannot make the folder {os.path.dirname(folder)}: {e.strerror or e}")
+    log.info(f"rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...")
     write_segment(tmp, args.camera, args.frames, args.distinct)
     if os.path.isdir(folder): os.rmdir(folder)
     os.rename(tmp, folder)
+  except BaseException:
+    for parent in made: shutil.rmtree(parent, ignore_errors=True)  # a failed run leaves no folder it made behind
+    raise
   finally: shutil.rmtree(tmp, ignore_errors=True)
   log.info(f"wrote {args.folder}")
   return 0
