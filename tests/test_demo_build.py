@@ -23,12 +23,12 @@ def compiles(monkeypatch) -> list[str]:
   done = []
   def model(output, log=None, **sources):
     done.append(os.path.basename(output))
-    meta = {"kind": "model", "source_sha256": {k: sha256(p) for k, p in sources.items() if p}}
-    write_bundle(output, {"run": ({"device": "CPU"}, b"")}, {"metadata": meta}, check=False)
+    meta = {"kind": "model", "source_sha256": {k: sha256(p) for k, p in sources.items() if p}}  # compile_modeld records them by keyword
+    write_bundle(output, {"run": ({"device": "CPU"}, bytes(16))}, {"metadata": meta}, check=False)
   def warp(spec, size, output, split_frames=False):
     done.append(os.path.basename(output))
     meta = {"kind": "warp", "frame": spec, "model_size": [int(x) for x in size.split("x")], "split_frames": split_frames}
-    write_bundle(output, {"run": ({"device": "CPU"}, b"")}, {"metadata": meta}, check=False)
+    write_bundle(output, {"run": ({"device": "CPU"}, bytes(16))}, {"metadata": meta}, check=False)
   monkeypatch.setattr(compile_modeld, "compile_model", model)
   monkeypatch.setattr(compile_warp, "compile_warp", warp)
   return done
@@ -46,11 +46,14 @@ def test_the_model_is_rebuilt_when_its_sources_content_changes_and_only_then(tmp
   assert rebuilds(build(folder, {"onnx": a})) == [] and compiles == ["model.bin", "warp_1344x760_split.bin"]
   assert rebuilds(build(folder, {"onnx": a})) == [] and len(compiles) == 2, "same inputs, same settings: reused"
   lines = rebuilds(build(folder, {"onnx": b}))
-  assert compiles[2:] == ["model.bin"] and len(lines) == 1 and f"source_sha256 ['{sha256(a)[:12]}'], this run builds ['{sha256(b)[:12]}']" in lines[0], lines
+  said = f"source_sha256 {{'onnx': '{sha256(a)[:12]}'}}, this run builds {{'onnx': '{sha256(b)[:12]}'}}"
+  assert compiles[2:] == ["model.bin"] and len(lines) == 1 and said in lines[0], lines
   b.write_bytes(b"model C")  # the same name, other bytes
   assert len(rebuilds(build(folder, {"onnx": b}))) == 1 and compiles[3:] == ["model.bin"]
   assert len(rebuilds(build(folder, {"vision": a, "policy": b}))) == 1, "another kind of model"
-  assert rebuilds(build(folder, {"policy": b, "vision": a})) == [] and compiles.count("warp_1344x760_split.bin") == 1, "the warp's inputs never changed"
+  assert rebuilds(build(folder, {"policy": b, "vision": a})) == [], "the same files in the same roles, given in another order"
+  assert len(rebuilds(build(folder, {"vision": b, "policy": a}))) == 1, "the same files in swapped roles: another model"
+  assert compiles.count("warp_1344x760_split.bin") == 1, "the warp's inputs never changed"
 
 def test_other_build_flags_rebuild_both_bundles(tmp_path, compiles):
   folder, a = tmp_path / "artifacts", tmp_path / "a.onnx"
@@ -71,6 +74,11 @@ def test_a_bundle_with_another_record_or_none_is_rebuilt(tmp_path, compiles):
   (folder / "model.bin").write_bytes(b"something compiled by hand, long enough for a preamble")
   lines = rebuilds(build(folder, {"onnx": other}))
   assert len(lines) == 1 and "it is unreadable" in lines[0] and "not a modeld_v2 bundle" in lines[0], lines
+  data = bytearray((folder / "model.bin").read_bytes())
+  data[-1] ^= 1  # damaged, its header intact
+  (folder / "model.bin").write_bytes(data)
+  lines = rebuilds(build(folder, {"onnx": other}))
+  assert len(lines) == 1 and "content hash mismatch" in lines[0], lines
 
 def test_the_stand_in_is_written_once_and_its_bundle_follows_it(tmp_path, compiles):
   folder = tmp_path / "artifacts"

@@ -12,7 +12,8 @@ def test_inspect_and_verify(tmp_path, capsys):
   write_bundle(good, {"run": (header, blob)}, {"metadata": {"kind": "test"}})
   assert main(["inspect", good]) == 0
   out = capsys.readouterr().out
-  assert "tinygrad 0.14.0 for CPU" in out and "program" in out and f"{len(header['programs'])} distinct programs" in out and "check: seed 0" in out
+  binaries = len({tuple(p["lib"]) for p in header["programs"]})
+  assert "tinygrad 0.14.0 for CPU" in out and f"{len(header['programs'])} programs ({binaries} binaries)" in out and "check: seed 0" in out
   assert main(["verify", good]) == 0 and "PASS run: return[0]" in capsys.readouterr().out
   wrong = header | {"check": header["check"] | {"outputs": {k: "0" * 64 for k in header["check"]["outputs"]}}}
   write_bundle(bad, {"run": (wrong, blob)}, {})  # a valid file whose recorded results differ from what it computes

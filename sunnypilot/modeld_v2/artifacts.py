@@ -42,7 +42,9 @@ def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[st
         report(f"skipping {path}: a {kind or 'plain'} bundle, not a warp (only {MODEL_NAME} is read as the model)")
         continue
       head, _ = read_bundle(path)
-      meta = head["extras"]["metadata"]
+      if (meta := head["extras"].get("metadata", {})).get("kind") != "warp":  # replaced since its header was read
+        report(f"skipping {path}: no longer a warp bundle (replaced while it was read)")
+        continue
       check_provenance(head["provenance"], device, path)
       check_metadata(head["extras"], path)  # the bundle reader's rules: a frame spec, a split flag, frame inputs that hold the frame
       if new_img is not None and (made := spec_shape(head["extras"].get("output_specs", {}).get("warped"))) != new_img:

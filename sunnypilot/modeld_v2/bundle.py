@@ -1,7 +1,7 @@
 """The bundle file: named parts and extras as JSON + bytes, with provenance and a content hash. Reading one never unpickles.
 
 A part is `(header, blob)`: `header` is the JSON of a part_format.Part (inputs, buffers, programs, calls, returns, check), `blob` the bytes it points
-into (kernel binaries once per (name, binary), initial buffer contents). `docs/FORMAT.md` lists every field.
+into (each kernel binary once, initial buffer contents). `docs/FORMAT.md` lists every field.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from sunnypilot.modeld_v2.warp import PACKED_FRAMES, WARP_FRAMES, parse_frame, p
 FORMAT_VERSION = 1
 MAGIC = b"SPMV2ART"
 PREAMBLE = struct.Struct("<8sIQ32s")  # magic, format version, header bytes, sha256(header + blob)
+MAX_HEADER_BYTES = 64 << 20  # a full model's header is a few MB: a larger one is a stray or crafted file, refused before it is read
 BUILD_FLAGS = ("IMAGE", "FLOAT16", "NOLOCALS", "JIT_BATCH_SIZE", "JIT", "BEAM", "JITBEAM")
 
 class TensorSpec(NamedTuple):
@@ -179,8 +180,9 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
     with replaced_atomically(path) as (tmp,):
       with open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
       # the loader's own checks on a fresh read of the written bytes, before the file takes its name: what a compiler writes, the loader takes
-      try: check and read_parts(tmp, allow_device=True, name=path)
-      except ArtifactError as e: raise ArtifactError(f"the bundle as written would be refused at load, so it was not written: {e}") from None
+      if check:
+        try: read_parts(tmp, allow_device=True, name=path)
+        except ArtifactError as e: raise ArtifactError(f"the bundle as written would be refused at load, so it was not written: {e}") from None
   except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None  # a full disk: one line from every compiler
   return PREAMBLE.size + len(data) + len(blob)
 
@@ -204,6 +206,7 @@ def _read_head(f: BinaryIO, path: str) -> tuple[dict, bytes, bytes, int]:
   if magic != MAGIC: raise ArtifactError(f"{path}: not a modeld_v2 bundle (magic {magic!r}, expected {MAGIC!r})")
   if version != FORMAT_VERSION: raise ArtifactError(f"{path}: bundle format version {version}, this loader reads version {FORMAT_VERSION}")
   if PREAMBLE.size + head_len > size: raise ArtifactError(f"{path}: header runs past the end of the file (truncated?)")
+  if head_len > MAX_HEADER_BYTES: raise ArtifactError(f"{path}: a {head_len:,} byte header, more than {MAX_HEADER_BYTES:,}: not a bundle this loader reads")
   if len(data := f.read(head_len)) < head_len: raise ArtifactError(f"{path}: the file shrank while it was read (being rewritten?)")
   try: head = json.loads(data)
   except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: also integers too long to convert

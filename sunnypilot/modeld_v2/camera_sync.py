@@ -109,7 +109,8 @@ class CameraSync:
     if last is not None and meta.frame_id > last.frame_id and meta.timestamp_sof <= last.timestamp_sof:
       if stream not in self.frozen:
         self.frozen.add(stream)
-        self.episodes.happened("clock", f"camera timestamps stopped ({stream} stream: frame {meta.frame_id} starts at {meta.timestamp_sof / 1e9:.3f} s, "
+        how = "stopped" if meta.timestamp_sof == last.timestamp_sof else "went back"
+        self.episodes.happened("clock", f"camera timestamps {how} ({stream} stream: frame {meta.frame_id} starts at {meta.timestamp_sof / 1e9:.3f} s, "
                                f"frame {last.frame_id} at {last.timestamp_sof / 1e9:.3f} s): frames paired by frame id, messages valid=False")
     elif last is not None and meta.timestamp_sof > last.timestamp_sof and stream in self.frozen:
       self.frozen.discard(stream)

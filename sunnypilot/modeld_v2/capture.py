@@ -142,7 +142,7 @@ def part_device(calls: list[CapturedCall]) -> str:
   return next((a.device for c in calls for a in c.args if isinstance(a, Buffer) and device_kind(a.device) not in ("NPY", "PYTHON")), Device.DEFAULT)
 
 class PartSerializer:
-  """One capture's kernel list turned into a part: each tinygrad buffer base once (by identity), each program once per (name, binary), and
+  """One capture's kernel list turned into a part: each tinygrad buffer base once (by identity), each program once (see below), and
   per buffer range what the replay does to it first, which decides the ranges whose bytes the bundle carries (read before written).
   A program is one per record and binary: tinygrad compiles one binary for kernels that differ only in the sizes of the buffers they are
   given, and each keeps its own signature, the extent the loader checks its arguments against."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -92,6 +94,20 @@ def add_compile_flags(parser: argparse.ArgumentParser, layers: bool = True) -> N
   parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
                       "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")
 
+PARENT_PID = "SUNNYPILOT_PARENT_PID"  # set by a tool for the processes it starts and must not leave running (route_replay's modeld and replays)
+
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+  """The environment for a process this one starts and must not outlive it: see end_with_parent."""
+  return {**(os.environ if env is None else env), PARENT_PID: str(os.getpid())}
+
+def end_with_parent() -> None:
+  """Started with child_env: the kernel sends this process SIGTERM when its parent dies (Linux's PR_SET_PDEATHSIG), and if the parent
+  is gone already it exits now, so a killed tool leaves none of its processes behind. Nothing happens without the variable, or off Linux."""
+  if not (parent := os.environ.get(PARENT_PID, "")).isdigit() or not sys.platform.startswith("linux"): return
+  import ctypes
+  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+  if os.getppid() != int(parent): os.kill(os.getpid(), signal.SIGTERM)
+
 def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
   """Wrap a CLI's main: its log lines read `<prog>: message` on stderr (logs.setup), and Ctrl-C (KeyboardInterrupt, wherever it lands)
   prints `<prog>: interrupted` and returns 130 instead of a traceback. Temporary files are removed on the way out by the writers themselves
@@ -101,6 +117,7 @@ def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int
     def run(*args, **kwargs) -> int:
       from sunnypilot.modeld_v2.logs import setup
       setup(prog)
+      end_with_parent()
       try: return main(*args, **kwargs)
       except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)

@@ -106,9 +106,10 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
               "onnx_roles": plan.roles, "input_shapes": {n: list(s) for n, s in plan.input_shapes.items()},
               "output_shapes": {k: list(s) for k, (s, _) in plan.out_specs.items()},
               "stand_in": plan.metadata.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in plan.paths.items()},
-              "source_sha256": {k: file_sha256(p) for k, p in plan.paths.items()}}
+              "source_sha256": {k: file_sha256(p) for k, p in (("onnx", onnx), ("vision", vision), ("policy", policy), ("off_policy", off_policy),
+                                                               ("on_policy", on_policy)) if p}}  # by compile_model keyword, as the flags name them
   summary = job.write(part, plan.specs, plan.out_specs, metadata) | {"layout": plan.layout, "jit": jit, "part": part, "inputs": inputs}
-  log(f"wrote {output}: {summary['kernels']} kernels ({summary['programs']} distinct), {summary['weight_bytes'] / 1e6:.1f} MB weights, "
+  log(f"wrote {output}: {summary['kernels']} kernels ({summary['programs']} programs), {summary['weight_bytes'] / 1e6:.1f} MB weights, "
       f"{summary['bytes'] / 1e6:.1f} MB bundle, {summary['compile_s']:.1f} s" + (f"  [{plan.metadata['stand_in']}]" if plan.metadata.get("stand_in") else ""))
   return summary
 

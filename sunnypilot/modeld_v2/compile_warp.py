@@ -60,12 +60,13 @@ def main(argv: list[str] | None = None) -> int:
                       "whose intrinsics it knows: for experiments and tests)")
   add_compile_flags(parser, layers=False)
   args = parser.parse_args(argv)
-  try:
-    frame, size = parse_frame(args.frame), parse_size(args.warp_to)
-    if not args.any_camera: sensor_for_size(frame.width, frame.height)
-    check_model_size(*size)
+  try: frame, size = parse_frame(args.frame), parse_size(args.warp_to)
+  except ValueError as e: parser.error(str(e))
+  try: sensor_for_size(frame.width, frame.height)
   except ValueError as e:
-    parser.error(str(e) + (" (--any-camera builds it anyway)" if "sensor" in str(e) else ""))
+    if not args.any_camera: parser.error(f"{e} (--any-camera builds it anyway)")
+  try: check_model_size(*size)
+  except ValueError as e: parser.error(str(e))
   from sunnypilot.modeld_v2.bundle import ArtifactError
   try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames, beam=args.beam)
   except ArtifactError as e: parser.exit(2, f"compile_warp: error: {e}\n")

@@ -43,16 +43,15 @@ def why_rebuild(path: str, want: dict[str, Any]) -> str | None:
   its metadata must hold (a model's sources' sha256, a warp's frame, size and layout)."""
   from tinygrad import Device
 
-  from sunnypilot.modeld_v2.bundle import ArtifactError, provenance, read_header
+  from sunnypilot.modeld_v2.bundle import ArtifactError, provenance, read_bundle
   if not os.path.exists(path): return "not built yet"
-  try: head = read_header(path)
+  try: head = read_bundle(path)[0]  # whole: a damaged bundle is rebuilt here, not refused by modeld later
   except ArtifactError as e: return f"it is unreadable ({e})"
-  built, here = head["provenance"], provenance(Device.DEFAULT)
+  built, here, meta = head["provenance"], provenance(Device.DEFAULT), head["extras"].get("metadata", {})
   have = {f"build.{k}": built.get(k) for k in here if k != "flags"} | {f"build.flags.{k}": built.get("flags", {}).get(k) for k in here["flags"]}
-  meta = head["extras"].get("metadata", {})
-  have |= {k: sorted(meta.get(k, {}).values()) if k == "source_sha256" else meta.get(k) for k in want}
   need = {f"build.{k}": v for k, v in here.items() if k != "flags"} | {f"build.flags.{k}": v for k, v in here["flags"].items()} | want
-  short = lambda v: [x[:12] for x in v] if isinstance(v, list) and all(isinstance(x, str) and len(x) == 64 for x in v) else v
+  have |= {k: meta.get(k) for k in want}
+  short = lambda v: {k: x[:12] for k, x in v.items()} if isinstance(v, dict) else v  # sha256s by role, shortened
   return next((f"it records {k} {short(have[k])}, this run builds {short(need[k])}" for k in need if have[k] != need[k]), None)
 
 def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size: str, models: dict[str, str], log) -> str:
@@ -68,7 +67,7 @@ def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size:
   model = os.path.join(folder, "model.bin")
   sources = models or stand_in_models.files(generation, os.path.join(folder, f"{generation}_{size}_stand_in.onnx"))
   present = all(os.path.isfile(p) for p in sources.values())  # a stand-in not written yet: nothing built from it can be current
-  why = why_rebuild(model, {"source_sha256": sorted(file_sha256(p) for p in sources.values())}) if present else "its stand-in is not written yet"
+  why = why_rebuild(model, {"source_sha256": {k: file_sha256(p) for k, p in sources.items()}}) if present else "its stand-in is not written yet"
   if why:
     if os.path.exists(model): log(f"rebuilding {model}: {why}")
     if not models:
@@ -120,11 +119,11 @@ def plot_latency(rows: list[dict], path: str, model: str) -> None:
   fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2, 1]})
   a.plot(ids, ms, lw=1, marker=".", ms=3, label="modelExecutionTime")
   a.axhline(50, color="red", ls="--", lw=1, label="20 Hz budget (50 ms)")
+  highest = float(np.nanmax(ms)) if np.isfinite(ms).any() else 50.0
   if len(dropped):
-    top = np.nanmax(ms) if np.isfinite(ms).any() else 50.0
     for i in dropped: a.axvspan(i - 0.5, i + 0.5, color="orange", alpha=0.3, lw=0)
-    a.plot(dropped, np.full(len(dropped), top), "v", color="tab:orange", ms=5, label=f"dropped: no modelV2 ({len(dropped)} frames)")
-  top = max(50.0, float(np.nanmax(ms)) if np.isfinite(ms).any() else 0.0)
+    a.plot(dropped, np.full(len(dropped), highest), "v", color="tab:orange", ms=5, label=f"dropped: no modelV2 ({len(dropped)} frames)")
+  top = max(50.0, highest)
   a.set_xlabel("camera frame id"), a.set_ylabel("modelExecutionTime (ms)"), a.set_ylim(0, top * 1.45), a.legend(fontsize=8, loc="upper right", ncol=3)
   a.set_title(f"per frame: {len(rows)} published of {len(ids)} frame ids", fontsize=10)
   published = ms[np.isfinite(ms)]

@@ -41,7 +41,7 @@ def describe(path: str) -> str:
     inputs = ", ".join(s.label for s in h.inputs)
     check = "none" if h.check is None else f"seed {h.check.seed}, {len(h.check.outputs)} output digests"
     lines += [f"  part {name!r}: {sum(calls.values())} calls ({', '.join(f'{n} {k}' for k, n in calls.items())}), "
-              f"{len(h.onetime_calls)} one-time calls, {len(h.programs)} distinct programs, "
+              f"{len(h.onetime_calls)} one-time calls, {len(h.programs)} programs ({len({p.lib for p in h.programs})} binaries), "
               f"{len(h.buffers)} buffers ({sum(b.nbytes for b in h.buffers):,} bytes, {weights:,} of them weights)",
               f"    inputs: {inputs}", f"    check: {check}",
               f"    {'program':40s} {'global':>14s} {'local':>12s} {'binary':>9s} {'calls':>6s}"]

@@ -113,6 +113,9 @@ def cpu_flops_ceiling() -> tuple[float, str]:
         if key.strip() == "cpu MHz": mhz = max(mhz, float(value or 0))
         elif key.strip() in ("flags", "Features"): flags |= set(value.split())
   except (OSError, ValueError): pass
+  try:  # the highest clock, not the one now: an idle core's is throttled
+    with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f: mhz = max(mhz, int(f.read()) / 1e3)
+  except (OSError, ValueError): pass
   ghz = mhz / 1e3 or 3.0
   per_cycle, isa = (64, "AVX-512 FMA") if "avx512f" in flags else (32, "AVX2 FMA") if {"avx2", "fma"} <= flags else (16, "SIMD")
   return threads * ghz * 1e9 * per_cycle, f"{threads} threads x {ghz:.2f} GHz{'' if mhz else ' (assumed)'} x {per_cycle} FP32 FLOP/cycle ({isa})"

@@ -102,15 +102,21 @@ class Status:
   seconds of frames (never with 0)."""
   def __init__(self, every_s: float = STATUS_EVERY_S):
     self.every_ns = int(every_s * 1e9) if every_s > 0 else 1 << 62
-    self.next_ns, self.published = time.monotonic_ns() + self.every_ns, 0
+    self.published = 0
     self.times: list[float] = []  # modelExecutionTime of each frame published since the last line
     self.dropped = 0  # frames dropped since the last line
+    self.start(time.monotonic_ns())
+
+  def start(self, now_ns: int) -> None:
+    """Count from `now_ns` (frames start running)."""
+    self.since_ns, self.next_ns = now_ns, now_ns + self.every_ns
 
   def line(self, now_ns: int, published: int) -> str:
-    times = sorted(self.times)
+    times, elapsed = sorted(self.times), (now_ns - self.since_ns) / 1e9  # lines come with frames: after a stall, more than every_s
     ms = f", modelExecutionTime p50 {times[len(times) // 2] * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms" if times else ""
-    line = f"status: {published} frames published, {published - self.published} in the last {self.every_ns / 1e9:g} s, {self.dropped} dropped{ms}"
-    self.next_ns, self.times, self.dropped, self.published = now_ns + self.every_ns, [], 0, published
+    line = f"status: {published} frames published, {published - self.published} in the last {elapsed:.1f} s, {self.dropped} dropped{ms}"
+    self.times, self.dropped, self.published = [], 0, published
+    self.start(now_ns)
     return line
 
 class ModelD:
@@ -171,9 +177,10 @@ class ModelD:
     try:
       warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=refused)
       if warp is None: return False
+      keys = (file_key(model_path), file_key(warp))  # before the read: a file fixed while it was read is tried again
       self.use_model(NativeTinygradAdapter(model_path, warp), sensor)
     except ArtifactError as e:
-      if warp is not None: self.refused[warp] = (file_key(model_path), file_key(warp))
+      if warp is not None: self.refused[warp] = keys
       self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting: tried again when one of them changes")
       return False
     self.refused.pop(warp, None)
@@ -226,7 +233,7 @@ class ModelD:
   def running(self) -> None:
     """The line that says frames now run (route_replay and the benchmarks wait for it): after a load that found a model and a warp."""
     log.info(f"running: main {'wide' if self.camera.main_wide else 'road'} camera{', extra wide camera' if self.camera.use_extra else ''}")
-    self.status.next_ns = time.monotonic_ns() + self.status.every_ns  # the status lines count from here
+    self.status.start(time.monotonic_ns())  # the status lines count from here
 
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
     """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""

@@ -192,7 +192,7 @@ class RuntimeVar(NamedTuple):
 
 @dataclass(frozen=True)
 class Program:
-  """A compiled kernel: its binary (`lib`, a blob range, stored once per (name, binary)), launch sizes, and which of the call's arguments
+  """A compiled kernel: its binary (`lib`, a blob range; programs of one binary share it), launch sizes, and which of the call's arguments
   are its buffers (`globals`), written (`outs`) and read (`ins`). `estimates`: tinygrad's ops/lds/mem for the profile, if recorded."""
   name: str
   lib: tuple[int, int]

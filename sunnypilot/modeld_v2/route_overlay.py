@@ -10,7 +10,6 @@ chevron.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -109,8 +108,8 @@ def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple
   import av
   from PIL import Image
   wanted = {k: (model, rpy, height) for k, model, rpy, height in items}
-  tmp = f"{path}.tmp.mp4"
-  with av.open(segment.road_video) as source, av.open(tmp, "w") as sink:
+  from sunnypilot.modeld_v2.bundle import replaced_atomically
+  with replaced_atomically(path) as (tmp,), av.open(segment.road_video) as source, av.open(tmp, "w", format="mp4") as sink:
     stream = sink.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4", rate=20)
     stream.width, stream.height, stream.pix_fmt = int(segment.frame.width * SCALE), int(segment.frame.height * SCALE), "yuv420p"
     for k, picture in enumerate(source.decode(video=0)):
@@ -121,7 +120,6 @@ def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple
       draw_caption(image, k, getattr(wanted[k][0], "frameId", None), stand_in)
       for packet in stream.encode(av.VideoFrame.from_image(image)): sink.mux(packet)
     for packet in stream.encode(): sink.mux(packet)
-  os.replace(tmp, path)
 
 def plot_drive(path: str, title: str, items: list[tuple[float, Any]], stand_in: str | None = None) -> None:
   """desired curvature, acceleration, lead distance (with its probability) and confidence over `items` = [(seconds, modelV2)]; the title

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX
-from sunnypilot.modeld_v2.cli import add_model_flags, camera_offset_arg, delay_arg, finite_float, model_files, positive_int
+from sunnypilot.modeld_v2.cli import add_model_flags, camera_offset_arg, child_env, delay_arg, end_with_parent, finite_float, model_files, positive_int
 from sunnypilot.modeld_v2.cli import parser as cli_parser
 from sunnypilot.modeld_v2.device_params import TYPICAL_CAR
 from sunnypilot.modeld_v2.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
@@ -191,19 +191,14 @@ def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
 
 ECHO_QUIET = ("reconnected to camerad", "modeld: status:")  # modeld's lines the replay does not pass on: it says its own progress
 
-def end_with_parent() -> None:
-  """In a child before it runs: the kernel sends it SIGTERM when its parent dies (Linux's PR_SET_PDEATHSIG), so a killed replay leaves
-  no modeld behind."""
-  import ctypes
-  ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-
 class Modeld:
   """modeld in a subprocess in this process's msgq namespace, with `flags` after --artifacts; its log lines are kept (the last ones quoted
   when it fails) and, with `echo`, passed on. route_replay and benchmarks.bench_daemon run modeld through it. It runs in a session of
-  its own: a Ctrl-C at the terminal reaches the replay, which stops modeld itself, instead of both at once."""
+  its own: a Ctrl-C at the terminal reaches the replay, which stops modeld itself, instead of both at once; it ends with the replay
+  (cli.end_with_parent) if the replay is killed."""
   def __init__(self, artifacts: str, flags: list[str], echo: bool = True):
     self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, *flags], stderr=subprocess.PIPE,
-                                 text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"}, start_new_session=True, preexec_fn=end_with_parent)
+                                 text=True, env=child_env() | {"PYTHONUNBUFFERED": "1"}, start_new_session=True)
     self.lines: list[str] = []
     self.echo = echo
     self.thread = threading.Thread(target=self._read, daemon=True)
@@ -466,14 +461,16 @@ def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
     while pending or running:
       while pending and len(running) < jobs:
         folder = pending.pop(0)
-        running.append(subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", folder, *flags], preexec_fn=end_with_parent))
+        running.append(subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", folder, *flags], env=child_env()))
       for p in [p for p in running if p.poll() is not None]:
         codes.append(p.returncode)
         running.remove(p)
       time.sleep(0.1)
   except KeyboardInterrupt:
     for p in running: p.send_signal(signal.SIGTERM)  # a Ctrl-C at the terminal reached them already; a SIGTERM to this process did not
-    for p in running: p.wait()
+    for p in running:
+      try: p.wait(timeout=60)  # a replay stops its modeld in seconds
+      except subprocess.TimeoutExpired: p.kill()
     print(f"route_replay: interrupted: {len(codes)} of {len(folders)} segments done, {len(running)} stopped, {len(pending)} not started",
           file=sys.stderr, flush=True)
     return 130
@@ -494,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
   p = parser()
   args = p.parse_args(argv)
   setup("route_replay")
+  end_with_parent()
   check_args(p, args)
   try: folders = [f for s in args.segments for f in segment_folders(s)]
   except RouteError as e: fail(p, str(e))

@@ -264,7 +264,8 @@ def write(generation: str, size: str, path: str, seed: int = 0) -> dict:
   from sunnypilot.modeld_v2.bundle import replaced_atomically
   models, written = build(generation, size, seed), files(generation, path)
   with replaced_atomically(*written.values()) as tmps:
-    for (model, _), tmp in zip(models.values(), tmps):
+    for key, tmp in zip(written, tmps):  # each model to its own file's temporary name
+      model = models[key][0]
       onnx.checker.check_model(model)
       onnx.save(model, tmp)
   return {"files": written, "flops": sum(s["flops"] for _, s in models.values()), "params": sum(s["params"] for _, s in models.values())}

@@ -57,7 +57,8 @@ def summarize(service: str, raw: bytes) -> dict | None:
       if str(event.which()) != service: return None
       msg = getattr(event, service)
       names = msg.schema.fieldnames
-      return {"frame": msg.frameId, "valid": event.valid, "ms": msg.modelExecutionTime * 1e3 if "modelExecutionTime" in names else None,
+      frame = msg.frameId if "frameId" in names else None  # any service may be watched: not every one has frame ids
+      return {"frame": frame, "valid": event.valid, "ms": msg.modelExecutionTime * 1e3 if "modelExecutionTime" in names else None,
               "fields": FIELDS.get(service, lambda _: "")(msg)}
   except (capnp.KjException, ValueError, IndexError):
     return None
