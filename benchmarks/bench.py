@@ -30,14 +30,14 @@ import time
 
 import numpy as np
 
-from sunnypilot.modeld_v2.cli import parser as cli_parser
-from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM, PACKED_FRAMES, WARP_TRANSFORM
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS, HOST_TRANSFORM, PACKED_FRAMES, WARP_TRANSFORM
 
 BUFFERS_PER_STREAM = 18  # camerad's count per stream
 
 def check_outputs(parser: argparse.ArgumentParser, *paths: str | None) -> None:
   """Before a benchmark runs: each output asked for (JSON, PNG) can be written (folders made); otherwise one line and exit 2."""
-  from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path
+  from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path
   for path in filter(None, paths):
     try:
       os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -46,7 +46,7 @@ def check_outputs(parser: argparse.ArgumentParser, *paths: str | None) -> None:
 
 def write_json(path: str | None, data) -> None:
   """Write a benchmark's results as JSON (if asked), atomically."""
-  from sunnypilot.modeld_v2.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
   if not path: return
   with replaced_atomically(path) as (tmp,), open(tmp, "x") as f: json.dump(data, f, indent=2, default=str)
 
@@ -59,10 +59,10 @@ class CameraBuffer:
 
 def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0) -> dict:
   """Stand-in ONNX files (or the given one), model bundle and warp bundles per camera size; compile times."""
-  from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
-  from sunnypilot.modeld_v2.warp import camerad_frame
+  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+  from sunnypilot.modeld_v2.tools import stand_in_models
   os.makedirs(workdir, exist_ok=True)
   if model in ("tiny", "full"): files = stand_in_models.write(generation, model, os.path.join(workdir, f"{generation}_{model}.onnx"))["files"]
   else: files = {"onnx": model}
@@ -77,8 +77,8 @@ def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: 
   return out
 
 def synthetic_buffers(frame, n: int = BUFFERS_PER_STREAM) -> list[dict[str, CameraBuffer]]:
-  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size
-  from sunnypilot.modeld_v2.road_scene import road_scene
+  from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size
+  from sunnypilot.modeld_v2.replay.road_scene import road_scene
   road, wide = SENSOR_CAMERAS[sensor_for_size(frame.width, frame.height)]
   return [dict(zip(CAMERA_BUFFERS, (CameraBuffer(road_scene(frame, cam.focal_length, t=i * 0.05)) for cam in (road, wide))))
           for i in range(n)]
@@ -88,8 +88,8 @@ class Unfused:
   def __init__(self, model_path: str, warp_path: str):
     from tinygrad import Tensor
 
-    from sunnypilot.modeld_v2.bundle import next_name, state_names
-    from sunnypilot.modeld_v2.loader import load_bundle
+    from sunnypilot.modeld_v2.format.bundle import next_name, state_names
+    from sunnypilot.modeld_v2.runtime.loader import load_bundle
     self.warp, self.model = load_bundle(warp_path), load_bundle(model_path)
     zeros = lambda spec: Tensor(np.zeros(spec.shape, spec.dtype)).realize()
     self.frames = zeros(self.warp.input_specs[PACKED_FRAMES])
@@ -102,11 +102,11 @@ class Unfused:
                                                                        if n not in states and n != "new_img"}
 
   def copy_frames(self, bufs: dict) -> None:
-    from sunnypilot.modeld_v2.replay import write_tensor
+    from sunnypilot.modeld_v2.runtime.kernel_replay import write_tensor
     write_tensor(self.frames, np.stack([np.frombuffer(bufs[k].data, np.uint8, count=self.frames.shape[1]) for k in CAMERA_BUFFERS]))
 
   def run(self):
-    from sunnypilot.modeld_v2.replay import write_tensor
+    from sunnypilot.modeld_v2.runtime.kernel_replay import write_tensor
     write_tensor(self.tfm, self.numpy_inputs[HOST_TRANSFORM])
     for n, v in self.numpy_inputs.items():
       if n != HOST_TRANSFORM: write_tensor(self.tensors[n], v)
@@ -205,8 +205,8 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
   from tinygrad import Device
 
   from benchmarks.legacy import LegacyModelAdapter
-  from sunnypilot.modeld_v2.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
-  from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+  from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
+  from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
   warps, dev = built["warps"][size], Device.DEFAULT
   bufs = synthetic_buffers(warps["frame"])
   m_inv = warp_matrices(SENSOR_CAMERAS[sensor_for_size(*size)])
@@ -301,8 +301,8 @@ import json, sys, time
 from tinygrad import Device
 Device[Device.DEFAULT]
 kind, model, warp = sys.argv[1:4]
-from sunnypilot.modeld_v2.loader import load_fused
-from sunnypilot.modeld_v2.bundle import tinygrad_version
+from sunnypilot.modeld_v2.runtime.loader import load_fused
+from sunnypilot.modeld_v2.format.bundle import tinygrad_version
 tinygrad_version()
 t = time.perf_counter()
 if kind == "legacy":
@@ -371,14 +371,14 @@ def plot(results: list[dict], path: str) -> None:
     ax.set_ylabel("ms per frame")
     ax.legend()
   fig.tight_layout()
-  from sunnypilot.modeld_v2.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
   with replaced_atomically(path) as (tmp,): fig.savefig(tmp, dpi=100, format="png")
 
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
   from benchmarks.legacy import capture_legacy
-  from sunnypilot.modeld_v2 import stand_in_models
+  from sunnypilot.modeld_v2.tools import stand_in_models
   parser = cli_parser("benchmarks.bench", __doc__)
   parser.add_argument("--model", default="tiny", help="tiny, full (random-weight stand-ins) or a path to an ONNX")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="stand-in generation for tiny/full")

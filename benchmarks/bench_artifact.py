@@ -22,11 +22,11 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 
 from benchmarks.bench import check_outputs, write_json
-from sunnypilot.modeld_v2.bundle import write_bundle
-from sunnypilot.modeld_v2.capture import capture
-from sunnypilot.modeld_v2.cli import parser as cli_parser
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compat import PlainJit
-from sunnypilot.modeld_v2.part_format import Part
+from sunnypilot.modeld_v2.compile.capture import capture
+from sunnypilot.modeld_v2.format.bundle import write_bundle
+from sunnypilot.modeld_v2.format.part import Part
 
 def small_kernels(n: int = 13):
   """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""
@@ -50,7 +50,7 @@ import numpy as np
 Device[Device.DEFAULT]
 kind, path, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 inputs = {name: Tensor(np.zeros(shape, dtype)).realize() for name, (shape, dtype) in names.items()}
-from sunnypilot.modeld_v2.bundle import read_parts, tinygrad_version
+from sunnypilot.modeld_v2.format.bundle import read_parts, tinygrad_version
 from sunnypilot.modeld_v2.compat import PlainJit
 tinygrad_version()  # both sides start with their code imported and tinygrad's metadata read
 t0 = time.perf_counter()
@@ -107,9 +107,9 @@ FUSED_LOAD = """
 import json, sys, time
 from tinygrad import Device
 Device[Device.DEFAULT]
-from sunnypilot.modeld_v2.bundle import read_parts, tinygrad_version
-from sunnypilot.modeld_v2.frame_fusion import fuse
-from sunnypilot.modeld_v2.loader import load_device, loaded
+from sunnypilot.modeld_v2.format.bundle import read_parts, tinygrad_version
+from sunnypilot.modeld_v2.runtime.frame_fusion import fuse
+from sunnypilot.modeld_v2.runtime.loader import load_device, loaded
 tinygrad_version()
 kind, model, warp, fused = sys.argv[1:5]
 dev = load_device()
@@ -130,12 +130,12 @@ FUSED_LOAD_KINDS = {"fuse": "model + warp bundles, fused in memory (load_fused)"
 
 def bench_fused_load(size: str, loads: int, tmp: str) -> dict:
   """Median stage times of a fused load (native stand-in of `size`, 1928x1208 split warp) in fresh processes, the two kinds interleaved."""
-  from sunnypilot.modeld_v2 import stand_in_models
-  from sunnypilot.modeld_v2.bundle import read_parts
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
-  from sunnypilot.modeld_v2.frame_fusion import fuse
-  from sunnypilot.modeld_v2.warp import camerad_frame
+  from sunnypilot.modeld_v2.format.bundle import read_parts
+  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+  from sunnypilot.modeld_v2.runtime.frame_fusion import fuse
+  from sunnypilot.modeld_v2.tools import stand_in_models
   model, warp, fused = (os.path.join(tmp, f) for f in ("model.bin", "warp.bin", "fused.bin"))
   compile_model(model, **stand_in_models.write("native", size, os.path.join(tmp, "native.onnx"))["files"], log=lambda s: None)
   compile_warp(camerad_frame(1928, 1208).spec, "512x256", warp, split_frames=True, log=lambda s: None)

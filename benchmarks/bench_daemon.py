@@ -46,7 +46,7 @@ import uuid
 import numpy as np
 
 from benchmarks.bench import build, write_json
-from sunnypilot.modeld_v2.cli import parser as cli_parser
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.modeld import STAGE_STAMPS
 
 WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
@@ -72,7 +72,7 @@ class Receiver:
 
   def wait(self, until_ns: int, frame_id: int | None = None) -> None:
     """Take every modelV2 that arrives until monotonic `until_ns`, or until the one of `frame_id` has arrived."""
-    from sunnypilot.modeld_v2.messaging import log
+    from sunnypilot.modeld_v2.daemon.messaging import log
     while (left := until_ns - time.monotonic_ns()) > 0 and (frame_id is None or frame_id not in self.arrived):
       if not self.poller.poll(max(1, left // 1_000_000)): continue
       while (raw := self.sock.receive(non_blocking=True)) is not None:
@@ -95,9 +95,9 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
   """One modeld process (pinned to `core` if given: modeld --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep
   frames; with `bus`, bus_traffic() published before each frame."""
   from benchmarks.car_bus import BUS_SERVICES, bus_traffic
-  from sunnypilot.modeld_v2.camera_replay import CameraReplay, synthetic_frames
-  from sunnypilot.modeld_v2.messaging import pub_master
-  from sunnypilot.modeld_v2.route_replay import Modeld
+  from sunnypilot.modeld_v2.daemon.messaging import pub_master
+  from sunnypilot.modeld_v2.replay.fake_camerad import CameraReplay, synthetic_frames
+  from sunnypilot.modeld_v2.replay.route_replay import Modeld
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
@@ -150,13 +150,13 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
 
 def bundle_layout(model_path: str) -> tuple[dict[str, list[int]], int]:
   """A bundle's output_slices and output width."""
-  from sunnypilot.modeld_v2.bundle import read_bundle
+  from sunnypilot.modeld_v2.format.bundle import read_bundle
   extras = read_bundle(model_path)[0]["extras"]
   return extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
 
 def stand_in_layout(generation: str) -> tuple[dict[str, list[int]], int]:
   """A stand-in generation's output_slices as its fused bundle has them, and their width."""
-  from sunnypilot.modeld_v2.stand_in_models import output_layout
+  from sunnypilot.modeld_v2.tools.stand_in_models import output_layout
   slices = output_layout(generation)
   return slices, max(stop for _, stop in slices.values())
 
@@ -167,7 +167,7 @@ def baseline_publish_state(root: str) -> object:
   ours = {k: m for k, m in sys.modules.items() if k.split(".")[0] == "sunnypilot"}
   for k in ours: del sys.modules[k]
   sys.path.insert(0, os.path.abspath(root))
-  try: module = importlib.import_module("sunnypilot.modeld_v2.publish_state")
+  try: module = importlib.import_module("sunnypilot.modeld_v2.daemon.publish_state")
   finally:
     sys.path.remove(os.path.abspath(root))
     for k in [k for k in sys.modules if k.split(".")[0] == "sunnypilot"]: del sys.modules[k]
@@ -181,8 +181,8 @@ def publish_split(slices: dict[str, list[int]], width: int, runs: int = 300, bas
   into Event builders, then to_bytes). `baseline`: another checkout's publish_state module, whose parse, fill and serialize run on the
   same outputs, before or after this one's by turns, frame by frame ("baseline ..." keys; "same bytes": every frame's three messages
   equal). `idle_s`: a sleep before each path's frame, as modeld sleeps in its receive between frames (caches and clocks go cold)."""
-  from sunnypilot.modeld_v2.messaging import new_message
-  from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
+  from sunnypilot.modeld_v2.daemon.messaging import new_message
+  from sunnypilot.modeld_v2.daemon.publish_state import SERVICES, FrameInfo, PublishState
   paths = {"": (PublishState(log=lambda s: None), FrameInfo)}
   if baseline is not None: paths["baseline "] = (baseline.PublishState(log=lambda s: None), baseline.FrameInfo)
   rng, reference, car = np.random.default_rng(0), PublishState(log=lambda s: None), new_message("carState").carState
@@ -255,8 +255,8 @@ def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
   return beams, rates, size
 
 def arg_parser() -> argparse.ArgumentParser:
-  from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.modeld import core_arg
+  from sunnypilot.modeld_v2.tools import stand_in_models
   parser = cli_parser("benchmarks.bench_daemon", __doc__)
   parser.add_argument("--model", default="tiny", choices=("tiny", "full"), help="random-weight stand-in size")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES)
@@ -350,7 +350,7 @@ def layouts_table(splits: dict[str, dict]) -> str:
 
 def publish_layouts(args: argparse.Namespace, log) -> int:
   """--publish-layouts: the in-process split on every stand-in generation's layout, beside a baseline checkout's when one is given."""
-  from sunnypilot.modeld_v2.stand_in_models import NAMES
+  from sunnypilot.modeld_v2.tools.stand_in_models import NAMES
   try: baseline = baseline_publish_state(args.baseline) if args.baseline else None
   except (ImportError, ValueError) as e:
     print(f"error: --baseline {args.baseline}: {e}", file=sys.stderr)

@@ -19,11 +19,11 @@ import numpy as np
 from tinygrad import Device, Tensor
 
 from benchmarks.bench import check_outputs, write_json
-from sunnypilot.modeld_v2 import stand_in_models
-from sunnypilot.modeld_v2.bundle import next_name, state_names
-from sunnypilot.modeld_v2.cli import parser as cli_parser
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_modeld import compile_model
-from sunnypilot.modeld_v2.loader import load_bundle
+from sunnypilot.modeld_v2.format.bundle import next_name, state_names
+from sunnypilot.modeld_v2.runtime.loader import load_bundle
+from sunnypilot.modeld_v2.tools import stand_in_models
 
 def step_ms(path: str, steps: int) -> list[float]:
   """Per-step times of the loaded bundle with states written in place, as modeld runs it."""

@@ -19,7 +19,7 @@ import time
 from benchmarks.bench import check_outputs, write_json
 
 def replay_fps(segment: str, artifacts: str, out: str, flags: list[str]) -> float:
-  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.route_replay", segment, "--artifacts", artifacts, "--out", out, "--no-pictures",
+  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.replay.route_replay", segment, "--artifacts", artifacts, "--out", out, "--no-pictures",
                         *flags], capture_output=True, text=True)
   if run.returncode != 0 or not (m := re.search(r"([\d.]+) frames/s", run.stdout)): raise SystemExit(f"route_replay failed:\n{run.stdout}\n{run.stderr}")
   print(run.stdout.splitlines()[0], file=sys.stderr)
@@ -28,11 +28,11 @@ def replay_fps(segment: str, artifacts: str, out: str, flags: list[str]) -> floa
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
-  from sunnypilot.modeld_v2.cli import camera_size, positive_int
-  from sunnypilot.modeld_v2.cli import parser as cli_parser
-  from sunnypilot.modeld_v2.demo import build_artifacts
-  from sunnypilot.modeld_v2.route_segment import FrameDecoder, open_segment
-  from sunnypilot.modeld_v2.synthetic_route import write_segment
+  from sunnypilot.modeld_v2.common.cli import camera_size, positive_int
+  from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+  from sunnypilot.modeld_v2.replay.route_segment import FrameDecoder, open_segment
+  from sunnypilot.modeld_v2.replay.synthetic_route import write_segment
+  from sunnypilot.modeld_v2.tools.demo import build_artifacts
   parser = cli_parser("benchmarks.bench_route", __doc__)
   parser.add_argument("--camera", type=camera_size, default="1928x1208", help="a comma camera's frame size (default 1928x1208)")
   parser.add_argument("--frames", type=positive_int, default=200, help="frames in the synthetic segment (default 200)")

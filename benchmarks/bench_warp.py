@@ -14,10 +14,10 @@ import numpy as np
 from tinygrad import Device, Tensor
 
 from benchmarks.bench import check_outputs, write_json
-from sunnypilot.modeld_v2.cli import parser as cli_parser
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_warp import compile_warp
-from sunnypilot.modeld_v2.loader import load_bundle
-from sunnypilot.modeld_v2.warp import camerad_frame
+from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+from sunnypilot.modeld_v2.runtime.loader import load_bundle
 
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("benchmarks.bench_warp", __doc__)

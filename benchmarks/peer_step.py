@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.bundle import next_name, state_names
-from sunnypilot.modeld_v2.input_queues import CURVATURE, DESIRE_HISTORY, FEATURES, derive_frame_skip, queue_role
-from sunnypilot.modeld_v2.onnx_model import load_onnx, main_output, model_slices
+from sunnypilot.modeld_v2.compile.input_queues import CURVATURE, DESIRE_HISTORY, FEATURES, derive_frame_skip, queue_role
+from sunnypilot.modeld_v2.compile.onnx_model import load_onnx, main_output, model_slices
+from sunnypilot.modeld_v2.format.bundle import next_name, state_names
 
 class NumpyOps:
   """The array operations a step needs, on numpy."""

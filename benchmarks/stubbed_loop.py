@@ -17,9 +17,9 @@ import uuid
 import numpy as np
 
 from benchmarks.car_bus import BUS_SERVICES, bus_traffic
-from sunnypilot.modeld_v2.camera_sync import FrameMeta
-from sunnypilot.modeld_v2.constants import DESIRE_LEN, LAT_PLANNER_SOLUTION_WIDTH
-from sunnypilot.modeld_v2.frame_inputs import host_inputs
+from sunnypilot.modeld_v2.daemon.camera_sync import FrameMeta
+from sunnypilot.modeld_v2.daemon.frame_inputs import host_inputs
+from sunnypilot.modeld_v2.model.constants import DESIRE_LEN, LAT_PLANNER_SOLUTION_WIDTH
 from sunnypilot.modeld_v2.modeld import ModelD
 
 STUB_SENSOR = "ar0231"  # the intrinsics the transforms are made with: any known sensor does
@@ -30,7 +30,7 @@ class StubCamera:
   main_wide, use_extra, clock_frozen = False, True, False
 
   def __init__(self, idle_s: float, spin_s: float = 0.0, bus: bool = True):
-    from sunnypilot.modeld_v2.messaging import pub_master
+    from sunnypilot.modeld_v2.daemon.messaging import pub_master
     self.sleep_s, self.spin_s, self.frame_id = max(idle_s - spin_s, 0.0), min(spin_s, idle_s), 0
     self.traffic, self.pm = (bus_traffic(), pub_master(list(BUS_SERVICES))) if bus else ({}, None)
 

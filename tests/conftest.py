@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor, dtypes
 
-from sunnypilot.modeld_v2.warp import NV12Frame
+from sunnypilot.modeld_v2.model.camera_frame import NV12Frame
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -60,7 +60,7 @@ bufs, m = np.load({str(folder / 'bufs.npy')!r}), np.load({str(folder / 'm.npy')!
 frame, big, m_inv = Tensor(bufs[0]).realize(), Tensor(bufs[1]).realize(), Tensor(m).realize()
 Device[Device.DEFAULT]
 {NO_COMPILE}
-from sunnypilot.modeld_v2.loader import load_bundle
+from sunnypilot.modeld_v2.runtime.loader import load_bundle
 out = load_bundle({path!r}).run(frame=frame, big_frame=big, M_inv=m_inv)
 np.save({str(folder / 'out.npy')!r}, np.frombuffer(out.uop.base.buffer.as_memoryview(force_zero_copy=True), np.uint8))
 """)
@@ -76,10 +76,10 @@ realize.compile_linear = realize.lower_and_compile = realize.to_program = device
 def native_artifacts(tmp_path_factory) -> str:
   """One tiny native stand-in and its warps (1344x760, --split-frames and packed), built once per test run: an artifacts folder as modeld
   reads it (model.bin + warp_*.bin). Tests copy what they change."""
-  from sunnypilot.modeld_v2 import stand_in_models
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
-  from sunnypilot.modeld_v2.warp import camerad_frame
+  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+  from sunnypilot.modeld_v2.tools import stand_in_models
   folder = tmp_path_factory.mktemp("native_artifacts")
   stand_in_models.write("native", "tiny", str(folder / "native.onnx"), seed=4)
   compile_model(str(folder / "model.bin"), onnx=str(folder / "native.onnx"), log=lambda s: None)

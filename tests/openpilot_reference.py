@@ -5,12 +5,13 @@ features pushed after the vision model and prev_desired_curv after the policy; @
 prev_desired_curv pushed after the run)."""
 import base64
 import pickle
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
-from sunnypilot.modeld_v2.loader import load_bundle
+from sunnypilot.modeld_v2.runtime.loader import load_bundle
 
 from conftest import realized
 
@@ -110,3 +111,30 @@ def drive_bundle(path: str, reference: Openpilot, rng, steps: int = 20) -> None:
     model.run(**{n: realized(v) for n, v in ({"new_img": new_img, "desire": desire} | GATE | host).items() if n in specs}, **states,
                  output_buffers=outs)
     np.testing.assert_allclose(outs["outputs"].numpy(), expected, rtol=1e-4, atol=1e-5, err_msg=f"{path} step {step} vs onnxruntime")
+
+# openpilot's time and distance axes (selfdrive/modeld/constants.py: T_IDXS, X_IDXS), written out
+T = np.array([10.0 * (i / 32) ** 2 for i in range(33)])
+X = np.array([192.0 * (i / 32) ** 2 for i in range(33)])
+
+def sig(x): return 1 / (1 + np.exp(-np.asarray(x, np.float64)))
+
+def openpilot_plan_t_idxs(plan_x: np.ndarray) -> list[float]:
+  """openpilot fill_model_msg.py's loop, written out: numpy float32 plan points against Python-float X_IDXS, the search restarted at the
+  first plan point for every distance."""
+  t = [float("nan")] * 33
+  t[0] = 0.0
+  for xi in range(1, 33):
+    ti = 0
+    while ti < 32 and plan_x[ti + 1] < X[xi].item(): ti += 1
+    if ti == 32:
+      t[xi] = 10.0
+      break
+    x0, x1 = float(plan_x[ti]), float(plan_x[ti + 1])
+    p = (X[xi].item() - x0) / (x1 - x0) if abs(x1 - x0) > 1e-9 else float("nan")
+    t[xi] = p * T[ti + 1].item() + (1 - p) * T[ti].item()
+  return t
+
+def car(v_ego=25.0, left=False, right=False, pressed=False, torque=0.0, left_bsm=False, right_bsm=False) -> SimpleNamespace:
+  """The carState fields modeld reads, as a stand-in object."""
+  return SimpleNamespace(vEgo=v_ego, leftBlinker=left, rightBlinker=right, steeringPressed=pressed, steeringTorque=torque,
+                         leftBlindspot=left_bsm, rightBlindspot=right_bsm)

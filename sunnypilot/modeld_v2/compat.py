@@ -13,9 +13,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sunnypilot.modeld_v2.frame_fusion import frame_part
-from sunnypilot.modeld_v2.loader import LoadedBundle, load_bundle, load_fused
-from sunnypilot.modeld_v2.replay import Replay
+from sunnypilot.modeld_v2.runtime.frame_fusion import frame_part
+from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
+from sunnypilot.modeld_v2.runtime.loader import LoadedBundle, load_bundle, load_fused
 
 _Jit = PlainJit = Replay
 

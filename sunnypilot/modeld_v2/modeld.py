@@ -31,20 +31,20 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.artifacts import MODEL_NAME, check_artifacts, file_key, find_warp
-from sunnypilot.modeld_v2.bundle import ArtifactError, check_output_path, replaced_atomically
-from sunnypilot.modeld_v2.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, Episodes
-from sunnypilot.modeld_v2.calibration import DEFAULT_RPY, sensor_for_size
-from sunnypilot.modeld_v2.camera_sync import CameraSync, Geometry
-from sunnypilot.modeld_v2.cli import camera_offset_arg, delay_arg, finite_float, interruptible, positive_int
-from sunnypilot.modeld_v2.cli import parser as cli_parser
-from sunnypilot.modeld_v2.constants import DT_MDL
-from sunnypilot.modeld_v2.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
-from sunnypilot.modeld_v2.frame_inputs import FrameInputs, HostInputs
-from sunnypilot.modeld_v2.generations import GENERATIONS
-from sunnypilot.modeld_v2.messaging import claim_bus
-from sunnypilot.modeld_v2.publish_state import SERVICES, FrameInfo, PublishState
-from sunnypilot.modeld_v2.warp import CAMERA_BUFFERS, HOST_TRANSFORM
+from sunnypilot.modeld_v2.common.cli import camera_offset_arg, delay_arg, finite_float, interruptible, positive_int
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.daemon.artifacts import MODEL_NAME, check_artifacts, file_key, find_warp
+from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, Episodes
+from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync, Geometry
+from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
+from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs
+from sunnypilot.modeld_v2.daemon.messaging import claim_bus
+from sunnypilot.modeld_v2.daemon.publish_state import SERVICES, FrameInfo, PublishState
+from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path, replaced_atomically
+from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size
+from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS, HOST_TRANSFORM
+from sunnypilot.modeld_v2.model.constants import DT_MDL
+from sunnypilot.modeld_v2.model.generations import GENERATIONS
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
 # launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
@@ -157,7 +157,7 @@ class ModelD:
     return loaded
 
   def _load(self) -> bool:
-    from sunnypilot.modeld_v2.model_adapters import NativeTinygradAdapter
+    from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
     try: geometry = self.camera.live_geometry()
     except ValueError as e:
       self.log_once(f"{e}: waiting for another camera geometry")
@@ -245,8 +245,8 @@ class ModelD:
     return False
 
   def run(self, max_frames: int | None = None, core: int | None = None) -> int:
-    from sunnypilot.modeld_v2.device_params import camera_offset, device_params, on_device, read_car_params
-    from sunnypilot.modeld_v2.messaging import pub_master, sub_master
+    from sunnypilot.modeld_v2.daemon.device_params import camera_offset, device_params, on_device, read_car_params
+    from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
     params = device_params()
     device = on_device()
     log.info(config_realtime(DEVICE_CORE if core is None and device else core, realtime=device))

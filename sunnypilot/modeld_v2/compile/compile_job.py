@@ -1,0 +1,72 @@
+"""One compile into a bundle, as every compiler (compile_modeld, compile_onnx, compile_warp) runs it: the output and BEAM checks before any
+work, random inputs, a realize point per layer while tinygrad's ONNX runners trace, the capture inside a compile session, and the bundle
+written with a summary of what it holds."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path, write_bundle
+from sunnypilot.modeld_v2.format.part import Part
+from sunnypilot.modeld_v2.runtime.tinygrad_internals import onnx_ops, patched_onnx_ops
+
+LAYER_OPS = ("Conv", "MatMul", "Gemm")
+
+@contextlib.contextmanager
+def layer_boundaries(on: bool = True) -> Iterator[None]:
+  """Realize the output of every convolution and matrix product while ONNX runners trace. Left free, tinygrad 0.14.0's scheduler fuses a
+  convolution into the next one and recomputes it for every tap of the second (supercombo's backbones) and nests the GRU's matrix
+  products the same way; a boundary per layer computes each once."""
+  def realized(op):
+    return functools.wraps(op)(lambda *args, **kwargs: op(*args, **kwargs).contiguous())
+  with patched_onnx_ops({name: realized(onnx_ops()[name]) for name in LAYER_OPS if on}): yield
+
+def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+  """A capture input: uint8 (camera planes) over 0-255, floats standard normal, other integers (indices, flags) 0 or 1."""
+  dtype = np.dtype(dtype)
+  if dtype == np.uint8: return rng.integers(0, 256, shape, dtype=np.uint8)
+  return rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else rng.integers(0, 2, shape).astype(dtype)
+
+class BundleCompile:
+  """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`)
+  or `beam` cannot search here: a compiler makes it first thing, so its library call and its CLI check alike. `capture` then captures a
+  step, `write` writes the bundle."""
+  def __init__(self, output: str, sources: Iterable[str | None], beam: int | None):
+    from tinygrad import Device
+
+    from sunnypilot.modeld_v2.compile.capture import search_level
+    self.t0, self.device, self.output = time.perf_counter(), Device.DEFAULT, output
+    check_output_path(output, inputs=sources)
+    self.level = search_level(beam)
+    self.rng = np.random.default_rng(0)
+
+  def random_inputs(self, specs: dict[str, tuple[tuple, Any]]) -> dict[str, Any]:
+    """Fresh realized tensors for specs {name: (shape, numpy dtype)} on the compile's device."""
+    from tinygrad import Tensor
+    return {k: Tensor(random_value(self.rng, shape, dtype), device=self.device).realize() for k, (shape, dtype) in specs.items()}
+
+  def capture(self, make_step: Callable[[], Callable], make_inputs: Callable[[], dict[str, Any]], fuse_layers: bool, log: Callable[[str], None]):
+    """capture.capture_part of the step `make_step()` builds (its ONNX runners load their weights inside the compile session: into host-backed
+    buffers on NULL). `fuse_layers`: no realize point per layer (see layer_boundaries); a step without ONNX runners has no layers."""
+    from sunnypilot.modeld_v2.compile.capture import capture_part, compile_session
+    with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):
+      step = make_step()
+      log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
+      try: return capture_part(step, make_inputs, null_holds_data=null_holds_data, beam=self.level, log=log)
+      except OSError as e: raise ArtifactError(f"compiling for {self.device} failed: {e}") from e  # e.g. the CPU backend's clang is missing
+
+  def write(self, part: tuple[Part, bytes], input_specs: dict[str, tuple[tuple, Any]], output_specs: dict[str, tuple[tuple, Any]], metadata: dict) -> dict:
+    """Write the bundle of one part `run` with its specs {name: (shape, numpy dtype)} and metadata; a summary of it."""
+    specs = lambda s: {k: (list(shape), np.dtype(dtype).str, self.device) for k, (shape, dtype) in s.items()}
+    size = write_bundle(self.output, {"run": part}, {"input_specs": specs(input_specs), "output_specs": specs(output_specs), "metadata": metadata},
+                        flags={"BEAM": self.level})
+    record = part[0]
+    return {"output": self.output, "kernels": sum(c.kind == "program" for c in record.calls), "calls": len(record.calls),
+            "programs": len(record.programs), "onetime": len(record.onetime_calls),
+            "weight_bytes": sum(b.init[1] - b.init[0] for b in record.buffers if b.init is not None), "bytes": size,
+            "compile_s": time.perf_counter() - self.t0}

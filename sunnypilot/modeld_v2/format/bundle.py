@@ -1,0 +1,331 @@
+"""The bundle file: named parts and extras as JSON + bytes, with provenance and a content hash. Reading one never unpickles.
+
+A part is `(header, blob)`: `header` is the JSON of a part_format.Part (inputs, buffers, programs, calls, returns, check), `blob` the bytes it points
+into (each kernel binary once, initial buffer contents). `docs/FORMAT.md` lists every field.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import stat
+import struct
+from collections.abc import Iterable, Iterator
+from importlib.metadata import version as package_version
+from typing import Any, BinaryIO, NamedTuple
+
+import numpy as np
+from tinygrad import Device, helpers
+from tinygrad.helpers import getenv
+
+from sunnypilot.modeld_v2.format.part import ArtifactError, Part, device_kind, expect, ints, within
+from sunnypilot.modeld_v2.model.camera_frame import PACKED_FRAMES, WARP_FRAMES, parse_frame, parse_size
+from sunnypilot.modeld_v2.model.parse_model_outputs import check_output_slices
+
+FORMAT_VERSION = 1
+MAGIC = b"SPMV2ART"
+PREAMBLE = struct.Struct("<8sIQ32s")  # magic, format version, header bytes, sha256(header + blob)
+MAX_HEADER_BYTES = 64 << 20  # a full model's header is a few MB: a larger one is a stray or crafted file, refused before it is read
+BUILD_FLAGS = ("IMAGE", "FLOAT16", "NOLOCALS", "JIT_BATCH_SIZE", "JIT", "BEAM", "JITBEAM")
+
+class TensorSpec(NamedTuple):
+  """What a bundle's caller passes or gets for one name: shape, numpy dtype string ("<f4", "|u1") and device. Stored as a JSON list."""
+  shape: tuple[int, ...]
+  dtype: str
+  device: str
+
+  @staticmethod
+  def of(value: Any) -> TensorSpec:
+    shape, dtype, device = value
+    return TensorSpec(tuple(int(d) for d in shape), np.dtype(dtype).str, str(device))
+
+  @property
+  def nbytes(self) -> int: return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+STATE_PREFIX = "next_"  # the one rule of a state: an input X whose next value the model returns as the output next_X
+
+def next_name(state: str) -> str:
+  """The output that carries a state's next value."""
+  return STATE_PREFIX + state
+
+def state_names(input_names: Any, output_names: Any) -> list[str]:
+  """The states of a model: each input X with an output next_X (the caller may pass X's own buffer as next_X)."""
+  outputs = set(output_names)
+  return sorted(name for name in input_names if next_name(name) in outputs)
+
+def unpaired_state_outputs(input_names: Any, output_names: Any) -> dict[str, str]:
+  """Outputs named as a state's next value whose state is no input, {next_X: X}: half a state pair."""
+  inputs = set(input_names)
+  return {n: n.removeprefix(STATE_PREFIX) for n in sorted(output_names) if n.startswith(STATE_PREFIX) and n.removeprefix(STATE_PREFIX) not in inputs}
+
+@functools.cache
+def tinygrad_version() -> str: return package_version("tinygrad")
+
+# *** writing ***
+
+def provenance(device: str, flags: dict[str, int] | None = None) -> dict:
+  """Where a bundle's kernels run, with the build flags of this process (`flags` overrides: e.g. the BEAM a compile searched with)."""
+  target = Device[Device.canonicalize(device)].renderer.target
+  if target.device == "NULL" and target.renderer == "IR3": target = dataclasses.replace(target, device="QCOM")  # cross-compiled for Adreno
+  return {"format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": target.device or device_kind(device), "target": repr(target),
+          "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS} | (flags or {})}
+
+# *** files: outputs replace only regular files and never an input; reads refuse what is not a regular file ***
+
+def file_kind(mode: int) -> str:
+  kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+           (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file"))
+  return next((what for test, what in kinds if test(mode)), "not a regular file")
+
+def temporary_path(path: str) -> str:
+  """Where a file is written before it is renamed into place: next to it, named for this process."""
+  return f"{path}.tmp{os.getpid()}"
+
+def _process_alive(pid: int) -> bool:
+  try: os.kill(pid, 0)
+  except ProcessLookupError: return False
+  except (PermissionError, OverflowError): pass  # another user's process, or no process id at all: leave its file
+  return True
+
+def remove_stale_temporaries(path: str) -> None:
+  """Remove `path`'s temporary files left by writers that were killed (their process is gone, or had this process's id before it: this
+  one is not writing `path` yet); a live writer's is kept. Writers then create theirs exclusively, never through something planted."""
+  folder, base = os.path.split(os.path.abspath(path))
+  prefix = f"{base}.tmp"
+  try: names = os.listdir(folder)
+  except OSError: return
+  for name in names:
+    pid = name[len(prefix):] if name.startswith(prefix) else ""
+    if pid.isdigit() and (int(pid) == os.getpid() or not _process_alive(int(pid))):
+      with contextlib.suppress(OSError): os.remove(os.path.join(folder, name))
+
+def _refuse_replacing(path: str) -> None:
+  try: st = os.stat(path)
+  except FileNotFoundError: return
+  except OSError as e: raise ArtifactError(f"cannot use {path}: {e.strerror or e}") from None
+  if stat.S_ISDIR(st.st_mode): raise ArtifactError(f"{path} is a folder: give a file name")
+  if not stat.S_ISREG(st.st_mode): raise ArtifactError(f"{path} is {file_kind(st.st_mode)}, not a regular file: refusing to replace it")
+
+def check_output_path(path: str, inputs: Iterable[str | None] = ()) -> None:
+  """Fail before any work when `path` cannot become a new file: empty, a folder, a device node, FIFO or anything but a regular file, the
+  same file as one of `inputs` (under any name), a missing folder, or a place this user cannot create a file in. Removes temporary
+  files of `path` left by killed runs."""
+  if not path: raise ArtifactError("the output path is empty: give a file name")
+  _refuse_replacing(path)
+  for source in filter(None, inputs):
+    with contextlib.suppress(OSError):
+      if os.path.samefile(path, source): raise ArtifactError(f"the output {path} is the input {source}: writing it would destroy the input")
+  folder = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(folder): raise ArtifactError(f"the output folder {folder} does not exist")
+  if os.path.exists(path) and not os.access(path, os.W_OK): raise ArtifactError(f"cannot write {path}: permission denied")
+  remove_stale_temporaries(path)
+  try: os.close(os.open(tmp := temporary_path(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # can a file be created there?
+  except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None
+  os.remove(tmp)
+
+@contextlib.contextmanager
+def replaced_atomically(*paths: str) -> Iterator[list[str]]:
+  """Temporary names for `paths`, next to them. When the block ends they are renamed over `paths`, all after every one is complete, so
+  readers see the old files or the new ones, never half a file; on any failure (an exception, Ctrl-C) the temporary files are removed
+  and `paths` are left as they were. Nothing but a regular file is ever replaced."""
+  for path in paths: remove_stale_temporaries(path)
+  tmps = [temporary_path(path) for path in paths]
+  try:
+    yield tmps
+    for path in paths: _refuse_replacing(path)  # again: something may have appeared there during the work
+    for tmp, path in zip(tmps, paths): os.replace(tmp, path)
+  except BaseException:
+    for tmp in tmps:
+      with contextlib.suppress(OSError): os.remove(tmp)
+    raise
+
+def open_regular(path: str) -> BinaryIO:
+  """`path` opened for reading, refused before a byte is read unless it is a regular file (a FIFO would block, a device never end)."""
+  try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
+  if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+    os.close(fd)
+    raise ArtifactError(f"{path} is {file_kind(mode)}, not a regular file")
+  os.set_blocking(fd, True)
+  return os.fdopen(fd, "rb")
+
+def file_sha256(path: str) -> str:
+  """A file's content hash, read in 1 MiB blocks (a full-size model is hundreds of MB): what a bundle records of the sources it was built
+  from, so that a rebuild is decided by content, not by a name."""
+  digest = hashlib.sha256()
+  with open_regular(path) as f:
+    while block := f.read(1 << 20): digest.update(block)
+  return digest.hexdigest()
+
+def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None, check: bool = True) -> int:
+  """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
+  atomically: a temporary file renamed into place, removed on any failure (an OSError, such as a full disk, raised as an ArtifactError).
+  `flags` override the build flags provenance records. The written file is read back through the loader's checks before it takes its name
+  (`check=False` only crafts a hostile file, for the tests of those checks). Returns the size in bytes."""
+  if not parts: raise ArtifactError("a bundle needs at least one part")
+  headers = {name: header.to_json() if isinstance(header, Part) else header for name, (header, _) in parts.items()}
+  devices = {device_kind(h["device"]) for h in headers.values()}
+  if len(devices) != 1: raise ArtifactError(f"all parts of a bundle must be for one device, got {sorted(devices)}")
+  blob, index = bytearray(), {}
+  for name, (_, part_blob) in parts.items():
+    index[name] = {"header": headers[name], "blob": [len(blob), len(blob) + len(part_blob)]}
+    blob += bytes(part_blob)
+  head = {"provenance": provenance(next(iter(headers.values()))["device"], flags), "parts": index, "extras": extras}
+  data = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
+  digest = hashlib.sha256(data + blob).digest()
+  try:
+    with replaced_atomically(path) as (tmp,):
+      with open(tmp, "xb") as f: f.write(PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(data), digest) + data + blob)
+      # the loader's own checks on a fresh read of the written bytes, before the file takes its name: what a compiler writes, the loader takes
+      if check:
+        try: read_parts(tmp, allow_device=True, name=path)
+        except ArtifactError as e: raise ArtifactError(f"the bundle as written would be refused at load, so it was not written: {e}") from None
+  except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None  # a full disk: one line from every compiler
+  return PREAMBLE.size + len(data) + len(blob)
+
+# *** reading ***
+
+def read_bundle(path: str, name: str | None = None) -> tuple[dict, memoryview]:
+  """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data. Errors name the file as
+  `name` (default: `path`)."""
+  try: return _read_bundle(path)
+  except ArtifactError as e:
+    if name is None: raise
+    raise ArtifactError(str(e).replace(path, name, 1)) from None
+
+def _read_head(f: BinaryIO, path: str) -> tuple[dict, bytes, bytes, int]:
+  """The header of an open bundle file, read as far as it reaches and no further: (header, its bytes, the preamble's digest, the blob's
+  length). The magic, version and sizes the header declares are checked against the file's size first, so a stray large file costs eight
+  bytes, not a read of the whole."""
+  size = os.fstat(f.fileno()).st_size
+  if len(preamble := f.read(PREAMBLE.size)) < PREAMBLE.size: raise ArtifactError(f"{path}: {size} bytes is too short to be a bundle (truncated?)")
+  magic, version, head_len, digest = PREAMBLE.unpack(preamble)
+  if magic != MAGIC: raise ArtifactError(f"{path}: not a modeld_v2 bundle (magic {magic!r}, expected {MAGIC!r})")
+  if version != FORMAT_VERSION: raise ArtifactError(f"{path}: bundle format version {version}, this loader reads version {FORMAT_VERSION}")
+  if PREAMBLE.size + head_len > size: raise ArtifactError(f"{path}: header runs past the end of the file (truncated?)")
+  if head_len > MAX_HEADER_BYTES: raise ArtifactError(f"{path}: a {head_len:,} byte header, more than {MAX_HEADER_BYTES:,}: not a bundle this loader reads")
+  if len(data := f.read(head_len)) < head_len: raise ArtifactError(f"{path}: the file shrank while it was read (being rewritten?)")
+  try: head = json.loads(data)
+  except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: also integers too long to convert
+    raise ArtifactError(f"{path}: header is not valid JSON: {str(e)[:120]}") from None
+  try: _check_head(head)
+  except ArtifactError as e: raise ArtifactError(f"{path}: malformed header: {e}") from None
+  blob_len = max(p["blob"][-1] for p in head["parts"].values()) if all(p["blob"] for p in head["parts"].values()) else -1
+  if PREAMBLE.size + head_len + blob_len != size:
+    raise ArtifactError(f"{path}: the header declares a {PREAMBLE.size + head_len + blob_len:,} byte bundle, the file has {size:,} bytes (truncated, "
+                        "or not one bundle)")
+  return head, data, digest, blob_len
+
+def read_header(path: str) -> dict:
+  """A bundle's header alone, its sizes checked against the file's and nothing past it read (no hash: `read_bundle` checks that): what
+  looking through a folder of bundles needs to know which is which."""
+  try:
+    with open_regular(path) as f: return _read_head(f, path)[0]
+  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
+
+def _read_bundle(path: str) -> tuple[dict, memoryview]:
+  try:
+    with open_regular(path) as f:
+      head, data, digest, blob_len = _read_head(f, path)
+      blob = memoryview(np.empty(blob_len, np.uint8))  # writable and uninitialised: weights are copied to the device straight from it
+      got = f.readinto(blob)
+  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
+  if got != blob_len: raise ArtifactError(f"{path}: the file shrank while it was read (being rewritten?)")
+  content = hashlib.sha256(data)
+  content.update(blob)
+  if content.digest() != digest:
+    raise ArtifactError(f"{path}: content hash mismatch: file says {digest.hex()[:16]}, content is {content.hexdigest()[:16]} (truncated or edited)")
+  return head, blob
+
+def check_provenance(prov: dict, device: str | None = None, path: str = "bundle", allow_device: bool = False) -> str:
+  """Raise unless a bundle with provenance `prov` runs here; returns the device to load on."""
+  here = Device.canonicalize(device)
+  if prov.get("format") != FORMAT_VERSION: raise ArtifactError(f"{path}: format {prov.get('format')}, this loader reads {FORMAT_VERSION}")
+  if prov.get("tinygrad") != tinygrad_version():
+    raise ArtifactError(f"{path}: built with tinygrad {prov.get('tinygrad')}, this is tinygrad {tinygrad_version()}: rebuild the bundle")
+  if allow_device: return here
+  if prov.get("device") != device_kind(here): raise ArtifactError(f"{path}: built for device {prov.get('device')}, this process runs on {device_kind(here)}")
+  if prov.get("target") != (target := repr(Device[here].renderer.target)):
+    raise ArtifactError(f"{path}: kernels built for {prov.get('target')}, this device compiles for {target}")
+  return here
+
+def read_parts(path: str, device: str | None = None, allow_device: bool = False, name: str | None = None) \
+    -> tuple[dict[str, tuple[Part, memoryview]], dict]:
+  """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch.
+  Each part is `(Part record, blob)`; the extras' `input_specs` and `output_specs` come back as {name: TensorSpec}. Errors name the file
+  as `name` (default: `path`)."""
+  head, blob = read_bundle(path, name)
+  check_provenance(head["provenance"], device, name or path, allow_device)
+  records = check_parts(head, blob, name or path)
+  parts = {name: (records[name], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}
+  extras = head["extras"] | {k: {n: TensorSpec.of(s) for n, s in head["extras"].get(k, {}).items()} for k in ("input_specs", "output_specs")}
+  return parts, extras
+
+def check_parts(head: dict, blob: Any, path: str = "bundle") -> dict[str, Part]:
+  """Validate every part of a read bundle (see Part.from_json) and the model metadata the runtime reads; returns the parts as records."""
+  parts = {}
+  for name, p in head["parts"].items():
+    try: parts[name] = Part.from_json(p["header"], blob[slice(*within(p["blob"], len(blob), "blob"))])
+    except ArtifactError as e: raise ArtifactError(f"{path}: malformed part {name!r}: {e}") from None
+  check_metadata(head["extras"], path)
+  return parts
+
+# *** structure: every reference stays inside its own tables and blob, so a malformed header is an error, not a wild pointer ***
+
+def _check_head(head: Any) -> None:
+  expect(head, dict, "the header")
+  expect(head.get("provenance"), dict, "provenance")
+  if not expect(head.get("parts"), dict, "parts"): raise ArtifactError("the bundle has no parts")
+  for name, p in head["parts"].items():
+    expect(p, dict, f"part {name!r}")
+    expect(p.get("header"), dict, f"part {name!r} header")
+    ints(p.get("blob"), f"part {name!r} blob range")
+  extras = expect(head.setdefault("extras", {}), dict, "extras")
+  for kind in ("input_specs", "output_specs"):
+    for n, spec in expect(extras.get(kind, {}), dict, kind).items():
+      if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[2], str)): raise ArtifactError(f"{kind}[{n}] is not [shape, dtype, device]")
+      ints(spec[0], f"{kind}[{n}] shape")
+      try: np.dtype(spec[1])
+      except TypeError: raise ArtifactError(f"{kind}[{n}] has an unknown dtype {spec[1]!r}") from None
+  expect(extras.get("metadata", {}), dict, "metadata")
+
+def _check_strings(value: Any, what: str, depth: int = 1) -> None:
+  """A {str: str} dict (depth 1) or {str: {str: str}} (depth 2)."""
+  for k, v in expect(value, dict, what).items():
+    if depth > 1: _check_strings(v, f"{what}[{k!r:.40}]", depth - 1)
+    else: expect(v, str, f"{what}[{k!r:.40}]")
+
+def check_metadata(extras: dict, path: str = "bundle") -> None:
+  """Raise an ArtifactError naming `path` unless a read bundle's metadata is what the runtime, inspect and modeld's warp discovery read:
+  a warp's frame geometry, model size, split flag and frame inputs; a model's layout, roles and `output_slices`
+  (parse_model_outputs.check_output_slices)."""
+  try: _check_metadata(extras)
+  except ArtifactError as e: raise ArtifactError(f"{path}: malformed metadata: {e}") from None
+
+def _check_warp(extras: dict) -> None:
+  meta, inputs = extras["metadata"], extras.get("input_specs", {})
+  frame_spec, size = expect(meta.get("frame"), str, "warp frame"), ints(meta.get("model_size"), "warp model_size")
+  split = expect(meta.get("split_frames"), bool, "warp split_frames")
+  try: frame = parse_frame(frame_spec)
+  except ValueError as e: raise ArtifactError(f"warp frame: {e}") from None
+  try: parse_size("x".join(map(str, size)))
+  except ValueError as e: raise ArtifactError(f"warp model_size: {e}") from None
+  frames = dict.fromkeys(WARP_FRAMES, [frame.size]) if split else {PACKED_FRAMES: [2, frame.size]}  # what compile_warp declares
+  if (got := {name: inputs[name][0] if name in inputs else None for name in frames}) != frames:
+    raise ArtifactError(f"the warp's frame inputs {got} do not hold {frame.spec} frames")
+
+def _check_metadata(extras: dict) -> None:
+  meta = extras.get("metadata", {})
+  if meta.get("kind") == "warp": _check_warp(extras)
+  if meta.get("kind") != "model": return
+  if "layout" in meta: expect(meta["layout"], str, "layout")
+  if "input_roles" in meta: _check_strings(meta["input_roles"], "input_roles")
+  if "onnx_roles" in meta: _check_strings(meta["onnx_roles"], "onnx_roles", depth=2)
+  if "output_slices" not in meta: return
+  outputs = extras.get("output_specs", {}).get("outputs")
+  if outputs is None or not outputs[0]: raise ArtifactError("a model bundle with output_slices needs an `outputs` output spec")
+  try: check_output_slices(meta["output_slices"], int(np.prod(outputs[0], dtype=object)))
+  except ValueError as e: raise ArtifactError(f"output_slices: {e}") from None

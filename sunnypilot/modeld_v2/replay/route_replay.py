@@ -1,0 +1,513 @@
+"""Replay a recorded drive: modeld on a segment's videos and logs, its outputs written as a log, checked frame by frame against
+onnxruntime or a second bundle, and drawn over the road.
+
+  python -m sunnypilot.modeld_v2.replay.route_replay SEGMENT [SEGMENT ...] --artifacts DIR [--out out/replay]
+      [--onnx driving.onnx | --vision v.onnx --policy p.onnx | --vision v.onnx --off-policy off.onnx --on-policy on.onnx | --against other/model.bin]
+      [--tolerance T] [--realtime] [--frames a:b] [--jobs N] [--camera-offset M]
+
+A SEGMENT is a folder with fcamera.hevc, ecamera.hevc and rlog or qlog (plain, .bz2 or .zst), as a device keeps them in
+/data/media/0/realdata/<route>--<n> and comma connect downloads them; a folder of such segments replays each. The tool is a camerad and
+a log publisher: frames go out over VisionIPC in camerad's padded NV12 layout, the log's liveCalibration, carState, carControl,
+deviceState, driverMonitoringState and liveDelay (where the schema has it) on msgq in log-time order, and modeld runs unchanged.
+
+Lockstep (default): the next frame goes out when modeld has published this one, so nothing drops and a run is deterministic.
+--realtime sends at 20 Hz and reports the frames modeld dropped. Per segment, OUT/<segment>/ gets modeld_rlog.zst (what modeld
+published, readable with openpilot_logging's LogReader), overlay.mp4 (plan path, lane lines, road edges and leads over the road camera),
+plots.png (desired curvature, acceleration, lead distance and confidence over time) and, with a reference, check.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sunnypilot.modeld_v2.common.cli import add_model_flags, camera_offset_arg, child_env, delay_arg, end_with_parent, finite_float, model_files, positive_int
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX
+from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR
+from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS
+from sunnypilot.modeld_v2.replay.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
+
+OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
+LOG_NAME, VIDEO_NAME, PLOT_NAME, CHECK_NAME = "modeld_rlog.zst", "overlay.mp4", "plots.png", "check.json"
+TOLERANCE = {"float32": 1e-3, "float16": 1e-2}  # per output dtype of the reference: float16 rounding alone reaches 1e-3 on values near 1
+NOT_COMPARED = ("modelExecutionTime", "rawPredictions")  # timing, and the raw vector compared head by head
+MODELD_START_S, FRAME_TIMEOUT_S = 600.0, 60.0  # modeld's first start fuses and caches the bundle; a frame takes milliseconds
+
+log = logging.getLogger(__name__)
+
+class LogState:
+  """What modeld's SubMaster holds after the events published so far: the latest struct per service, which were seen, and which were
+  updated by the events sent since the previous frame (modeld reads them all at once when the frame arrives)."""
+  def __init__(self):
+    from sunnypilot.modeld_v2.daemon.messaging import has_service, new_message
+    services = [s for s in INPUT_SERVICES if has_service(s)]
+    self.data = {s: getattr(new_message(s), s) for s in services}
+    self.seen = dict.fromkeys(services, False)
+    self.updated = dict.fromkeys(services, False)
+
+  def update(self, service: str, data: Any) -> None: self.data[service], self.seen[service], self.updated[service] = data, True, True
+
+  def next_frame(self) -> None:
+    """The events sent from now on reach modeld with the next frame."""
+    self.updated = dict.fromkeys(self.updated, False)
+
+  def snapshot(self) -> LogState:
+    """This state as it is now (update replaces entries, never changes them: a shallow copy is enough)."""
+    copy = LogState.__new__(LogState)
+    copy.data, copy.seen, copy.updated = dict(self.data), dict(self.seen), dict(self.updated)
+    return copy
+  def __getitem__(self, service: str) -> Any: return self.data[service]
+
+class BundleReference:
+  """A second bundle (unsearched vs searched, CPU vs CUDA) with the artifacts' warp for this camera, run as modeld runs its model."""
+  def __init__(self, model: str, warp: str):
+    from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
+    from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+    self.adapter = NativeTinygradAdapter(model, warp)
+    self.host_inputs = HostInputs(self.adapter.numpy_inputs, lambda line: None)  # what modeld cannot feed it says itself
+    self.output_dtype = np.dtype(np.float32)
+
+  def step(self, road: np.ndarray, wide: np.ndarray, frame, values: dict) -> np.ndarray:
+    self.host_inputs.write(values)
+    self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (road, wide), strict=True)))
+    self.adapter.run()
+    return np.array(self.adapter.output_array(), np.float32)
+
+class ReferenceCheck:
+  """The reference fed what modeld is fed (frame_inputs.FrameInputs, modeld's input sequence, on the same log state, with a PublishState of
+  its own with the bundle's generation rules for the desire and the fed-back lat_planner_state), then its outputs turned into messages the
+  way modeld fills them; per head and per published field, the largest difference and where."""
+  def __init__(self, reference, metadata: dict, segment: Segment, args):
+    from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, Episodes
+    from sunnypilot.modeld_v2.daemon.device_params import Delays
+    from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs
+    from sunnypilot.modeld_v2.daemon.publish_state import PublishState
+    from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
+    self.reference, self.slices, self.segment = reference, metadata["output_slices"], segment
+    self.publish_state = PublishState(log=lambda s: None)
+    self.publish_state.rules = GENERATIONS[of_bundle(metadata)[0]]
+    self.inputs = FrameInputs(BusInputs(Episodes(lambda s: None)), args.rhd, args.camera_offset)
+    self.inputs.use_cameras(segment.sensor, main_wide=False)  # the replay serves the road camera as the main stream
+    self.delays = Delays(args.lat_delay, args.long_delay, "route_replay's --lat-delay/--long-delay")
+    self.heads = {name: {"max": 0.0, "sum": 0.0, "frame": None} for name in self.slices}
+    self.fields: dict[str, dict] = {}
+    self.frames = 0
+    self.pending: dict[int, tuple[np.ndarray, dict]] = {}  # frame id -> (reference outputs, {service: flat fields}) until modeld's arrive
+    self.queue: queue.Queue = queue.Queue(8)  # frames waiting for the reference, which runs in a thread beside modeld
+    self.error: BaseException | None = None
+    self.thread = threading.Thread(target=self._work, daemon=True)
+    self.thread.start()
+
+  def submit(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None:
+    if self.error is not None: raise RouteError(f"the reference failed: {self.error}")
+    self.queue.put((state.snapshot(), cam, road, wide))
+
+  def _work(self) -> None:
+    while (item := self.queue.get()) is not None:
+      if self.error is None:
+        try: self.step(*item)
+        except Exception as e: self.error = e
+
+  def finish(self) -> None:
+    """Wait for the frames still queued."""
+    self.queue.put(None)
+    self.thread.join()
+    if self.error is not None: raise RouteError(f"the reference failed: {type(self.error).__name__}: {self.error}")
+
+  def step(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None:
+    from sunnypilot.modeld_v2.daemon.messaging import new_message
+    from sunnypilot.modeld_v2.daemon.publish_state import SERVICES, FrameInfo
+    fed = self.inputs.step(state, self.delays, self.publish_state)  # lockstep: no frame drops, no prepare-only frames
+    outputs = self.reference.step(road, wide, self.segment.frame, fed.host)
+    msgs = {s: new_message(s) for s in SERVICES}
+    info = FrameInfo(cam.frame_id, cam.frame_id, cam.eof, cam.frame_id, 0.0, 0, 0.0, fed.calibrated, fed.lat_t, fed.long_t)
+    self.publish_state.fill(msgs, outputs, self.slices, info, fed.car, fed.lateral_active)
+    self.pending[cam.frame_id] = outputs.reshape(-1), {s: flatten(getattr(msgs[s], s).to_dict()) for s in SERVICES}
+
+  def compare(self, frame_id: int, published: dict[str, Any]) -> None:
+    """modeld's messages for a frame (readers by service) against the reference's."""
+    outputs, fields = self.pending.pop(frame_id)
+    raw = np.frombuffer(bytes(published["modelV2"].rawPredictions), np.float32)
+    diff = np.abs(raw - outputs) if raw.shape == outputs.shape else np.full(outputs.shape, np.inf)
+    for name, (a, b) in self.slices.items():
+      head, d = self.heads[name], diff[a:b]
+      head["sum"] += float(d.mean())
+      if d.max() > head["max"] or head["frame"] is None: head["max"], head["frame"] = float(d.max()), frame_id
+    for service, ref in fields.items():
+      got = flatten(published[service].to_dict()) if published[service] is not None else {}  # a message that never came differs in every field
+      for path, value in ref.items():
+        if path.split(".")[0] in NOT_COMPARED: continue
+        d = difference(got.get(path), value)
+        entry = self.fields.setdefault(f"{service}.{path}", {"max": 0.0, "frame": frame_id})
+        if d > entry["max"]: entry["max"], entry["frame"] = d, frame_id
+    self.frames += 1
+
+  def report(self, tolerance: float) -> dict:
+    heads = {n: {"max": h["max"], "mean": h["sum"] / max(self.frames, 1), "peak_frame": h["frame"]} for n, h in self.heads.items()}
+    fields = {p: {"max": f["max"], "peak_frame": f["frame"]} for p, f in sorted(self.fields.items()) if f["max"] > tolerance}
+    return {"frames": self.frames, "tolerance": tolerance, "heads": heads, "fields_compared": len(self.fields),
+            "field_max": max((f["max"] for f in self.fields.values()), default=0.0), "fields_past_tolerance": fields,
+            "passed": all(h["max"] <= tolerance for h in heads.values()) and not fields}
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+  """A message's to_dict() as {dotted path: leaf}; a list of numbers stays one leaf, a list of structs is indexed (leadsV3.0.prob)."""
+  if isinstance(value, dict): return {k: v for key, item in value.items() for k, v in flatten(item, f"{prefix}{key}.").items()}
+  if isinstance(value, list) and value and isinstance(value[0], dict):
+    return {k: v for i, item in enumerate(value) for k, v in flatten(item, f"{prefix}{i}.").items()}
+  return {prefix[:-1]: value}
+
+def difference(a: Any, b: Any) -> float:
+  """Largest absolute difference of two leaves; inf when they differ in kind or length, 0/inf for equal/unequal non-numbers."""
+  if a is None or isinstance(b, (bytes, str)) or isinstance(a, (bytes, str)): return 0.0 if a == b else float("inf")
+  x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if x.shape != y.shape: return float("inf")
+  d = np.abs(x - y)
+  return float(np.max(np.where(np.isnan(x) & np.isnan(y), 0.0, np.where(np.isnan(d), np.inf, d)), initial=0.0))
+
+# *** modeld ***
+
+def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
+  """modeld's flags for a replay: the delays, traffic side and camera offset given to route_replay, raw outputs when the reference check
+  needs them. In lockstep modeld re-attaches to camerad only after FRAME_TIMEOUT_S without frames, not its 0.5 s: frames pause while the
+  reference catches up, and one sent while modeld re-attaches would never reach it (it logs only the first re-attachment of a pause, so
+  the loss could not be told from a slow frame)."""
+  return (["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay), "--camera-offset", str(args.camera_offset)]
+          + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw + ["--reconnect-after", str(FRAME_TIMEOUT_S)] * (not args.realtime))
+
+ECHO_QUIET = ("reconnected to camerad", "modeld: status:")  # modeld's lines the replay does not pass on: it says its own progress
+
+class Modeld:
+  """modeld in a subprocess in this process's msgq namespace, with `flags` after --artifacts; its log lines are kept (the last ones quoted
+  when it fails) and, with `echo`, passed on. route_replay and benchmarks.bench_daemon run modeld through it. It runs in a session of
+  its own: a Ctrl-C at the terminal reaches the replay, which stops modeld itself, instead of both at once; it ends with the replay
+  (cli.end_with_parent) if the replay is killed."""
+  def __init__(self, artifacts: str, flags: list[str], echo: bool = True):
+    self.proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, *flags], stderr=subprocess.PIPE,
+                                 text=True, env=child_env() | {"PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    self.lines: list[str] = []
+    self.echo = echo
+    self.thread = threading.Thread(target=self._read, daemon=True)
+    self.thread.start()
+
+  def _read(self) -> None:
+    for line in iter(self.proc.stderr.readline, ""):
+      self.lines.append(line)
+      if self.echo and not any(quiet in line for quiet in ECHO_QUIET): sys.stderr.write(line)  # what it could not use (a host input with no source, ...)
+
+  def check(self) -> None:
+    if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
+
+  def last_line(self) -> str: return "".join(self.lines[-3:]).strip().replace("\n", " | ") if self.lines else "no output"
+
+  def wait_running(self, timeout: float = MODELD_START_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not any("running:" in line for line in self.lines):
+      self.check()
+      if time.monotonic() > deadline: raise RouteError(f"modeld did not start in {timeout:.0f} s: {self.last_line()}")
+      time.sleep(0.01)
+
+  def stop(self) -> None:
+    if self.proc.poll() is None: self.proc.send_signal(signal.SIGTERM)
+    try: self.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+      self.proc.kill()
+      self.proc.wait()
+    self.thread.join(timeout=5)
+
+class Published:
+  """What modeld publishes, every message (no conflation), by service and frame id, and in arrival order for the log."""
+  def __init__(self):
+    import msgq
+    self.socks = {s: msgq.sub_sock(s, conflate=False, timeout=10) for s in OUTPUT_SERVICES}
+    self.raw: list[bytes] = []
+    self.by_frame: dict[str, dict[int, Any]] = {s: {} for s in OUTPUT_SERVICES}
+
+  def poll(self) -> bool:
+    from sunnypilot.modeld_v2.daemon.messaging import log as capnp_log
+    got = False
+    for service, sock in self.socks.items():
+      while (raw := sock.receive(non_blocking=True)) is not None:
+        self.raw.append(raw)
+        event = next(iter(capnp_log.Event.read_multiple_bytes(raw)))
+        self.by_frame[service][getattr(event, service).frameId] = getattr(event, service)
+        got = True
+    return got
+
+  def wait(self, frame_ids: list[int], modeld: Modeld, timeout: float, services=OUTPUT_SERVICES) -> bool:
+    """Until every service in `services` published each of `frame_ids`; False at the timeout."""
+    deadline = time.monotonic() + timeout
+    while not all(f in self.by_frame[s] for s in services for f in frame_ids):
+      if not self.poll():
+        modeld.check()
+        if time.monotonic() > deadline: return False
+        time.sleep(0.0005)
+    return True
+
+def lockstep_wait(published: Published, modeld: Modeld, frame_id: int) -> None:
+  """Until modelV2 for frame_id arrived."""
+  if not published.wait([frame_id], modeld, FRAME_TIMEOUT_S, services=("modelV2",)):
+    raise RouteError(f"modeld published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
+
+def write_log(path: str, raws: list[bytes]) -> None:
+  """The messages as a cereal log (openpilot_logging's save_log, zstd by the name): written whole to a temporary name, then renamed."""
+  from openpilot_logging.logreader import save_log
+
+  from sunnypilot.modeld_v2.daemon.messaging import log as capnp_log
+  tmp = f"{path}.tmp{os.getpid()}.zst"
+  try:
+    save_log(tmp, list(capnp_log.Event.read_multiple_bytes(b"".join(raws))))
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp): os.remove(tmp)
+
+# *** one segment ***
+
+@dataclass
+class Result:
+  segment: str
+  sent: int = 0
+  published: int = 0
+  frame_drop_perc_max: float = 0.0
+  seconds: float = 0.0
+  check: dict | None = None
+  files: list[str] = field(default_factory=list)
+
+  @property
+  def fps(self) -> float: return self.sent / self.seconds if self.seconds else 0.0
+
+def artifacts_warp(artifacts: str, segment: Segment, new_img: list | None) -> str:
+  """The warp bundle modeld picks for the segment's frames on both cameras and a model taking `new_img` planes (artifacts.find_warp)."""
+  from sunnypilot.modeld_v2.daemon.artifacts import find_warp
+  if (path := find_warp(artifacts, segment.frame, segment.frame, report=log.warning, new_img=new_img)) is None:
+    raise RouteError(f"no warp bundle in {artifacts} for {segment.frame.width}x{segment.frame.height} frames "
+                     f"(build one: compile_warp --frame {segment.frame.spec} --warp-to 512x256 --split-frames)")
+  return path
+
+def make_reference(args, warp: str):
+  """The reference from --onnx/--vision/... or --against (a second bundle, run with `warp`); None without either."""
+  from sunnypilot.modeld_v2.compile.onnx_model import ModelError
+  from sunnypilot.modeld_v2.format.bundle import ArtifactError
+  from sunnypilot.modeld_v2.replay.onnx_reference import OnnxReference
+  files = model_files(args)
+  try:
+    if files: return OnnxReference(files)
+    if args.against: return BundleReference(args.against, warp)
+  except (ModelError, ArtifactError) as e: raise RouteError(str(e)) from None
+  except Exception as e: raise RouteError(f"the reference does not load: {type(e).__name__}: {e}") from None  # onnxruntime's own errors
+  return None
+
+def replay_segment(folder: str, args, report: Callable[[str], None] = log.info, written: list[str] | None = None) -> Result:
+  """Replay one segment with a modeld of its own (this process's OPENPILOT_PREFIX); writes OUT/<segment>/ and returns what happened.
+  `written`: the files are listed in it as each is complete (what an interrupted replay did write)."""
+  from sunnypilot.modeld_v2.daemon.artifacts import model_planes
+  from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, Episodes
+  from sunnypilot.modeld_v2.daemon.messaging import has_service, pub_master
+  from sunnypilot.modeld_v2.format.bundle import read_bundle, replaced_atomically
+  from sunnypilot.modeld_v2.replay.fake_camerad import CameraReplay
+  segment = open_segment(folder)
+  for line in segment.warnings: report(f"warning: {line}")
+  out = os.path.join(args.out, segment.name)
+  head = read_bundle(os.path.join(args.artifacts, "model.bin"))[0]
+  metadata = head["extras"]["metadata"]
+  warp = artifacts_warp(args.artifacts, segment, model_planes(head))  # fail here, not after modeld waited for a warp that is not there
+  reference = make_reference(args, warp)
+  check = ReferenceCheck(reference, metadata, segment, args) if reference is not None else None
+  tolerance = args.tolerance if args.tolerance is not None else TOLERANCE.get(reference.output_dtype.name, 1e-3) if reference is not None else None
+  frames = segment.frames
+  if not args.no_pictures and args.frames[0] >= len(frames): raise RouteError(f"--frames starts at {args.frames[0]}: {segment.name} has {len(frames)} frames")
+  report(f"{segment.name}: {len(frames)} frames {segment.frame.width}x{segment.frame.height} ({segment.sensor}), {len(segment.events)} input events "
+         f"from {os.path.basename(segment.log_path)}, {'realtime 20 Hz' if args.realtime else 'lockstep'}"
+         + (f", checked against {type(reference).__name__} (tolerance {tolerance:g})" if reference is not None else ""))
+  replay = CameraReplay(segment.frame, wide=True, rpy=None)
+  inputs = pub_master([s for s in INPUT_SERVICES if has_service(s)])
+  published, decoder, modeld = Published(), FrameDecoder(segment), Modeld(args.artifacts, modeld_flags(args, send_raw=check is not None))
+  state, result, calibrations = LogState(), Result(segment.name, files=[] if written is None else written), {}
+  accepted = BusInputs(Episodes(lambda line: None))  # the calibration and camera height modeld takes from the log, for the overlay
+  try:
+    modeld.wait_running()
+    published.poll()  # a msgq reader re-registers on its first receive after the publisher appeared, skipping what was sent before
+    feed, t0 = EventFeed(segment.events), time.monotonic()
+    for k, (road, wide) in enumerate(decoder):
+      cam = frames[k]
+      state.next_frame()
+      for event in feed.until(cam.log_time):
+        if event.service in state.seen:
+          inputs.send(event.service, event.raw)
+          state.update(event.service, event.data)
+      calibrations[cam.frame_id] = accepted.calibration(state), accepted.camera_height(state)
+      replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
+      result.sent += 1
+      if check is not None: check.submit(state, cam, road, wide)  # computed while modeld runs
+      if args.realtime:
+        published.poll()
+        time.sleep(max(0.0, t0 + (k + 1) * 0.05 - time.monotonic()))
+      else: lockstep_wait(published, modeld, cam.frame_id)
+      if (k + 1) % 200 == 0: report(f"{segment.name}: {k + 1}/{len(frames)} frames, {(k + 1) / (time.monotonic() - t0):.1f} frames/s")
+    result.seconds = time.monotonic() - t0
+    if args.realtime: published.wait([frames[-1].frame_id], modeld, 2.0, services=("modelV2",))  # frames still in flight are not drops
+    done = sorted(published.by_frame["modelV2"]) if args.realtime else [f.frame_id for f in frames]
+    if not published.wait(done, modeld, 10.0): report("warning: some drivingModelData/cameraOdometry messages never arrived")
+  finally:
+    decoder.close()
+    modeld.stop()
+    replay.close()
+  models = published.by_frame["modelV2"]
+  result.published = len(models)
+  result.frame_drop_perc_max = max((m.frameDropPerc for m in models.values()), default=0.0)
+  os.makedirs(out, exist_ok=True)
+  write_log(log_path := os.path.join(out, LOG_NAME), published.raw)
+  result.files.append(log_path)
+  if check is not None:
+    check.finish()
+    for frame_id in sorted(models): check.compare(frame_id, {s: published.by_frame[s].get(frame_id) for s in OUTPUT_SERVICES})
+    result.check = check.report(tolerance)
+    with replaced_atomically(check_path := os.path.join(out, CHECK_NAME)) as (tmp,), open(tmp, "w") as f: json.dump(result.check, f, indent=1)
+    result.files.append(check_path)
+  if not args.no_pictures:
+    from sunnypilot.modeld_v2.replay.route_overlay import plot_drive, write_overlay
+    a, b = args.frames
+    picked = [(k, f) for k, f in enumerate(frames) if a <= k < (b or len(frames)) and f.frame_id in models]
+    report(f"{segment.name}: drawing {len(picked)} frames over the road camera ...")
+    stand_in = metadata.get("stand_in")  # a random-weight stand-in: the pictures say so
+    write_overlay(video := os.path.join(out, VIDEO_NAME), segment, [(k, models[f.frame_id], *calibrations[f.frame_id]) for k, f in picked], stand_in)
+    result.files.append(video)
+    plot_drive(plot := os.path.join(out, PLOT_NAME), segment.name, [((f.log_time - frames[0].log_time) / 1e9, models[f.frame_id]) for _, f in picked],
+               stand_in)
+    result.files.append(plot)
+  return result
+
+def summarize(result: Result) -> str:
+  lines = [f"{result.segment}: {result.sent} frames sent, {result.published} published, {result.sent - result.published} dropped "
+           f"(frameDropPerc max {result.frame_drop_perc_max:.2f}%), {result.fps:.1f} frames/s"]
+  if result.check is not None:
+    c = result.check
+    worst = sorted(c["heads"].items(), key=lambda kv: -kv[1]["max"])[:5]
+    lines.append(f"  reference check over {c['frames']} frames, tolerance {c['tolerance']:g}: {'PASSED' if c['passed'] else 'FAILED'}")
+    lines += [f"    {name:24s} max {h['max']:.3g} (frame {h['peak_frame']}), mean {h['mean']:.3g}" for name, h in worst]
+    lines += [f"    field {p}: max {f['max']:.3g} (frame {f['peak_frame']})" for p, f in list(c["fields_past_tolerance"].items())[:10]]
+  lines += [f"  wrote {p}" for p in result.files]
+  return "\n".join(lines)
+
+# *** CLI ***
+
+def parse_range(spec: str) -> tuple[int, int | None]:
+  """`"a:b"` (either side may be empty) -> (a, b)."""
+  parts = spec.split(":")
+  if len(parts) != 2 or not all(p.strip().isdigit() or not p.strip() for p in parts): raise ValueError(f"--frames wants a:b (e.g. 0:200 or 600:), got {spec!r}")
+  a, b = (int(p) if p.strip() else None for p in parts)
+  if b is not None and b <= (a or 0): raise ValueError(f"--frames {spec}: the range is empty")
+  return a or 0, b
+
+def parser() -> argparse.ArgumentParser:
+  p = cli_parser("route_replay", __doc__)
+  p.add_argument("segments", nargs="+", help="segment folders (fcamera.hevc, ecamera.hevc, rlog or qlog), or folders of segments")
+  p.add_argument("--artifacts", required=True, help="modeld's artifacts folder: model.bin and a warp for the route's camera")
+  p.add_argument("--out", default=os.path.join("out", "replay"), help="where OUT/<segment>/ goes (default out/replay)")
+  add_model_flags(p, ": check against onnxruntime on these ONNX files")
+  p.add_argument("--against", help="check against a second bundle (e.g. unsearched vs searched, CPU vs CUDA), run with the artifacts' warp")
+  p.add_argument("--tolerance", type=finite_float(0, 1e6), help="largest absolute difference allowed per output and published field (default: 1e-3 for float32 "
+                 "references, 1e-2 for float16)")
+  p.add_argument("--realtime", action="store_true", help="send at 20 Hz instead of lockstep and report drops (no reference check)")
+  p.add_argument("--frames", default=":", help="the frames drawn in overlay.mp4 and plots.png, a:b (default: all)")
+  p.add_argument("--no-pictures", action="store_true", help="skip overlay.mp4 and plots.png")
+  p.add_argument("--jobs", type=positive_int, default=1, help="segments replayed at once, each in its own process with its own modeld and msgq prefix")
+  p.add_argument("--rhd", action="store_true", help="passed to modeld (else driverMonitoringState.isRHD decides)")
+  p.add_argument("--lat-delay", type=delay_arg, default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
+                 f"says (default {TYPICAL_CAR.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
+  p.add_argument("--long-delay", type=delay_arg, default=TYPICAL_CAR.longitudinal, help="passed to modeld: the longitudinal actuator delay in "
+                 f"seconds (default {TYPICAL_CAR.longitudinal:g}, modeld's)")
+  p.add_argument("--camera-offset", type=camera_offset_arg, default=0.0, help="passed to modeld: sunnypilot's "
+                 f"CameraOffset in metres, at most {CAMERA_OFFSET_MAX:g} either way (default 0); the reference check applies it as modeld does")
+  return p
+
+def fail(p: argparse.ArgumentParser, problem: str) -> None: p.exit(2, f"route_replay: error: {problem}\n")
+
+def check_args(p: argparse.ArgumentParser, args) -> None:
+  """Bad flags and paths in one line, exit 2, before any work."""
+  try: args.frames = parse_range(args.frames)
+  except ValueError as e: fail(p, str(e))
+  models = list(model_files(args))
+  if models and args.against: fail(p, "give one reference: ONNX file(s) or --against, not both")
+  if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
+  for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
+    if not os.path.isfile(path): fail(p, f"{path}: no such file")
+  from sunnypilot.modeld_v2.daemon.artifacts import check_artifacts
+  from sunnypilot.modeld_v2.format.bundle import ArtifactError
+  try: check_artifacts(args.artifacts)
+  except ArtifactError as e: fail(p, str(e))
+
+def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
+  """Each segment in a process of its own (its own modeld and msgq prefix), `jobs` at a time, with the same `flags`; the worst exit code.
+  Interrupted (Ctrl-C, SIGTERM), the replays running are told to stop (each stops its modeld and says what it wrote) and waited for:
+  130, and no segment started after that."""
+  pending, running, codes = list(folders), [], []
+  on_interrupt()
+  try:
+    while pending or running:
+      while pending and len(running) < jobs:
+        folder = pending.pop(0)
+        running.append(subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.replay.route_replay", folder, *flags], env=child_env()))
+      for p in [p for p in running if p.poll() is not None]:
+        codes.append(p.returncode)
+        running.remove(p)
+      time.sleep(0.1)
+  except KeyboardInterrupt:
+    for p in running: p.send_signal(signal.SIGTERM)  # a Ctrl-C at the terminal reached them already; a SIGTERM to this process did not
+    for p in running:
+      try: p.wait(timeout=60)  # a replay stops its modeld in seconds
+      except subprocess.TimeoutExpired: p.kill()
+    print(f"route_replay: interrupted: {len(codes)} of {len(folders)} segments done, {len(running)} stopped, {len(pending)} not started",
+          file=sys.stderr, flush=True)
+    return 130
+  return max(codes, default=0)
+
+def interrupted(*_) -> None:
+  """SIGINT or SIGTERM: stop, once. Signals after the first are ignored, so the clean-up they interrupt (stopping modeld, removing the
+  msgq namespace) runs to its end: a Ctrl-C at the terminal reaches a parallel replay's children, and its parent then tells them too."""
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: None)  # not SIG_IGN: a signal already pending then raises OSError
+  raise KeyboardInterrupt
+
+def on_interrupt() -> None:
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, interrupted)
+
+def main(argv: list[str] | None = None) -> int:
+  from sunnypilot.modeld_v2.common.logs import setup
+  argv = sys.argv[1:] if argv is None else argv
+  p = parser()
+  args = p.parse_args(argv)
+  setup("route_replay")
+  end_with_parent()
+  check_args(p, args)
+  try: folders = [f for s in args.segments for f in segment_folders(s)]
+  except RouteError as e: fail(p, str(e))
+  if len(folders) > 1: return run_jobs(folders, [a for a in argv if a not in args.segments], args.jobs)
+  prefix = f"route_replay_{uuid.uuid4().hex[:10]}"
+  os.environ["OPENPILOT_PREFIX"] = prefix
+  on_interrupt()  # stop modeld and remove the namespace on SIGTERM too
+  written: list[str] = []
+  try: result = replay_segment(folders[0], args, written=written)
+  except RouteError as e: fail(p, str(e))
+  except KeyboardInterrupt:
+    done = f"wrote {', '.join(written)}" if written else "nothing written"
+    p.exit(130, f"route_replay: interrupted: {done} for {os.path.basename(os.path.normpath(folders[0]))}\n")
+  finally: shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
+  print(summarize(result), flush=True)
+  return 1 if result.check is not None and not result.check["passed"] else 0
+
+if __name__ == "__main__":
+  sys.exit(main())

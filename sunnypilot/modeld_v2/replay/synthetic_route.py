@@ -1,0 +1,125 @@
+"""A synthetic openpilot segment folder, for trying route_replay with no drive at hand (and for its tests and benchmark).
+
+  python -m sunnypilot.modeld_v2.replay.synthetic_route out/route/2026-01-01--00-00-00--0 [--camera 1928x1208] [--frames 200]
+
+fcamera.hevc and ecamera.hevc: road_scene frames of the camera's road and wide lenses encoded to HEVC with PyAV (libx265), 20 fps;
+rlog.zst: a liveCalibration, then per frame a carState and a roadCameraState (frame id, timestamps, sensor), written with the schema
+through openpilot_logging's save_log.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+
+import numpy as np
+
+from sunnypilot.modeld_v2.common.cli import camera_size, interruptible, positive_int
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size
+from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame
+
+T0, FIRST_ID = 10**9, 100
+
+log = logging.getLogger(__name__)
+
+def visible_nv12(buf: np.ndarray, frame: NV12Frame) -> np.ndarray:
+  """A camerad buffer's visible Y rows then UV rows, (h * 3/2, w): what an NV12 video frame holds."""
+  return np.concatenate(frame.planes(buf))
+
+def encode_hevc(path: str, pictures: list[np.ndarray], width: int, height: int) -> None:
+  """NV12 pictures (h * 3/2, w) as a raw HEVC stream, as comma's encoder writes fcamera.hevc."""
+  import av
+  with av.open(path, "w", format="hevc") as container:
+    stream = container.add_stream("libx265", rate=20)
+    stream.width, stream.height, stream.pix_fmt, stream.options = width, height, "yuv420p", {"x265-params": "log-level=error"}
+    for p in pictures:
+      for packet in stream.encode(av.VideoFrame.from_ndarray(p, format="nv12")): container.mux(packet)
+    for packet in stream.encode(): container.mux(packet)
+
+def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), height: float = 1.3, v_ego=lambda k: 15 + 0.1 * k,
+              calibration: bool = True, car_state: bool = True, frame_ids: list[int] | None = None, encode_idx: bool = False,
+              camera_state_every: int = 1, recalibrations: dict[int, tuple] | None = None) -> None:
+  """An rlog: liveCalibration before the first frame (unless not `calibration`), then per frame carState (unless not `car_state`) 10 ms
+  before its roadCameraState (and, with `encode_idx`, a roadEncodeIdx 5 ms after it, as encoderd logs each encoded frame); frame ids
+  from FIRST_ID (or `frame_ids`), 50 ms apart. `camera_state_every` N > 1 logs every Nth roadCameraState only, as a qlog does.
+  `recalibrations` {frame index: (rpy, height)}: another liveCalibration 20 ms before those frames (calibrationd publishes at 4 Hz)."""
+  from openpilot_logging.logreader import save_log
+
+  from sunnypilot.modeld_v2.daemon.messaging import log
+  def event(t: int, service: str):
+    msg = log.Event.new_message(logMonoTime=t)
+    msg.init(service)
+    return msg
+  def calibration_event(t: int, rpy, height: float):
+    cal = event(t, "liveCalibration")
+    cal.liveCalibration.rpyCalib, cal.liveCalibration.calStatus, cal.liveCalibration.height = list(rpy), "calibrated", [height]
+    return cal
+  events, recalibrations = [calibration_event(T0 - 10**8, rpy, height)] if calibration else [], recalibrations or {}
+  for k in range(frames):
+    t = T0 + k * 50_000_000
+    if k in recalibrations: events.append(calibration_event(t - 20_000_000, *recalibrations[k]))
+    if car_state:
+      cs = event(t - 10_000_000, "carState")
+      cs.carState.vEgo = v_ego(k)
+      events.append(cs)
+    frame_id = FIRST_ID + k if frame_ids is None else frame_ids[k]
+    rc = event(t, "roadCameraState")
+    rc.roadCameraState.frameId, rc.roadCameraState.timestampSof, rc.roadCameraState.timestampEof = frame_id, t - 30_000_000, t - 10_000_000
+    rc.roadCameraState.sensor = sensor
+    if k % camera_state_every == 0: events.append(rc)
+    if encode_idx:
+      idx = event(t + 5_000_000, "roadEncodeIdx")
+      idx.roadEncodeIdx.frameId, idx.roadEncodeIdx.segmentId, idx.roadEncodeIdx.encodeId = frame_id, k, frame_id
+      idx.roadEncodeIdx.timestampSof, idx.roadEncodeIdx.timestampEof = t - 30_000_000, t - 10_000_000
+      events.append(idx)
+  save_log(path, [e.as_reader() for e in events])
+
+def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: int = 24, distinct: int | None = None, **log_options) -> None:
+  """A segment folder of `frames` frames (the first `distinct` rendered, then looped: rendering is the slow part) and its rlog.zst."""
+  from sunnypilot.modeld_v2.replay.road_scene import road_scene
+  frame, sensor = camerad_frame(*camera), sensor_for_size(*camera)
+  road, wide = SENSOR_CAMERAS[sensor]
+  n = min(frames, distinct or frames)
+  os.makedirs(folder, exist_ok=True)
+  for name, lens, seed in (("fcamera.hevc", road, 0), ("ecamera.hevc", wide, 1000)):
+    rendered = [visible_nv12(road_scene(frame, lens.focal_length, t=k * 0.05, seed=seed + k), frame) for k in range(n)]
+    encode_hevc(os.path.join(folder, name), [rendered[k % n] for k in range(frames)], *camera)
+  write_log(os.path.join(folder, "rlog.zst"), frames, sensor, **log_options)
+
+def missing_parents(folder: str) -> list[str]:
+  """The parent folders of `folder` that do not exist yet, innermost first."""
+  missing, up = [], os.path.dirname(os.path.abspath(folder))
+  while not os.path.exists(up):
+    missing.append(up)
+    up = os.path.dirname(up)
+  return missing
+
+@interruptible("synthetic_route")
+def main(argv: list[str] | None = None) -> int:
+  parser = cli_parser("synthetic_route", __doc__)
+  parser.add_argument("folder", help="the segment folder to write, new or empty (route_replay takes it, or its parent); missing parent folders are made")
+  parser.add_argument("--camera", type=camera_size, default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--frames", type=positive_int, default=200, help="frames in the segment (default 200: 10 s)")
+  parser.add_argument("--distinct", type=positive_int, default=40, help="frames rendered; the rest repeat them (rendering is slow)")
+  args = parser.parse_args(argv)
+  folder = os.path.abspath(args.folder)
+  if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)): parser.error(f"{args.folder} exists and is not an empty folder")
+  made, tmp = missing_parents(folder), f"{folder}.tmp{os.getpid()}"  # the segment appears whole or not at all
+  try:
+    try: os.makedirs(os.path.dirname(folder), exist_ok=True)  # a route folder under out/ on a fresh clone: its parents are made
+    except OSError as e: parser.error(f"cannot make the folder {os.path.dirname(folder)}: {e.strerror or e}")
+    log.info(f"rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...")
+    write_segment(tmp, args.camera, args.frames, args.distinct)
+    if os.path.isdir(folder): os.rmdir(folder)
+    os.rename(tmp, folder)
+  except BaseException:
+    for parent in made: shutil.rmtree(parent, ignore_errors=True)  # a failed run leaves no folder it made behind
+    raise
+  finally: shutil.rmtree(tmp, ignore_errors=True)
+  log.info(f"wrote {args.folder}")
+  return 0
+
+if __name__ == "__main__":
+  sys.exit(main())

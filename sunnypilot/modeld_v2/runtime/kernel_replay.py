@@ -1,0 +1,369 @@
+"""Replay a part: programs rebuilt from their binaries, buffers allocated and filled from the blob, inputs bound per slot.
+
+Bindings are per input slot: a slot's tensor is validated and bound once when first seen, then patched in by pointer whenever the
+caller passes it again. modeld passes the same host, state and output tensors every frame and cycles camerad's 18 buffers per camera:
+each is bound once, and a frame costs one identity check per slot. Two back-ends sit behind `patch()` and `run()`: direct ctypes
+calls on CPU, and tinygrad's graph runner (one submission per frame) elsewhere.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+from tinygrad import Device, Tensor, dtypes
+from tinygrad.device import Buffer
+from tinygrad.helpers import getenv
+from tinygrad.uop.ops import Ops, UOp
+
+from sunnypilot.modeld_v2.format.part import (
+  Arg,
+  ArtifactError,
+  BufferSpec,
+  BufferView,
+  Call,
+  InputArg,
+  InputSlot,
+  Part,
+  device_kind,
+  dtype_name,
+  parse_dtype,
+)
+from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
+  always_repointed,
+  buffer_address,
+  copy_in,
+  cpu_entry,
+  graph_batches,
+  graph_runner,
+  host_array,
+  host_visible,
+  is_graph_batch,
+  program_uop,
+  repoint_only,
+  repointable,
+  run_calls,
+  runner_slots,
+  time_call,
+)
+
+ALIGNMENT = 16  # vectorised CPU kernels fault on float pointers that are not 16-byte aligned
+MAX_BINDINGS_PER_SLOT = 64  # camerad's 18 buffers per camera fit many times over; a caller allocating per call evicts its oldest
+MAX_GRAPH_INSTANCES = 36  # per graph batch: camerad's 18 buffer pairs, twice over; past it the oldest instance is re-pointed
+
+class InputError(ValueError):
+  """Inputs that do not match what the part was captured with."""
+
+def copy_into(buf: Buffer, data: bytes | memoryview) -> None:
+  """Copy bytes into a buffer once: host-visible memory directly, other devices through the allocator (ctypes wants a writable view)."""
+  if host_visible(buf): np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+  else: copy_in(buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
+
+def write_tensor(t: Tensor, value: np.ndarray) -> None:
+  """Overwrite a realized tensor's buffer in place (NPY buffers are numpy arrays: copied into directly)."""
+  buf, data = t.uop.base.buffer, np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+  if device_kind(buf.device) == "NPY": np.copyto(host_array(buf).reshape(-1).view(np.uint8)[:value.nbytes], data)
+  else: copy_into(buf, data.data)
+
+def slot_value(kwargs: dict, name: str, key: str | None) -> Any:
+  """The tensor a call passes for one input slot: a keyword, or one entry of a dict keyword (`output_buffers[outputs]`); None if absent."""
+  return kwargs.get(name) if key is None else value.get(key) if isinstance(value := kwargs.get(name), dict) else None
+
+class _Direct:
+  """CPU: each call is a ctypes call prepared once. An input slot is one shared c_uint64 (c_void_p for copies) in every call that reads
+  or writes it, so binding a slot is two integer stores."""
+  def __init__(self, replay: Replay, programs: list[UOp]):
+    self.replay = weakref.proxy(replay)  # the Replay owns its back-end: no cycle, so a dropped model frees its buffers at once
+    self.entries = [cpu_entry(p, replay.device) for p in programs]  # kept: each owns its loaded code
+    self.ptrs = [ctypes.c_uint64(0) for _ in replay.inputs]
+    self.void_ptrs = [ctypes.c_void_p(0) for _ in replay.inputs]
+    self.steps = self.prepare(replay.part.calls)
+    for fxn, args in self.prepare(replay.part.onetime_calls): fxn(*args)  # weight preparation, once
+
+  def prepare(self, calls: tuple[Call, ...]) -> list[tuple[Any, tuple]]:
+    steps = []
+    for call in calls:
+      if call.kind == "copy":
+        steps.append((ctypes.memmove, tuple(self.void_ptrs[a.input] if isinstance(a, InputArg) else buffer_address(self.replay.view(a)) for a in call.args) +
+                      (self.replay.part.arg_nbytes(call.args[0]),)))
+        continue
+      program, (_, fxn, core_id) = self.replay.part.programs[call.program], self.entries[call.program]
+      args = [self.ptrs[a.input] if isinstance(a := call.args[i], InputArg) else ctypes.c_uint64(buffer_address(self.replay.view(a))) for i in program.globals]
+      args += [ctypes.c_uint64(0)] * len(program.runtime_vars)
+      for core in range(program.global_size[0] if core_id is not None else 1):  # as CPUProgram does: one call per core_id
+        if core_id is not None: args[core_id] = ctypes.c_uint64(core)
+        steps.append((fxn, tuple(args)))
+    return steps
+
+  def patch(self, slot: int, uop: UOp, buf: Buffer) -> None:
+    self.ptrs[slot].value = self.void_ptrs[slot].value = buffer_address(buf)
+
+  def forget(self, uops: set[UOp] | None) -> None: """Nothing kept per tensor: a slot's pointer is rewritten by its next patch."""
+
+  def run(self, wait: bool = False) -> float:
+    start = time.perf_counter()
+    for fxn, args in self.steps: fxn(*args)
+    return time.perf_counter() - start
+
+class _Batch:
+  """One graph batch's instances, keyed by the input tensors it reads (None for runners that re-point every input at each launch)."""
+  def __init__(self, ast: UOp, inputs: tuple[UOp, ...]):
+    self.ast = ast
+    first = self.make(inputs)
+    self.repointable = repointable(first)  # CUDAGraph: re-points the nodes it is told to, launch by launch
+    self.nodes = runner_slots(first)
+    self.slots = tuple(sorted(self.nodes))
+    self.always = always_repointed(first) if self.repointable else set()
+    self.instances: collections.OrderedDict[Any, Any] = collections.OrderedDict({self.key(inputs): self.settled(first)})
+
+  def make(self, inputs: tuple[UOp, ...]) -> Any: return graph_runner(self.ast, inputs)
+
+  def key(self, inputs: tuple[UOp, ...]) -> tuple[UOp, ...] | None: return tuple(inputs[s] for s in self.slots) if self.repointable else None
+
+  def settled(self, runner: Any, changed: tuple[int, ...] = ()) -> Any:
+    """The runner, told to re-point only the nodes of `changed` slots at its next launch."""
+    if self.repointable: repoint_only(runner, self.always.union(*(self.nodes[s] for s in changed)))
+    return runner
+
+  def instance(self, inputs: tuple[UOp, ...]) -> Any:
+    key = self.key(inputs)
+    if (runner := self.instances.get(key)) is not None:
+      self.instances.move_to_end(key)
+      return self.settled(runner)
+    if len(self.instances) < MAX_GRAPH_INSTANCES: runner, changed = self.make(inputs), ()
+    else:
+      old, runner = self.instances.popitem(last=False)
+      changed = tuple(s for s, a, b in zip(self.slots, old, key) if a is not b)
+    self.instances[key] = runner
+    return self.settled(runner, changed)
+
+def linear_of(replay: Replay, programs: list[UOp], part_calls: tuple[Call, ...]) -> UOp:
+  """The part's calls as a tinygrad LINEAR: input slots as PARAMs, everything else as the replay's buffer views."""
+  def arg(a: Arg) -> UOp:
+    if isinstance(a, InputArg):
+      spec = replay.inputs[a.input]
+      return UOp.param(a.input, parse_dtype(spec.dtype), (int(np.prod(spec.shape)),), replay.input_device(spec))
+    return UOp.from_buffer(replay.view(a))
+  calls = []
+  for call in part_calls:
+    args = [arg(a) for a in call.args]
+    if call.kind == "copy": calls.append(UOp(Ops.COPY, args[1].dtype, src=(args[1],), arg=args[0].device).call(*args))
+    else: calls.append(programs[call.program].call(*args))
+  return UOp(Ops.LINEAR, src=tuple(calls))
+
+class _Graph:
+  """Other devices: a tinygrad LINEAR of the compiled PROGRAMs, batched by `graph_split_rewrite` into the device's graph runner.
+
+  A CUDA graph bakes each kernel's pointers in, and re-pointing a node costs a driver call per node and launch. So a batch keeps one
+  graph instance per combination of the tensors it reads (one per camerad buffer pair; host, states and outputs never change), and
+  launches it as built. Past MAX_GRAPH_INSTANCES the oldest instance is re-pointed, only at the nodes whose tensors differ. Runners that
+  re-point every input at each launch anyway (HCQ: QCOM, AMD) keep one instance."""
+  def __init__(self, replay: Replay, programs: list[UOp]):
+    self.replay, self.programs = weakref.proxy(replay), programs  # as _Direct: no cycle with the owning Replay
+    self.linear = graph_batches(self.build(replay.part.calls), replay.device)
+    if onetime := replay.part.onetime_calls: run_calls(self.build(onetime))  # weight preparation, once
+    self.input_uops: list[UOp | None] = [None] * len(replay.inputs)
+    self.graphs: dict[UOp, _Batch] = {}
+    # per top-level call: a graph batch (its ast) or a lone call, as the LINEAR run_linear takes
+    self.steps = [(c.src[0], None) if is_graph_batch(c.src[0]) else (None, UOp(Ops.LINEAR, src=(c,)))
+                  for c in self.linear.src]
+
+  def build(self, part_calls: tuple[Call, ...]) -> UOp: return linear_of(self.replay, self.programs, part_calls)
+
+  def patch(self, slot: int, uop: UOp, buf: Buffer) -> None: self.input_uops[slot] = uop
+
+  def forget(self, uops: set[UOp] | None) -> None:
+    """Drop the graph instances built on these tensors (all with None): their pointers are about to go stale. A runner that re-points
+    every input at each launch (key None) still holds the buffers it was built with: it goes too, and is rebuilt on the next run."""
+    for batch in self.graphs.values():
+      for key in [k for k in batch.instances if uops is None or k is None or uops.intersection(k)]: del batch.instances[key]
+
+  def run(self, wait: bool = False) -> float:
+    inputs, start = tuple(self.input_uops), time.perf_counter()
+    for ast, lone in self.steps:
+      if lone is not None:
+        run_calls(lone, inputs, wait)
+        continue
+      if ast not in self.graphs: self.graphs[ast] = _Batch(ast, inputs)
+      self.graphs[ast].instance(inputs)(inputs, {}, wait=wait)
+    return time.perf_counter() - start
+
+  @property
+  def call_kinds(self) -> list[str]:
+    return ["graph" if is_graph_batch(c.src[0]) else c.src[0].op.name for c in self.linear.src]
+
+class Replay:
+  """Replays a part. Called with the keyword inputs of the captured function (Tensors and dicts of Tensors such as `output_buffers`);
+  returns what it returned. `_Jit` and `PlainJit` (compat.py) are this class under the seed's names.
+
+  `mapped`: names of host (NPY) inputs the caller passes as tensors on the device, over host memory it mapped into the device (CUDA: pinned
+  and registered): their upload becomes a device copy inside the device's graph, so a frame is one submission."""
+  def __init__(self, header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = ()):
+    self.part = part = Part.of(header, blob)
+    self.blob, self.mapped = blob, mapped
+    self.device = Device.canonicalize(device or part.device)
+    self.input_names: list[str] = list(part.input_names)
+    self.kwargs: list[str] = list(part.kwargs)
+    self.inputs: tuple[InputSlot, ...] = part.inputs
+    self.replay_s = 0.0  # the last call's kernels (CPU) or submission (elsewhere: the device runs on)
+    self.bindings_made = 0  # tensors validated and bound, over this replay's life
+    self.bases = [self.allocate(b) for b in part.buffers]
+    self.views: dict[BufferView, Buffer] = {}
+    self.slots = [(s.name, s.key) for s in self.inputs]
+    self.current: list[UOp | None] = [None] * len(self.inputs)  # the tensor each slot is bound to now
+    self.buffers: list[Buffer | None] = [None] * len(self.inputs)
+    self.known: list[dict[UOp, Buffer]] = [{} for _ in self.inputs]  # per slot: every tensor validated for it, in first-seen order
+    self.conflicts = self.sharing_conflicts()
+    self.programs = programs = [program_uop(p, bytes(blob[p.lib[0]:p.lib[1]])) for p in part.programs]
+    self.backend = _Direct(self, programs) if device_kind(self.device) == "CPU" and not getenv("PLAIN_JIT_LINEAR") else _Graph(self, programs)
+    self.ret = [None if isinstance(r.arg, InputArg) else Tensor(UOp.from_buffer(self.view(r.arg))).reshape(r.shape) for r in part.returns.tensors]
+    self.same_ret = None if any(t is None for t in self.ret) else self.returned({})  # nothing returned is an input: the same objects every call
+
+  @property
+  def outputs_in_place(self) -> bool:
+    """Whether buffers the part writes can be read as host memory the moment a call returns (the direct CPU replay: kernels have run)."""
+    return isinstance(self.backend, _Direct)
+
+  @property
+  def bindings(self) -> int:
+    """Tensors bound now, over all slots."""
+    return sum(len(known) for known in self.known)
+
+  @property
+  def graph_instances(self) -> int:
+    """Device graph instances held now (one per combination of input tensors a batch reads; 0 on the direct CPU replay)."""
+    return sum(len(b.instances) for b in self.backend.graphs.values()) if isinstance(self.backend, _Graph) else 0
+
+  @property
+  def call_kinds(self) -> list[str]:
+    """What one call submits, in order: COPY, PROGRAM, or `graph` for a batch the device's graph runner replays (graph back-end only)."""
+    return self.backend.call_kinds if isinstance(self.backend, _Graph) else [c.kind.upper() for c in self.part.calls]
+
+  def allocate(self, spec: BufferSpec) -> Buffer:
+    base = Buffer(self.device, spec.nbytes, dtypes.uint8).allocate()
+    if spec.init is not None: copy_into(base, self.blob[spec.init[0]:spec.init[1]])
+    return base
+
+  def view(self, a: BufferView) -> Buffer:
+    if a not in self.views:
+      dt = parse_dtype(a.dtype)
+      self.views[a] = self.bases[a.buffer].view(a.nbytes // dt.itemsize, dt, a.offset).ensure_allocated()
+    return self.views[a]
+
+  def sharing_conflicts(self) -> list[set[int]]:
+    """Per slot, the slots it may not share a buffer with. Sharing is fine when neither is written, or when one is write-only, the other
+    read-only, and every read comes before the first write: that is how next_X is written into X."""
+    access: list[tuple[list[int], list[int]]] = [([], []) for _ in self.inputs]
+    for j, call in enumerate(self.part.calls):
+      for i, a in enumerate(call.args):
+        if isinstance(a, InputArg): access[a.input][1 if call.writes(i, self.part.programs) else 0].append(j)
+    def may_share(w: int, r: int) -> bool:
+      (w_reads, w_writes), (r_reads, r_writes) = access[w], access[r]
+      return not w_writes and not r_writes or not w_reads and bool(w_writes) and not r_writes and max(r_reads, default=-1) < min(w_writes)
+    return [{o for o in range(len(self.inputs)) if o != s and not may_share(s, o) and not may_share(o, s)} for s in range(len(self.inputs))]
+
+  def __call__(self, **kwargs) -> Any:
+    if len(kwargs) != len(self.kwargs): raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
+    changed = []
+    try:
+      for slot, (name, key) in enumerate(self.slots):
+        t = slot_value(kwargs, name, key)
+        if t.__class__ is Tensor and t.uop is self.current[slot]: continue
+        changed.append(slot)
+        self.bind(slot, t, kwargs)
+      if changed: self.check_sharing(changed)
+    except InputError:
+      for s in changed: self.current[s] = self.buffers[s] = None  # a rejected call binds nothing: check these slots again next time
+      raise
+    self.replay_s = self.backend.run()
+    return self.same_ret if self.same_ret is not None else self.returned(kwargs)
+
+  def run_bound(self, wait: bool = True) -> float:
+    """Run the kernels on the tensors bound by the last call, with no Python per input: the kernel-only floor. Seconds it took."""
+    if any(b is None for b in self.buffers): raise InputError("run_bound() replays the last call's bindings: call the part once first")
+    return self.backend.run(wait)
+
+  def time_calls(self, rounds: int = 20) -> list[dict]:
+    """Each call of the part alone on the tensors bound by the last call, `rounds` times: per call its index, kind, program index (None for
+    a copy), bytes copied, and the median seconds. Kernels are timed by the device (CUDA events; on CPU the call itself); a copy by the
+    host clock around it and a synchronize. For profiling: the replay itself runs its calls batched."""
+    if any(u is None for u in self.current): raise InputError("time_calls() times the last call's bindings: call the part once first")
+    inputs, rows = tuple(u.base for u in self.current), []
+    for j, call in enumerate(linear_of(self, self.programs, self.part.calls).src):
+      spec, times = self.part.calls[j], [time_call(call, inputs, self.device) for _ in range(rounds)]
+      rows.append({"call": j, "kind": spec.kind, "program": spec.program, "s": float(np.median(times)),
+                   "copy_bytes": self.part.arg_nbytes(spec.args[0]) if spec.kind == "copy" else None})
+    return rows
+
+  def bind(self, slot: int, t: Any, kwargs: dict) -> None:
+    spec = self.inputs[slot]
+    if not isinstance(t, Tensor):
+      if sorted(kwargs) != self.kwargs: raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
+      raise InputError(f"input {spec.label} is missing or not a Tensor (got {type(t).__name__})")
+    known = self.known[slot]
+    if (buf := known.get(t.uop)) is None:
+      buf = known[t.uop] = self.validated(spec, t)
+      self.bindings_made += 1
+      if len(known) > MAX_BINDINGS_PER_SLOT: del known[next(iter(known))]
+    self.current[slot], self.buffers[slot] = t.uop, buf
+    self.backend.patch(slot, t.uop.base, buf)
+
+  def check_sharing(self, changed: list[int]) -> None:
+    for slot in changed:
+      if (other := next((o for o in self.conflicts[slot] if self.buffers[o] is self.buffers[slot]), None)) is not None:
+        a, b = sorted((slot, other))
+        raise InputError(f"inputs {self.inputs[a].label} and {self.inputs[b].label} share a buffer, and the part reads one after writing the other")
+
+  def validated(self, spec: InputSlot, t: Tensor) -> Buffer:
+    name = spec.label
+    if not t.uop.is_realized or t.uop.base.op is not Ops.BUFFER: raise InputError(f"input {name} is not realized: realize it before the call")
+    if tuple(t.shape) != spec.shape or dtype_name(t.dtype) != spec.dtype:
+      raise InputError(f"input {name}: expected shape {spec.shape} {spec.dtype}, got {t.shape} {t.dtype!r}")
+    if (expected := device_kind(self.input_device(spec))) != device_kind(t.device):
+      raise InputError(f"input {name}: expected a {expected} tensor, got one on {t.device}")
+    buf = t.uop.base.buffer
+    if buf.nbytes != t.nbytes(): raise InputError(f"input {name} is a view of a larger buffer: pass a whole buffer")
+    if not t.uop.has_buffer_identity():  # a permute, flip or other reordering would be read in raw memory order
+      raise InputError(f"input {name} is a reordered view of its buffer ({t.uop.op.name}): pass a contiguous tensor (.contiguous().realize())")
+    if self.outputs_in_place and (ptr := buffer_address(buf.ensure_allocated())) % ALIGNMENT:
+      raise InputError(f"input {name}: pointer {ptr:#x} is not {ALIGNMENT}-byte aligned")
+    return buf
+
+  def input_device(self, spec: InputSlot) -> str:
+    """Where an input lives: inputs captured on the part's device live on this replay's (the same, or the one allow_device chose), and so
+    do mapped host inputs."""
+    return self.device if device_kind(spec.device) == device_kind(self.part.device) or spec.name in self.mapped else spec.device
+
+  def forget(self, tensors: list[Tensor]) -> None:
+    """Drop the bindings of these tensors (camera buffers that went away), so neither they nor their memory are kept."""
+    gone = {t.uop for t in tensors}
+    self.backend.forget({t.uop.base for t in tensors})
+    for slot, known in enumerate(self.known):
+      for uop in gone & known.keys(): del known[uop]
+      if self.current[slot] in gone: self.current[slot] = self.buffers[slot] = None
+
+  def reset(self) -> None:
+    """Drop every binding (warmup reset, camera reconnect)."""
+    for known in self.known: known.clear()
+    self.backend.forget(None)
+    self.current, self.buffers = [None] * len(self.inputs), [None] * len(self.inputs)
+
+  def returned(self, kwargs: dict) -> Any:
+    returns = self.part.returns
+    tensors = [t if t is not None else slot_value(kwargs, *self.slots[r.arg.input]) for t, r in zip(self.ret, returns.tensors)]
+    kind = returns.kind
+    if kind == "NoneType": return None
+    if kind == "Tensor": return tensors[0]
+    if kind == "dict": return dict(zip(returns.keys, tensors))
+    return tuple(tensors) if kind == "tuple" else tensors
+
+def replay_part(header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = (), name: str = "the part") -> Replay:
+  """A Replay of a part read from a file. Part.from_json bounds and cross-checks every field the replay reads; whatever tinygrad still
+  rejects while building it (an ELF it cannot relocate, a device it does not know) is an ArtifactError, like every other bad bundle."""
+  try: return Replay(header, blob, device, mapped)
+  except (ArtifactError, InputError): raise
+  except (AssertionError, LookupError, MemoryError, NotImplementedError, OverflowError, RuntimeError, TypeError, ValueError) as e:
+    raise ArtifactError(f"{name} cannot be replayed here: {type(e).__name__}: {str(e)[:200]}") from None

@@ -1,0 +1,126 @@
+"""What modeld drives each frame: inputs in named numpy views, camera frames in, one fused run, outputs out."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from tinygrad import Tensor
+
+from sunnypilot.modeld_v2.compat import SeedAdapterNames
+from sunnypilot.modeld_v2.format.bundle import next_name
+from sunnypilot.modeld_v2.format.part import device_kind
+from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS
+from sunnypilot.modeld_v2.model.generations import of_bundle
+from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
+from sunnypilot.modeld_v2.runtime.frame_feeds import FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
+from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, FusedLayout
+from sunnypilot.modeld_v2.runtime.kernel_replay import write_tensor
+from sunnypilot.modeld_v2.runtime.loader import load_device, load_fused
+from sunnypilot.modeld_v2.runtime.output_readbacks import CopiedOutput, OutputReadback, PinnedOutput, ViewedOutput
+
+log = logging.getLogger(__name__)
+MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
+
+class BaseModelAdapter:
+  """The per-frame interface modeld uses: fill `numpy_inputs`, `copy_frames(bufs)`, `run()`, read the outputs."""
+  numpy_inputs: dict[str, np.ndarray]
+
+  def copy_frames(self, bufs: dict[str, Any]) -> None: raise NotImplementedError
+  def reset_warmup_buffers(self) -> None: raise NotImplementedError
+  def reset_states(self) -> None: raise NotImplementedError
+  def run(self) -> Tensor: raise NotImplementedError
+  def output_array(self) -> np.ndarray: raise NotImplementedError
+
+class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
+  """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame. The camera frames arrive through a
+  frame feed (frame_feeds: packed, uploaded or read in place) and the outputs leave through an output readback (output_readbacks).
+  `map_camera_buffers=False` uploads the frames of a --split-frames warp and keeps the host inputs and outputs out of CUDA's registered
+  memory."""
+  def __init__(self, model_path: str, warp_path: str, device: str | None = None, map_camera_buffers: bool = True, allow_device: bool = False):
+    self.model_device = load_device(device)
+    kind = device_kind(self.model_device)
+    # CUDA with mapping: the packed host inputs (and the outputs, see PinnedOutput) live in registered host memory the graph reads in place
+    self._host_cuda = CudaHostRegistration(self.model_device) if map_camera_buffers and kind == "CUDA" else None
+    self.bundle = load_fused(model_path, warp_path, device=self.model_device, allow_device=allow_device, mapped=("host",) if self._host_cuda else ())
+    self.replay = self.bundle.run
+    assert self.bundle.fused is not None, "load_fused returns a fused part"
+    self.layout: FusedLayout = self.bundle.fused
+    self.warp_frame_size = self.layout.frame_size
+    self.split = list(SPLIT_FRAMES) if self.layout.split_frames else []  # the warp reads the camera buffers in place
+    self.in_place = bool(self.split) and map_camera_buffers and kind in MAPS_HOST_MEMORY
+    self.states = {name: Tensor(np.zeros(self.bundle.input_specs[name].shape, self.bundle.input_specs[name].dtype), device=self.model_device).realize()
+                   for name in self.bundle.state_names}
+    self.packed_input = host_pages(self.layout.host_bytes)
+    # the NPY buffer is this array (or the device reads it through its mapping): writes to the views land in the next run
+    self.host = self._host_cuda.mapped_tensor(self.packed_input) if self._host_cuda else Tensor(self.packed_input, device="NPY")
+    self.numpy_inputs = {name: np.ndarray(shape, dtype=np.float32, buffer=self.packed_input, offset=self.layout.host_layout[name])
+                         for name, shape in self.layout.host_shapes.items()}
+    self.frame_feed = self._frame_feed()
+    self.readback = self._readback(map_camera_buffers and kind == "CUDA")
+    self.outputs = {name: Tensor(np.zeros(spec.shape, spec.dtype), device=self.model_device).realize() for name, spec in self.bundle.output_specs.items()
+                    if name != "outputs" and name not in {next_name(n) for n in self.states}}
+    self.outputs["outputs"] = self.readback.tensor
+    for name, state in self.states.items(): self.outputs[next_name(name)] = state  # next_X is written into X
+    if self.split and map_camera_buffers and not self.in_place:
+      log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
+
+  def _frame_feed(self) -> FrameFeed:
+    if not self.split: return PackedFrames(self.packed_input[self.layout.host_layout["frames"]:].reshape(2, self.warp_frame_size))
+    return (InPlaceFrames if self.in_place else UploadFrames)(self.model_device, self.warp_frame_size)
+
+  def _readback(self, pinned: bool) -> OutputReadback:
+    spec = self.bundle.output_specs["outputs"]
+    if pinned: return PinnedOutput(spec, self.model_device)
+    return (ViewedOutput if self.replay.outputs_in_place else CopiedOutput)(spec, self.model_device)
+
+  @property
+  def output_slices(self) -> dict[str, list[int]]:
+    """{head name: [start, stop]} in the output vector, as the bundle records them (checked when it was read)."""
+    return self.bundle.metadata["output_slices"]
+
+  @property
+  def generation(self) -> tuple[str, str]:
+    """(the model's generation, where that came from): see generations.of_bundle."""
+    return of_bundle(self.bundle.metadata)
+
+  @property
+  def registered_camera_buffers(self) -> int:
+    """Camera buffers registered with the CUDA driver now (0 elsewhere)."""
+    return self.frame_feed.registered_camera_buffers
+
+  def copy_frames(self, bufs: dict[str, Any]) -> None:
+    """Take this step's camera frames: {"img": road, "big_img": wide}, each a VisionBuf (shared camera memory with .data) or a numpy array.
+    Only VisionBufs are read in place: a numpy frame (warmup, tests) is host memory its owner may free or reuse, so it is always copied."""
+    for key in CAMERA_BUFFERS:
+      if key in bufs: self.frame_feed.feed(key, bufs[key])
+
+  def drop_camera_buffers(self) -> None:
+    """Forget every camera mapping and the bindings made with them (camerad restarted: its old buffers are gone)."""
+    self.replay.forget(self.frame_feed.tensors)
+    self.frame_feed.drop()
+
+  def close(self) -> None:
+    """Let go of the camera buffers and, on CUDA, of the registered host inputs and outputs (the adapter is being replaced)."""
+    self.drop_camera_buffers()
+    self.readback.close()
+    if self._host_cuda: self._host_cuda.unmap_all()
+
+  def reset_warmup_buffers(self) -> None:
+    """Back to a clean start: zero host inputs and states; drop frame tensors, camera mappings and input bindings."""
+    self.packed_input[:] = 0
+    self.drop_camera_buffers()
+    self.reset_states()
+
+  def reset_states(self) -> None:
+    """Zero the recurrent states (hidden state, image, desire and feature queues): what a NaN run wrote would feed every later run."""
+    for state in self.states.values(): write_tensor(state, np.zeros(state.shape, state.dtype.fmt))
+
+  def run(self) -> Tensor:
+    if len(self.frame_feed.inputs) != len(self.split): raise RuntimeError("copy_frames() has not been given both camera frames yet")
+    self.replay(host=self.host, **self.states, **self.frame_feed.inputs, output_buffers=self.outputs)
+    return self.outputs["outputs"]
+
+  def output_array(self) -> np.ndarray:
+    """This step's outputs (1, N) as numpy, valid until the next run() (see output_readbacks)."""
+    return self.readback.read()

@@ -1,0 +1,277 @@
+"""Every use of tinygrad internals (private attributes, functions patched at run time), for the pinned tinygrad 0.14.0.
+
+Everything else in the package uses tinygrad's public API (Tensor, TinyJit, Device, Buffer, UOp) plus this module. Each function names
+the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises each one, so a tinygrad bump that breaks one fails there.
+
+- `record_kernel_linear`: `tinygrad.engine.jit` calls its module globals `jit_lower(linear, held_bufs, input_buf_uops)` (returns the
+  compiled, memory planned, graph split LINEAR) once per TinyJit capture, and `prune_linear(...)` -> `(kept, onetime)` with prune=True
+  before it, both on LINEARs of CALLs whose kernels are not compiled yet (a SINK first src, one per kernel); `tinygrad.engine.realize.
+  compile_linear(linear)` compiles a LINEAR's kernels (searched when BEAM is set then).
+- `host_backed_null`: `tinygrad.runtime.ops_null.NullAllocator` allocates, copies and offsets through `_alloc(size, options)`,
+  `_copyin(dest, src)`, `_copyout(dest, src)` and `_offset(buf, size, offset)`.
+- `watched_beam_search`: `tinygrad.codegen.opt.search` calls its globals `beam_search(s, rawbufs, var_vals, amt, ...)` per kernel and
+  `_time_program(prg, var_vals, rawbufs, ...)` -> a list of seconds per candidate.
+- `onnx_ops` / `patched_onnx_ops`: `tinygrad.nn.onnx.onnx_ops` is the {ONNX op type: function} table OnnxRunner looks ops up in at run time.
+- `program_record`, `program_binary`, `program_uop`: a compiled kernel is a PROGRAM uop whose `arg` is a `ProgramInfo` (name, global and
+  local size, `globals`/`outs`/`ins` argument indices, `vars`, `target`; `runtimevars` maps the variables the runtime sets itself, core_id,
+  to their argument index), whose first src is a SINK with a `KernelInfo` arg (its `estimates`: ops, lds, mem, or None), second a LINEAR of
+  the parameter PARAMs, and whose last src is a BINARY holding the compiled code (a PROGRAM with one is never compiled again).
+  `to_elf().signature` lists (name, argument index, dtype, shape) per parameter, buffers first; runtime variables are PARAMs in the ALU
+  address space with vmin_vmax; `Target.parse(repr(target))` round-trips a target.
+- `is_graph_batch`, `unbatched_calls`, `captured_calls`: a LINEAR holds CALLs whose first src is the ast (a PROGRAM, a
+  COPY, or a graph batch: a CUSTOM_FUNCTION with arg "graph" whose first src is the LINEAR of the calls it batches) and whose other srcs
+  are its arguments: a PARAM (`arg.slot`: the JIT input slot) or a uop whose `.buffer` is the Buffer, and bound variables; a PROGRAM's
+  `ProgramInfo` lists the argument indices it reads (`ins`) and writes (`outs`), a COPY's are (destination, source).
+- `graph_batches`, `run_calls`, `graph_runner`, `runner_slots`, `repointable`, `always_repointed`, `repoint_only`: the replay's graph
+  back-end runs tinygrad's own JIT path on a LINEAR of CALLs. `tinygrad.engine.jit.graph_split_rewrite(linear, max_batch_size)` batches
+  calls into CUSTOM_FUNCTION "graph" calls; `tinygrad.engine.realize.run_linear(linear, var_vals, input_uops, jit=, wait=)` runs them;
+  `Device[d].graph(batch, input_uops=)` builds a runner (a `GraphRunner`) whose `uop_replace[node]` lists (argument, input slot) pairs,
+  whose `var_vals_replace` / `launch_dims_replace` nodes are re-pointed at every launch, and, on CUDA (`CUDAGraph`), whose `updatable`
+  lists the nodes the next launch re-points (only CUDA's runner has one: `repoint_only` is exercised on a GPU by
+  tests/test_tinygrad_internals.py, and on NULL only as far as its runner allows).
+- `time_call`: `tinygrad.engine.realize.ExecContext(input_uops=, update_stats=, wait=)`, `exec_copy(ctx, call, ast)` and
+  `exec_kernel(ctx, call, ast)` -> device seconds per launch.
+- `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose `fxn` is the ctypes function taking each buffer as a
+  c_uint64 pointer, then its runtime variables; `runtimevars` maps "core_id" to its argument index (CPUProgram calls once per core).
+- `host_visible`, `buffer_address`, `host_array`, `copy_in`, `copy_out`: a `Buffer`'s device handle is `Buffer._buf` (a numpy array on
+  NPY, an object with `va_addr` on CPU, CUDA and HCQ devices); allocators with `_as_buffer` map it into host memory; every
+  allocator copies with `_copyin(handle, src)` and `_copyout(dest, handle)`, synchronously.
+- `cuda_driver`: `tinygrad.runtime.autogen.cuda` is ctypes bindings of the CUDA driver API, and a CUDA device's `context` its CUcontext
+  (exercised on a GPU by tests/test_cuda.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+from tinygrad import Device
+from tinygrad.device import Buffer
+from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target
+from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
+
+from sunnypilot.modeld_v2.format.part import ArtifactError, Param, Program, RuntimeVar, dtype_name, parse_dtype
+
+class Recording(list):
+  """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
+  def __init__(self):
+    super().__init__()
+    self.onetime: list[UOp] = []
+
+def _kernels(*linears: UOp) -> int:
+  """How many distinct kernels LINEARs of uncompiled calls compile."""
+  return len({c.src[0] for linear in linears for c in linear.src if c.src[0].op is Ops.SINK})
+
+@contextlib.contextmanager
+def record_kernel_linear(on_kernels: Callable[[int], None] | None = None) -> Iterator[Recording]:
+  """Record the kernel LINEAR (compiled, memory planned, graph split) of each TinyJit capture that happens inside the block, and with
+  prune=True the one-time calls (weight preparation, e.g. IMAGE relayouts) that run once at capture instead of every call.
+  `on_kernels`: told, per capture, how many distinct kernels it is about to compile (one-time ones included), before any compiles."""
+  import tinygrad.engine.jit as jit
+  from tinygrad.engine.realize import compile_linear
+  recorded, counted = Recording(), [False]  # counted: this capture's kernels were counted at prune_linear, which runs first
+  lower, prune = jit.jit_lower, jit.prune_linear
+  def recording_lower(linear: UOp, *args, **kwargs):
+    if on_kernels is not None and not counted[0]: on_kernels(_kernels(linear))
+    counted[0] = False
+    recorded.append(lowered := lower(linear, *args, **kwargs))
+    return lowered
+  def recording_prune(*args, **kwargs):
+    kept, onetime = prune(*args, **kwargs)
+    if on_kernels is not None: on_kernels(_kernels(kept, onetime))
+    counted[0] = True
+    if onetime.src: recorded.onetime.append(compile_linear(onetime))  # the capture compiles the same kernels: served from the cache
+    return kept, onetime
+  jit.jit_lower, jit.prune_linear = recording_lower, recording_prune
+  try: yield recorded
+  finally: jit.jit_lower, jit.prune_linear = lower, prune
+
+@contextlib.contextmanager
+def host_backed_null() -> Iterator[None]:
+  """While capturing on NULL (cross-compiling), keep what is copied into NULL buffers in host memory, so ONNX constants can be read and
+  weights land in the bundle. Kernels still do not run: only data copied in from the host is real."""
+  from tinygrad.runtime.ops_null import NullAllocator
+  saved = {k: NullAllocator.__dict__[k] for k in ("_alloc", "_copyin", "_copyout", "_offset")}
+  def copyin(self, dest, src: memoryview): dest[:len(src)] = src.cast("B")
+  def copyout(self, dest: memoryview, src): dest.cast("B")[:] = src[:dest.nbytes]
+  NullAllocator._alloc = lambda self, size, options: memoryview(bytearray(size))
+  NullAllocator._copyin, NullAllocator._copyout = copyin, copyout
+  NullAllocator._offset = lambda self, buf, size, offset: buf[offset:offset + size]
+  try: yield
+  finally:
+    for k, v in saved.items(): setattr(NullAllocator, k, v)
+
+@contextlib.contextmanager
+def watched_beam_search(on_times: Callable[[list[float]], None], on_kernel: Callable[[], None]) -> Iterator[None]:
+  """Inside the block, tinygrad's BEAM search reports each timed candidate's seconds to `on_times` and each searched kernel to `on_kernel`
+  (after its search). A kernel served from the search's disk cache times nothing."""
+  import tinygrad.codegen.opt.search as search
+  search_kernel, time_program = search.beam_search, search._time_program
+  def timed(*args, **kwargs) -> list[float]:
+    on_times(tms := time_program(*args, **kwargs))
+    return tms
+  def searched(*args, **kwargs):
+    out = search_kernel(*args, **kwargs)
+    on_kernel()
+    return out
+  search.beam_search, search._time_program = searched, timed
+  try: yield
+  finally: search.beam_search, search._time_program = search_kernel, time_program
+
+def onnx_ops() -> dict[str, Callable]:
+  """The table of ONNX op types tinygrad's OnnxRunner implements (the live table, looked up at run time)."""
+  from tinygrad.nn.onnx import onnx_ops as table
+  return table
+
+@contextlib.contextmanager
+def patched_onnx_ops(replacements: dict[str, Callable]) -> Iterator[None]:
+  """OnnxRunner runs `replacements` instead of its own ops of those types inside the block."""
+  table = onnx_ops()
+  saved = {op: table[op] for op in replacements}
+  table.update(replacements)
+  try: yield
+  finally: table.update(saved)
+
+def _estimates(est: Any) -> dict[str, int]:
+  """tinygrad's estimates of one kernel as plain ints: ops (FLOPs), lds (bytes its loads and stores move), mem (bytes touched, each once).
+  Shapes are fixed at capture, so each is a number; a symbolic one (never seen) is recorded as -1."""
+  return {k: int(v) if isinstance(v, int) else -1 for k, v in (("ops", est.ops), ("lds", est.lds), ("mem", est.mem))}
+
+def program_record(ast: UOp) -> Program:
+  """A compiled PROGRAM uop as a part's program (its binary's blob range is set when the builder stores it)."""
+  info: ProgramInfo = ast.arg
+  if any(v.arg.name not in info.runtimevars for v in info.vars):
+    raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
+  signature = ast.to_elf().signature
+  params = tuple(Param(n, s, dtype_name(dt), tuple(shape)) for n, s, dt, shape in signature[:len(signature) - len(info.vars)])
+  est = ast.src[0].arg.estimates
+  return Program(info.function_name, (0, 0), repr(info.target), tuple(info.global_size), None if info.local_size is None else tuple(info.local_size),
+                 tuple(info.globals), tuple(info.outs), tuple(info.ins), params,
+                 tuple(RuntimeVar(v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax) for v in info.vars),
+                 _estimates(est) if est is not None else None)
+
+def program_binary(ast: UOp) -> bytes:
+  """A compiled PROGRAM uop's code, as the device loads it."""
+  return ast.src[-1].arg
+
+def program_uop(program: Program, lib: bytes) -> UOp:
+  """A compiled PROGRAM uop rebuilt from a part's program and its binary: its last src is a BINARY, so tinygrad never compiles it again."""
+  params = tuple(UOp.param(slot, parse_dtype(dt), shape, name=name) for name, slot, dt, shape in program.signature)
+  runtime_vars = tuple(UOp.param(slot, parse_dtype(dt), (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
+                       for name, slot, dt, lo, hi in program.runtime_vars)  # core_id: the CPU runtime sets it per core
+  info = ProgramInfo(name=program.name, global_size=program.global_size, vars=runtime_vars, local_size=program.local_size, globals=program.globals,
+                     outs=program.outs, ins=program.ins, target=Target.parse(program.target))
+  return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
+                               UOp(Ops.BINARY, arg=lib)), arg=info)
+
+class CapturedCall(NamedTuple):
+  """One call of a captured kernel list: its compiled PROGRAM (None for a copy), per argument (bound variables left out) the JIT input
+  slot it is bound to or its Buffer, and the argument indices it reads and writes (a copy reads its source, 1, and writes 0)."""
+  program: UOp | None
+  args: tuple[int | Buffer, ...]
+  reads: tuple[int, ...]
+  writes: tuple[int, ...]
+
+def captured_calls(linear: UOp) -> list[CapturedCall]:
+  """A captured LINEAR's calls in order, graph batches unbatched; ArtifactError for a call that is neither a kernel nor a copy."""
+  calls = unbatched_calls(linear)
+  if (ast := next((c.src[0] for c in calls if c.src[0].op not in (Ops.PROGRAM, Ops.COPY)), None)) is not None:
+    raise ArtifactError(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
+  def call(c: UOp) -> CapturedCall:
+    ast, args = c.src[0], tuple(u.arg.slot if u.op is Ops.PARAM else u.buffer for u in c.src[1:] if not u.is_bound_var)
+    return CapturedCall(None, args, (1,), (0,)) if ast.op is Ops.COPY else CapturedCall(ast, args, tuple(ast.arg.ins), tuple(ast.arg.outs))
+  return [call(c) for c in calls]
+
+def is_graph_batch(ast: UOp) -> bool:
+  """Whether a call's ast is a batch of calls for the device's graph runner (what `graph_batches` makes)."""
+  return ast.op is Ops.CUSTOM_FUNCTION and ast.arg == "graph"
+
+def unbatched_calls(linear: UOp) -> list[UOp]:
+  """A LINEAR's calls in order, each graph batch replaced by the calls it batches."""
+  return [c for call in linear.src for c in (unbatched_calls(call.src[0].src[0]) if is_graph_batch(call.src[0]) else [call])]
+
+def graph_batches(linear: UOp, device: str) -> UOp:
+  """`linear` with its calls batched into the device's graph runner as TinyJit batches them; unchanged without one (or with JIT=2)."""
+  from tinygrad.engine.jit import graph_split_rewrite
+  if Device[device].graph is None or JIT >= 2: return linear
+  return graph_split_rewrite(linear, max_batch_size=JIT_BATCH_SIZE.value)
+
+def run_calls(linear: UOp, input_uops: tuple[UOp, ...] = (), wait: bool = False) -> None:
+  """Run a LINEAR of calls (and graph batches) as a TinyJit replay does, input slots bound to `input_uops`."""
+  from tinygrad.engine.realize import run_linear
+  run_linear(linear, {}, input_uops=input_uops, jit=True, wait=wait)
+
+def graph_runner(batch: UOp, input_uops: tuple[UOp, ...]) -> Any:
+  """A graph runner for one graph batch (a CUSTOM_FUNCTION "graph" uop), built on the buffers of `input_uops`; call it as
+  `runner(input_uops, {}, wait=...)`."""
+  return Device[batch.device if isinstance(batch.device, str) else batch.device[0]].graph(batch, input_uops=input_uops)
+
+def runner_slots(runner: Any) -> dict[int, set[int]]:
+  """Per input slot, the runner's nodes that take it as an argument."""
+  nodes: dict[int, set[int]] = {}
+  for node, replace in enumerate(runner.uop_replace):
+    for _, slot in replace: nodes.setdefault(slot, set()).add(node)
+  return nodes
+
+def repointable(runner: Any) -> bool:
+  """Whether a runner re-points only the nodes it is told to (CUDAGraph); others (HCQ: QCOM, AMD) re-point every input at each launch."""
+  return hasattr(runner, "updatable")
+
+def always_repointed(runner: Any) -> set[int]:
+  """Nodes a runner updates at every launch anyway (symbolic variables or launch sizes)."""
+  return set(runner.var_vals_replace) | set(runner.launch_dims_replace)
+
+def repoint_only(runner: Any, nodes: set[int]) -> None:
+  """Tell a repointable runner to re-point exactly these nodes at its next launch."""
+  runner.updatable = sorted(nodes)
+
+def time_call(call: UOp, input_uops: tuple[UOp, ...], device: str) -> float:
+  """Seconds one call takes alone: a kernel timed by the device (CUDA events; on CPU the call itself), a copy by the host clock around
+  it and a synchronize."""
+  from tinygrad.engine.realize import ExecContext, exec_copy, exec_kernel
+  ctx, dev = ExecContext(input_uops=input_uops, update_stats=False, wait=True), Device[device]
+  dev.synchronize()
+  if call.src[0].op is not Ops.COPY: return float(sum(exec_kernel(ctx, call, call.src[0])))
+  start = time.perf_counter()
+  exec_copy(ctx, call, call.src[0])
+  dev.synchronize()
+  return time.perf_counter() - start
+
+class CpuEntry(NamedTuple):
+  """A compiled PROGRAM loaded on CPU: `fxn` (a ctypes function of c_uint64 pointers) and the argument index of its core_id, if it has
+  one. `runtime` owns the loaded code: `fxn` is valid while this is kept."""
+  runtime: Any
+  fxn: Any
+  core_id: int | None
+
+def cpu_entry(program: UOp, device: str) -> CpuEntry:
+  """Load a compiled PROGRAM on CPU for direct ctypes calls."""
+  runtime = Device[device].runtime(program.to_elf())
+  return CpuEntry(runtime, runtime.fxn, runtime.runtimevars.get("core_id"))
+
+def cuda_driver(device: str) -> tuple[Any, Any]:
+  """tinygrad's bindings of the CUDA driver API and `device`'s CUcontext, for registering host memory with the driver."""
+  from tinygrad.runtime.autogen import cuda
+  return cuda, Device[device].context
+
+def host_visible(buf: Buffer) -> bool:
+  """Whether a buffer's memory is mapped into this process (CPU, NPY, QCOM): read and written in place through `as_memoryview`."""
+  return hasattr(buf.allocator, "_as_buffer")
+
+def buffer_address(buf: Buffer) -> int:
+  """Where an allocated buffer's bytes live: host memory on NPY and CPU, the device address elsewhere (CUDA, QCOM, AMD)."""
+  return buf._buf.ctypes.data if isinstance(buf._buf, np.ndarray) else int(buf._buf.va_addr)
+
+def host_array(buf: Buffer) -> np.ndarray:
+  """An NPY buffer's numpy array itself (its contents, shaped as the tensor that made it)."""
+  return buf._buf
+
+def copy_in(buf: Buffer, data: memoryview) -> None:
+  """Copy host bytes into an allocated buffer through its allocator (synchronous; `data` a writable, byte-castable view)."""
+  buf.allocator._copyin(buf._buf, data)
+
+def copy_out(buf: Buffer, dest: memoryview) -> None:
+  """Copy an allocated buffer's bytes into host memory through its allocator; waits for the device to finish writing it."""
+  buf.allocator._copyout(dest, buf._buf)

@@ -1,0 +1,101 @@
+"""Look inside a bundle, or check it still computes what it computed when it was built.
+
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect model.bin   # provenance, inputs (with their roles)/outputs, buffers, kernels, programs
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle profile model.bin [--warp warp.bin] [--peak-tflops 67 --peak-tbs 4.8] [--json out.json]
+      # time each kernel alone here: FLOPs and bytes (tinygrad's estimates), GFLOP/s, GB/s, share, and the roofline lower bound
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+
+from sunnypilot.modeld_v2.common.cli import finite_float, interruptible, non_negative_int, positive_int
+from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+
+LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
+
+def describe(path: str) -> str:
+  from sunnypilot.modeld_v2.format.bundle import check_parts, read_bundle
+  head, blob = read_bundle(path)
+  prov, extras = head["provenance"], head.get("extras", {})
+  parts = check_parts(head, blob, path)  # any tinygrad's bundle may be inspected, but only a well-formed one
+  lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov.get('tinygrad')} for {prov.get('device')} ({prov.get('target')}), "
+           f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
+  meta = extras.get("metadata", {})
+  if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
+  if meta.get("kind") == "model":
+    from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
+    generation, source = of_bundle(meta)
+    lines.append(f"  generation: {generation} ({source}): {GENERATIONS[generation].about}")
+  for model, roles in meta.get("onnx_roles", {}).items(): lines.append(f"  onnx {model}: {', '.join(f'{n} ({r})' for n, r in roles.items())}")
+  roles = meta.get("input_roles", {})
+  for kind in ("input_specs", "output_specs"):
+    for name, (shape, dtype, device) in extras.get(kind, {}).items():
+      role = roles.get(name, "") if kind == "input_specs" else ""
+      lines.append(f"  {kind[:-6]:6s} {name:24s} {str(tuple(shape)):20s} {dtype} {device:6s} {role}".rstrip())
+  for name, h in parts.items():
+    calls = collections.Counter(c.kind for c in h.calls)
+    weights = sum(b.init[1] - b.init[0] for b in h.buffers if b.init is not None)
+    inputs = ", ".join(s.label for s in h.inputs)
+    check = "none" if h.check is None else f"seed {h.check.seed}, {len(h.check.outputs)} output digests"
+    lines += [f"  part {name!r}: {sum(calls.values())} calls ({', '.join(f'{n} {k}' for k, n in calls.items())}), "
+              f"{len(h.onetime_calls)} one-time calls, {len(h.programs)} programs ({len({p.lib for p in h.programs})} binaries), "
+              f"{len(h.buffers)} buffers ({sum(b.nbytes for b in h.buffers):,} bytes, {weights:,} of them weights)",
+              f"    inputs: {inputs}", f"    check: {check}",
+              f"    {'program':40s} {'global':>14s} {'local':>12s} {'binary':>9s} {'calls':>6s}"]
+    uses = collections.Counter(c.program for c in h.calls if c.kind == "program")
+    for i, p in enumerate(h.programs):
+      size = p.lib[1] - p.lib[0]
+      lines.append(f"    {p.name[:40]:40s} {str(p.global_size):>14s} {str(p.local_size or ()):>12s} {size:>9,d} {uses[i]:>6d}")
+  return "\n".join(lines)
+
+@interruptible("inspect_bundle")
+def main(argv: list[str] | None = None) -> int:
+  parser = cli_parser("inspect_bundle", __doc__)
+  parser.add_argument("command", choices=("inspect", "verify", "profile"))
+  parser.add_argument("bundle")
+  parser.add_argument("--warp", help="profile: a warp bundle to fuse in front of the model (the frame modeld runs)")
+  parser.add_argument("--rounds", type=positive_int, default=20, help="profile: timed runs per call (median)")
+  peak = finite_float(0, 1e6, low_open=True)
+  parser.add_argument("--peak-tflops", type=peak, help="profile: the device's peak FLOP rate for the roofline, in TFLOP/s (say where it comes from)")
+  parser.add_argument("--peak-tbs", type=peak, help="profile: the device's peak memory bandwidth for the roofline, in TB/s")
+  parser.add_argument("--top", type=non_negative_int, default=0, help="profile: print only the N slowest calls (0: all)")
+  parser.add_argument("--json", help="profile: also write the results as JSON here")
+  args = parser.parse_args(argv)
+  from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path, read_parts, replaced_atomically
+  if args.json:
+    try: check_output_path(args.json, inputs=(args.bundle, args.warp))
+    except ArtifactError as e: parser.exit(2, f"inspect_bundle: error: --json: {e}\n")
+  from sunnypilot.modeld_v2.compile.capture import verify_part
+  try:
+    if args.command == "inspect":
+      print(describe(args.bundle))
+      return 0
+    if args.command == "profile":
+      import json
+
+      from sunnypilot.modeld_v2.tools.kernel_profile import bound_calls, profile, table
+      replay, what = bound_calls(args.bundle, args.warp)
+      logging.getLogger(__name__).info(f"profiling {args.bundle}: {what}, {args.rounds} runs per call ...")
+      result = profile(replay, args.rounds, args.peak_tflops and args.peak_tflops * 1e12, args.peak_tbs and args.peak_tbs * 1e12)
+      print(table(result, args.top))
+      if args.json:
+        with replaced_atomically(args.json) as (tmp,), open(tmp, "w") as f:
+          json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
+      return 0
+    ok = True
+    for name, (header, blob) in read_parts(args.bundle)[0].items():
+      for label, match in verify_part(header, blob).items():
+        print(f"{'PASS' if match else 'FAIL'} {name}: {label}")
+        ok &= match
+    print(f"{args.bundle}: {'verified' if ok else 'MISMATCH: this device computes something else than the build recorded'}")
+    return 0 if ok else 1
+  except (ArtifactError, OSError) as e:
+    named = any(p and str(e).startswith(p) for p in (args.bundle, args.warp))  # errors of a file's read name that file already
+    print(f"inspect_bundle: error: {e if named else f'{args.bundle}: {e}'}", file=sys.stderr)
+    return 2
+
+if __name__ == "__main__":
+  sys.exit(main())

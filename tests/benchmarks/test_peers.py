@@ -1,0 +1,38 @@
+"""The benchmark's peers compute what the bundle computes: onnxruntime behind peer_step (openpilot's queues in numpy, the numpy warp) against
+the fused warp + model adapter, frame by frame with state fed back, for generations with each kind of queue. The torch peers share
+peer_step; they run where torch sees a GPU (the benchmark's diff column checks them there on every frame)."""
+
+import numpy as np
+import pytest
+
+from benchmarks.bench import CameraBuffer, OrtPeer, PeerAdapter, set_inputs
+from sunnypilot.modeld_v2.compile_modeld import compile_model
+from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+from sunnypilot.modeld_v2.tools import stand_in_models
+
+FRAME = camerad_frame(1344, 760)
+
+
+# native: states; split_09: desire, features pushed between vision and policy, prev_desired_curv; supercombo_20hz: one float16 model at
+# frame_skip 1, features pushed after its run; multi_policy: two policies after one vision model
+@pytest.mark.parametrize("generation", ["native", "split_09", "supercombo_20hz", "multi_policy"])
+def test_onnxruntime_peer_matches_the_fused_adapter(native_artifacts, tmp_path, generation):
+  files = stand_in_models.write(generation, "tiny", str(tmp_path / f"{generation}.onnx"), seed=3)["files"]
+  compile_model(str(tmp_path / "model.bin"), **files, log=lambda s: None)
+  adapter = NativeTinygradAdapter(str(tmp_path / "model.bin"), f"{native_artifacts}/warp_split.bin")
+  peer = PeerAdapter(OrtPeer(files, FRAME))
+  rng = np.random.default_rng(5)
+  m_inv = np.array([[2, 0, 40], [0, 2, 60], [0, 0, 1]], np.float32)  # integer source coordinates: no rounding ties between the two warps
+  for step in range(12):
+    bufs = {k: CameraBuffer(rng.integers(0, 256, FRAME.size, dtype=np.uint8)) for k in ("img", "big_img")}
+    outs = []
+    for path in (adapter, peer):
+      set_inputs(path, step, np.stack([m_inv, m_inv]))
+      path.copy_frames(bufs)
+      path.run()
+      outs.append(np.array(path.output_array()))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5, err_msg=f"{generation} step {step}")
+  # prepare_only gates the queues on the frame after a drop: the benchmarks drop none, so it stays 0 and the peers have no such input
+  assert set(peer.numpy_inputs) - {"tfm"} == set(adapter.numpy_inputs) - {"tfm", "prepare_only"}, "the peer takes the bundle's host inputs by name"
+  adapter.close()

@@ -1,0 +1,62 @@
+"""CUDA: the generic replay path (graph batches) and camera buffers registered with the driver. Skipped where no CUDA device exists."""
+
+import numpy as np
+import pytest
+from tinygrad import Device
+
+from benchmarks.bench import CameraBuffer
+from sunnypilot.modeld_v2.compile.capture import capture
+from sunnypilot.modeld_v2.compile_modeld import compile_model
+from sunnypilot.modeld_v2.compile_warp import compile_warp
+from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
+from sunnypilot.modeld_v2.tools import stand_in_models
+
+from conftest import conv_net
+
+def _cuda_present() -> bool:
+  try: return Device.DEFAULT.startswith("CUDA") or bool(Device["CUDA"])
+  except Exception: return False
+
+pytestmark = pytest.mark.skipif(not _cuda_present(), reason="no CUDA device here (run with DEV=CUDA on a GPU machine)")
+
+
+def test_cuda_round_trip_replays_through_a_graph():
+  assert Device.DEFAULT.startswith("CUDA"), "run this file with DEV=CUDA"
+  fn, make = conv_net()
+  jit, part, _ = capture(fn, make)
+  plain = Replay(*part)
+  assert not plain.outputs_in_place and "graph" in plain.call_kinds
+  for _ in range(3):
+    img = make()["img"]
+    assert jit(img=img).numpy().tobytes() == plain(img=img).numpy().tobytes()
+
+@pytest.mark.parametrize("instances", [36, 3], ids=["a graph instance per buffer pair", "instances re-pointed past the cap"])
+def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, instances):
+  from sunnypilot.modeld_v2.runtime import kernel_replay as replay
+  from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+  monkeypatch.setattr(replay, "MAX_GRAPH_INSTANCES", instances)
+  frame = camerad_frame(1344, 760)
+  stand_in_models.write("native", "tiny", str(tmp_path / "m.onnx"), seed=5)
+  compile_model(str(tmp_path / "m.bin"), onnx=str(tmp_path / "m.onnx"), log=lambda s: None)
+  compile_warp(frame.spec, "512x256", str(tmp_path / "w.bin"), split_frames=True)
+  registered = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"))
+  uploaded = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False)
+  assert registered.in_place and registered.registered_camera_buffers == 0 and not uploaded.in_place
+  rng = np.random.default_rng(0)
+  bufs = [{k: CameraBuffer(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]
+  for step in range(12):
+    outs = []
+    for adapter in (registered, uploaded):
+      adapter.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2) * [[2, 2, 1]] + [[0, 0, 100], [0, 0, 80], [0, 0, 0]]
+      adapter.numpy_inputs["traffic_convention"][:] = [1, 0]
+      adapter.copy_frames(bufs[step % len(bufs)])
+      adapter.run()
+      outs.append(adapter.output_array().tobytes())
+    assert outs[0] == outs[1], f"step {step}: registered camera buffers differ from uploaded frames"
+  assert registered.registered_camera_buffers == 10, "each camera buffer registered once"
+  batches = registered.replay.call_kinds.count("graph")
+  assert min(instances, 5) <= registered.replay.graph_instances <= min(instances, 5) * batches, "a graph per buffer pair, up to the cap"
+  registered.reset_warmup_buffers()
+  assert registered.registered_camera_buffers == 0 and registered.frame_feed.camera_tensors == {}
+  assert registered.replay.graph_instances <= batches, "the instances built on camera buffers go with them"

@@ -1,0 +1,117 @@
+import builtins
+import functools
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from sunnypilot.modeld_v2.format.bundle import ArtifactError, TensorSpec, read_parts, write_bundle
+from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+from sunnypilot.modeld_v2.runtime.frame_fusion import FusedLayout, frame_part, fuse
+from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
+from sunnypilot.modeld_v2.runtime.loader import LoadedBundle, load_bundle, load_fused
+from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+
+from conftest import run_python
+
+FRAME = camerad_frame(1344, 760)
+
+def test_loaded_bundle_is_typed(native_artifacts):
+  model = load_bundle(os.path.join(native_artifacts, "model.bin"))
+  head = read_parts(os.path.join(native_artifacts, "model.bin"))[1]
+  assert isinstance(model, LoadedBundle) and isinstance(model.run, Replay) and model.fused is None
+  assert model.input_specs == head["input_specs"] and all(isinstance(s, TensorSpec) for s in model.input_specs.values())
+  assert model.state_names == sorted(n for n in head["input_specs"] if f"next_{n}" in head["output_specs"])
+  with pytest.raises(KeyError): model["fused"]  # the seed's dict keys only
+  seed = {"run": model.run, "input_specs": model.input_specs, "output_specs": model.output_specs, "metadata": model.metadata}  # its load_model's
+  for key in ("run", "input_specs", "output_specs", "metadata", "fused", "state_names", "other"):
+    assert (key in model) == (key in seed) and model.get(key) is seed.get(key) and model.get(key, "absent") is seed.get(key, "absent"), key
+
+def test_fused_layout_is_the_packed_host_buffer(native_artifacts):
+  """The typed layout of a fused load against the packed host buffer's offsets, written out here from the model's own host inputs: `tfm`
+  first, then each float32 input in order, every slot starting on a 64-byte boundary, then the two camera frames of a packed warp."""
+  model = os.path.join(native_artifacts, "model.bin")
+  specs = read_parts(model)[1]["input_specs"]
+  host = {n: s.shape for n, s in specs.items() if n != "new_img" and f"next_{n}" not in read_parts(model)[1]["output_specs"]}
+  for warp, frame_size in (("warp_split.bin", 0), ("warp_packed.bin", FRAME.size)):
+    fused = load_fused(model, os.path.join(native_artifacts, warp)).fused
+    offsets, at = {}, 0
+    for name, shape in ({"tfm": (2, 3, 3)} | host).items():
+      offsets[name], at = at, at + (int(np.prod(shape)) * 4 + 63) // 64 * 64
+    if frame_size: offsets["frames"] = at
+    total = at + 2 * frame_size
+    assert isinstance(fused, FusedLayout) and fused.warp == warp and fused.split_frames == (frame_size == 0)
+    assert fused.host_layout == offsets and fused.host_bytes == total and fused.frame_size == FRAME.size and fused.frame == FRAME.spec
+    assert fused.host_shapes == {"tfm": (2, 3, 3)} | host
+    written = load_fused(model, os.path.join(native_artifacts, warp)).metadata["fused"]  # what fuse wrote: plain JSON, read back the same
+    assert written == fused.to_json() and written["host_shapes"]["tfm"] == [2, 3, 3] and FusedLayout.from_json(written) == fused
+  with pytest.raises(ArtifactError, match="layout is malformed"): FusedLayout.from_json({"warp": "w"})
+
+def test_seed_spelling_is_the_fused_load(native_artifacts):
+  from sunnypilot.modeld_v2.helpers import PlainJit, _Jit
+  from sunnypilot.modeld_v2.helpers import load_model as seed_load_model
+  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  seed = seed_load_model(model, cache=False, extend=functools.partial(frame_part, warp))
+  assert isinstance(seed["run"], PlainJit) and PlainJit is _Jit is Replay
+  fused = load_fused(model, warp)
+  assert seed["run"].part == fused.run.part and seed["input_specs"] == fused.input_specs and seed["output_specs"] == fused.output_specs
+  assert seed["metadata"] == fused.metadata and seed_load_model(model)["metadata"] == load_bundle(model).metadata
+  parts, extras = frame_part(warp, *read_parts(model))  # the seed's extension on its own: read the warp, fuse
+  assert parts["run"][0] == seed["run"].part and extras["metadata"]["fused"]["warp"] == "warp_split.bin"
+  with pytest.raises(TypeError, match="partial\\(frame_part"): seed_load_model(model, extend=lambda parts, extras: (parts, extras))
+
+def test_seed_adapter_names(native_artifacts):
+  adapter = NativeTinygradAdapter(os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin"))
+  assert adapter.jits is adapter.bundle and adapter.run_model is adapter.bundle.run and adapter.input_queues is adapter.states
+  assert sorted(adapter.states) == adapter.bundle.state_names
+  assert adapter.output_slices == read_parts(os.path.join(native_artifacts, "model.bin"))[1]["metadata"]["output_slices"]
+
+def test_fuse_is_pure(native_artifacts, monkeypatch):
+  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  bundles = read_parts(model), read_parts(warp)
+  def no_files(*args, **kwargs): raise AssertionError(f"fuse touched a file: {args}")
+  with monkeypatch.context() as m:
+    for target, name in ((builtins, "open"), (os, "stat"), (os, "listdir"), (os, "scandir")): m.setattr(target, name, no_files)
+    parts, extras = fuse(*bundles, "warp_split.bin")
+  assert parts["run"][0] == load_fused(model, warp).run.part
+
+def test_load_needs_no_writable_home(native_artifacts):
+  out = run_python(f"""
+from sunnypilot.modeld_v2.runtime.loader import load_fused
+print(load_fused({os.path.join(native_artifacts, 'model.bin')!r}, {os.path.join(native_artifacts, 'warp_split.bin')!r}).run.call_kinds[0])
+""", env={"HOME": "/dev/null", "XDG_CACHE_HOME": "/dev/null/cache"})
+  assert out.strip() == "COPY"
+
+def test_fused_load_for_another_device(native_artifacts):
+  """The device reaches both reads: a CPU process loads the fused pair for NULL (mock execution), with the adapter too."""
+  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  fused = load_fused(model, warp, device="NULL", allow_device=True)
+  assert fused.run.device == "NULL" and fused.run.call_kinds[0] == "COPY"
+  adapter = NativeTinygradAdapter(model, warp, device="NULL", allow_device=True)
+  frames = np.zeros((2, FRAME.size), np.uint8)
+  for _ in range(2):  # NULL runs no kernels and holds no data: the calls go through, there is nothing to read back
+    adapter.copy_frames({"img": frames[0], "big_img": frames[1]})
+    adapter.run()
+  assert adapter.model_device == "NULL" and adapter.replay.bindings_made == len(adapter.replay.inputs)
+
+def test_every_load_reads_the_model_whole(native_artifacts, tmp_path):
+  """A model.bin truncated or edited after a good load fails the next load (a reload for another camera), whichever the warp."""
+  model = str(tmp_path / "model.bin")
+  shutil.copy(os.path.join(native_artifacts, "model.bin"), model)
+  warps = [os.path.join(native_artifacts, w) for w in ("warp_split.bin", "warp_packed.bin")]
+  for warp in warps: load_fused(model, warp)
+  data = open(model, "rb").read()
+  open(model, "wb").write(data[:-100])
+  for warp in warps:
+    with pytest.raises(ArtifactError, match="truncated"): load_fused(model, warp)
+  edited = bytearray(data)
+  edited[-5] ^= 1
+  open(model, "wb").write(edited)
+  for warp in warps:
+    with pytest.raises(ArtifactError, match="content hash mismatch"): load_fused(model, warp)
+
+def test_a_bundle_without_run_is_refused(tmp_path):
+  path = str(tmp_path / "x.bin")
+  write_bundle(path, {"other": ({"device": "CPU"}, b"")}, {}, check=False)  # crafted: the writer would refuse it
+  with pytest.raises(ArtifactError): load_bundle(path)

@@ -1,0 +1,119 @@
+"""The demo's rebuild rule: a bundle is reused only when its header records the same sources by content (the sha256 compile_modeld writes)
+and the same build settings (a model given by another name or with other bytes, another FLOAT16, a bundle with another record: rebuilt,
+saying why in one line); a missing model file is exit 2 before any work; a failed run leaves no folder it made. The compilers are
+stand-ins that write a bundle header recording what the real ones record (the rule is about when they run, not what they make)."""
+import hashlib
+import os
+
+import pytest
+from tinygrad.helpers import Context
+
+from sunnypilot.modeld_v2 import compile_modeld, compile_warp
+from sunnypilot.modeld_v2.compile.onnx_model import ModelError
+from sunnypilot.modeld_v2.format.bundle import write_bundle
+from sunnypilot.modeld_v2.tools import demo
+
+CAMERA = (1344, 760)
+
+def sha256(path) -> str: return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+@pytest.fixture
+def compiles(monkeypatch) -> list[str]:
+  """Both compilers replaced by ones that write an empty bundle with the metadata the real ones record (sources by content; the warp's
+  frame, size and layout), under this process's provenance; returns the outputs compiled, in order."""
+  done = []
+  def model(output, log=None, **sources):
+    done.append(os.path.basename(output))
+    meta = {"kind": "model", "source_sha256": {k: sha256(p) for k, p in sources.items() if p}}  # compile_modeld records them by keyword
+    write_bundle(output, {"run": ({"device": "CPU"}, bytes(16))}, {"metadata": meta}, check=False)
+  def warp(spec, size, output, split_frames=False):
+    done.append(os.path.basename(output))
+    meta = {"kind": "warp", "frame": spec, "model_size": [int(x) for x in size.split("x")], "split_frames": split_frames}
+    write_bundle(output, {"run": ({"device": "CPU"}, bytes(16))}, {"metadata": meta}, check=False)
+  monkeypatch.setattr(compile_modeld, "compile_model", model)
+  monkeypatch.setattr(compile_warp, "compile_warp", warp)
+  return done
+
+def build(folder, models: dict, generation: str = "native") -> list[str]:
+  lines = []
+  demo.build_artifacts(str(folder), CAMERA, generation, "tiny", {k: str(v) for k, v in models.items()}, lines.append)
+  return lines
+
+def rebuilds(lines: list[str]) -> list[str]: return [line for line in lines if line.startswith("rebuilding")]
+
+def test_the_model_is_rebuilt_when_its_sources_content_changes_and_only_then(tmp_path, compiles):
+  folder, a, b = tmp_path / "artifacts", tmp_path / "a.onnx", tmp_path / "other.onnx"
+  a.write_bytes(b"model A"), b.write_bytes(b"model B")
+  assert rebuilds(build(folder, {"onnx": a})) == [] and compiles == ["model.bin", "warp_1344x760_split.bin"]
+  assert rebuilds(build(folder, {"onnx": a})) == [] and len(compiles) == 2, "same inputs, same settings: reused"
+  lines = rebuilds(build(folder, {"onnx": b}))
+  said = f"source_sha256 {{'onnx': '{sha256(a)[:12]}'}}, this run builds {{'onnx': '{sha256(b)[:12]}'}}"
+  assert compiles[2:] == ["model.bin"] and len(lines) == 1 and said in lines[0], lines
+  b.write_bytes(b"model C")  # the same name, other bytes
+  assert len(rebuilds(build(folder, {"onnx": b}))) == 1 and compiles[3:] == ["model.bin"]
+  assert len(rebuilds(build(folder, {"vision": a, "policy": b}))) == 1, "another kind of model"
+  assert rebuilds(build(folder, {"policy": b, "vision": a})) == [], "the same files in the same roles, given in another order"
+  assert len(rebuilds(build(folder, {"vision": b, "policy": a}))) == 1, "the same files in swapped roles: another model"
+  assert compiles.count("warp_1344x760_split.bin") == 1, "the warp's inputs never changed"
+
+def test_other_build_flags_rebuild_both_bundles(tmp_path, compiles):
+  folder, a = tmp_path / "artifacts", tmp_path / "a.onnx"
+  a.write_bytes(b"model A")
+  build(folder, {"onnx": a})
+  with Context(FLOAT16=1): lines = rebuilds(build(folder, {"onnx": a}))
+  assert len(lines) == 2 and all("it records build.flags.FLOAT16 0, this run builds 1" in line for line in lines), lines
+  assert compiles == ["model.bin", "warp_1344x760_split.bin"] * 2
+  assert len(rebuilds(build(folder, {"onnx": a}))) == 2, "and back"
+
+def test_a_bundle_with_another_record_or_none_is_rebuilt(tmp_path, compiles):
+  """Bundles the demo did not build are judged by the same rule: what their header records (a model built from native.onnx, run with
+  --onnx other.onnx, is rebuilt; one that is not a bundle at all, too)."""
+  folder, native, other = tmp_path / "artifacts", tmp_path / "native.onnx", tmp_path / "other.onnx"
+  native.write_bytes(b"N"), other.write_bytes(b"O")
+  build(folder, {"onnx": native})
+  assert rebuilds(build(folder, {"onnx": other})) and compiles[-1] == "model.bin"
+  (folder / "model.bin").write_bytes(b"something compiled by hand, long enough for a preamble")
+  lines = rebuilds(build(folder, {"onnx": other}))
+  assert len(lines) == 1 and "it is unreadable" in lines[0] and "not a modeld_v2 bundle" in lines[0], lines
+  data = bytearray((folder / "model.bin").read_bytes())
+  data[-1] ^= 1  # damaged, its header intact
+  (folder / "model.bin").write_bytes(data)
+  lines = rebuilds(build(folder, {"onnx": other}))
+  assert len(lines) == 1 and "content hash mismatch" in lines[0], lines
+
+def test_the_stand_in_is_written_once_and_its_bundle_follows_it(tmp_path, compiles):
+  folder = tmp_path / "artifacts"
+  build(folder, {})
+  stand_in = folder / "native_tiny_stand_in.onnx"
+  assert stand_in.exists() and compiles == ["model.bin", "warp_1344x760_split.bin"]
+  assert rebuilds(build(folder, {})) == [] and len(compiles) == 2
+  stand_in.write_bytes(stand_in.read_bytes() + b"\0")
+  assert len(rebuilds(build(folder, {}))) == 1, "a stand-in that changed: the bundle built from it is rebuilt"
+  lines = build(folder, {}, generation="split_09")
+  assert (folder / "split_09_tiny_stand_in_vision.onnx").exists() and compiles[-1] == "model.bin" and len(rebuilds(lines)) == 1, lines
+
+def test_a_missing_model_file_is_exit_2_before_any_work_and_makes_no_folder(tmp_path, capsys, monkeypatch):
+  def forbidden(*args, **kwargs): raise AssertionError("work started")
+  monkeypatch.setattr(demo, "build_artifacts", forbidden)
+  (tmp_path / "folder").mkdir()
+  for argv, message in ((["--onnx", str(tmp_path / "missing.onnx")], "--onnx"), (["--vision", str(tmp_path / "folder"), "--policy", "p.onnx"], "--vision")):
+    with pytest.raises(SystemExit) as e: demo.main(argv + ["--out", str(tmp_path / "out"), "--artifacts", str(tmp_path / "new" / "artifacts")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"demo: error: {message} "), err
+  assert sorted(os.listdir(tmp_path)) == ["folder"]
+
+def test_a_failed_build_leaves_no_folder_it_made(tmp_path, capsys, monkeypatch):
+  def bad_model(*args, **kwargs): raise ModelError("x.onnx: not a readable ONNX model")
+  monkeypatch.setattr(compile_modeld, "compile_model", bad_model)
+  (tmp_path / "x.onnx").write_bytes(b"junk")
+  (tmp_path / "out").mkdir()
+  with pytest.raises(SystemExit) as e:
+    demo.main(["--onnx", str(tmp_path / "x.onnx"), "--out", str(tmp_path / "out"), "--artifacts", str(tmp_path / "new" / "artifacts")])
+  assert e.value.code == 2 and "not a readable ONNX model" in capsys.readouterr().err
+  assert sorted(os.listdir(tmp_path)) == ["out", "x.onnx"] and os.listdir(tmp_path / "out") == [], "the folders it made are gone, --out stays"
+
+def test_the_latency_plot_leaves_dropped_frames_as_gaps():
+  import numpy as np
+  rows = [{"frameId": i, "ms": float(i)} for i in (10, 11, 14, 15)]
+  ids, ms = demo.latency_series(rows)
+  assert ids.tolist() == [10, 11, 12, 13, 14, 15] and np.isnan(ms[2:4]).all() and ms[[0, 1, 4, 5]].tolist() == [10.0, 11.0, 14.0, 15.0]
