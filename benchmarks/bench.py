@@ -31,13 +31,14 @@ import time
 import numpy as np
 
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS, HOST_TRANSFORM, PACKED_FRAMES, WARP_TRANSFORM
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM, PACKED_FRAMES, WARP_TRANSFORM
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 BUFFERS_PER_STREAM = 18  # camerad's count per stream
 
 def check_outputs(parser: argparse.ArgumentParser, *paths: str | None) -> None:
   """Before a benchmark runs: each output asked for (JSON, PNG) can be written (folders made); otherwise one line and exit 2."""
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path
+  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
   for path in filter(None, paths):
     try:
       os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -46,7 +47,7 @@ def check_outputs(parser: argparse.ArgumentParser, *paths: str | None) -> None:
 
 def write_json(path: str | None, data) -> None:
   """Write a benchmark's results as JSON (if asked), atomically."""
-  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
   if not path: return
   with replaced_atomically(path) as (tmp,), open(tmp, "x") as f: json.dump(data, f, indent=2, default=str)
 
@@ -206,14 +207,14 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
 
   from benchmarks.legacy import LegacyModelAdapter
   from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
-  from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+  from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
   warps, dev = built["warps"][size], Device.DEFAULT
   bufs = synthetic_buffers(warps["frame"])
   m_inv = warp_matrices(SENSOR_CAMERAS[sensor_for_size(*size)])
-  adapters = {"fused split": NativeTinygradAdapter(built["model"], warps[True]),
-              "fused split, one buffer pair": NativeTinygradAdapter(built["model"], warps[True]),
-              "fused split upload": NativeTinygradAdapter(built["model"], warps[True], map_camera_buffers=False),
-              "fused packed": NativeTinygradAdapter(built["model"], warps[False]),
+  adapters = {"fused split": ModelRunner(built["model"], warps[True]),
+              "fused split, one buffer pair": ModelRunner(built["model"], warps[True]),
+              "fused split upload": ModelRunner(built["model"], warps[True], map_camera_buffers=False),
+              "fused packed": ModelRunner(built["model"], warps[False]),
               "unfused": Unfused(built["model"], warps[False])} | ({"legacy": LegacyModelAdapter(*legacy_pickles)} if legacy_pickles else {})
   if peers: adapters |= make_peers(built["files"], warps["frame"], torch_modes, log)
   from tinygrad.helpers import GlobalCounters
@@ -371,7 +372,7 @@ def plot(results: list[dict], path: str) -> None:
     ax.set_ylabel("ms per frame")
     ax.legend()
   fig.tight_layout()
-  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
   with replaced_atomically(path) as (tmp,): fig.savefig(tmp, dpi=100, format="png")
 
 def main(argv: list[str] | None = None) -> int:

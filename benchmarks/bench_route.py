@@ -28,13 +28,14 @@ def replay_fps(segment: str, artifacts: str, out: str, flags: list[str]) -> floa
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
-  from sunnypilot.modeld_v2.common.cli import camera_size, positive_int
+  from sunnypilot.modeld_v2.common.cli import checked, positive_int
   from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+  from sunnypilot.modeld_v2.model.calibration import parse_camera_size
   from sunnypilot.modeld_v2.replay.route_segment import FrameDecoder, open_segment
   from sunnypilot.modeld_v2.replay.synthetic_route import write_segment
   from sunnypilot.modeld_v2.tools.demo import build_artifacts
   parser = cli_parser("benchmarks.bench_route", __doc__)
-  parser.add_argument("--camera", type=camera_size, default="1928x1208", help="a comma camera's frame size (default 1928x1208)")
+  parser.add_argument("--camera", type=checked(parse_camera_size), default="1928x1208", help="a comma camera's frame size (default 1928x1208)")
   parser.add_argument("--frames", type=positive_int, default=200, help="frames in the synthetic segment (default 200)")
   parser.add_argument("--model", default="tiny", choices=("tiny", "full"))
   parser.add_argument("--json", help="also write the numbers here")

@@ -12,7 +12,8 @@ import numpy as np
 from tinygrad import Device, Tensor, TinyJit
 
 from sunnypilot.modeld_v2.format.bundle import next_name, state_names
-from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS, HOST_TRANSFORM
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 from sunnypilot.modeld_v2.runtime.model_runner import BaseModelAdapter
 
 def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
@@ -22,8 +23,9 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
 
   from sunnypilot.modeld_v2.compile.input_queues import FRAME_PLANES
   from sunnypilot.modeld_v2.compile.model_plan import plan_model
+  from sunnypilot.modeld_v2.compile.warp import make_frame_prepare
   from sunnypilot.modeld_v2.compile_modeld import make_step
-  from sunnypilot.modeld_v2.model.camera_frame import make_frame_prepare, parse_frame
+  from sunnypilot.modeld_v2.model.camera_frame import parse_frame
   dev, frame = Device.canonicalize(device), parse_frame(frame_spec)
   warp = make_frame_prepare(frame, 512, 256)
   warp_jit = TinyJit(lambda input_frame, M_inv: Tensor.stack(*(warp(input_frame.to(dev)[i], M_inv.to(dev)[i]) for i in range(2))))

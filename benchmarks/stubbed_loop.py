@@ -51,7 +51,7 @@ class StubCamera:
 class StubModel:
   """The adapter's interface as the frame loop uses it: host inputs by name, and random outputs of the layout handed back in turn, at once."""
   def __init__(self, slices: dict[str, list[int]], width: int, generation: str, count: int = 16):
-    self.output_slices, self.generation = slices, (generation, "stub")
+    self.output_slices, self.metadata = slices, {"generation": generation, "generation_source": "onnx"}
     rng = np.random.default_rng(0)
     self.outputs, self.runs = [rng.standard_normal((1, width)).astype(np.float32) for _ in range(count)], 0
     values = host_inputs(np.zeros((2, 3, 3), np.float32), np.zeros(DESIRE_LEN, np.float32), False, 0.0, 0.0, 0.0, 0.0,

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from benchmarks.peer_step import PeerStep
-from sunnypilot.modeld_v2.model.camera_frame import HOST_TRANSFORM
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 
 MODES = ("eager", "graph", "compile")
 ONNX_TYPES = {1: "float32", 2: "uint8", 10: "float16"}  # TensorProto element types the stand-ins cast to

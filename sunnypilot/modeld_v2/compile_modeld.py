@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import add_compile_flags, add_model_flags, interruptible
+from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.compile.compile_job import BundleCompile
+from sunnypilot.modeld_v2.common.files import ArtifactError, file_sha256
+from sunnypilot.modeld_v2.compile.compile_job import BundleCompile, add_compile_flags
 from sunnypilot.modeld_v2.compile.input_queues import (  # POLICY_INPUTS, derive_frame_skip, make_*_input_queues: the seed's adapter imports them from here
   POLICY_INPUTS,
   QueueError,
@@ -35,9 +36,9 @@ from sunnypilot.modeld_v2.compile.input_queues import (  # POLICY_INPUTS, derive
   make_split_input_queues,
   make_supercombo_input_queues,
 )
-from sunnypilot.modeld_v2.compile.model_plan import Plan, QueuedPlan, plan_model
+from sunnypilot.modeld_v2.compile.model_plan import Plan, QueuedPlan, add_model_flags, plan_model
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, file_sha256, next_name
+from sunnypilot.modeld_v2.format.bundle import next_name
 from sunnypilot.modeld_v2.model.generations import GENERATIONS
 
 __all__ = ["compile_model", "main", "make_step",  # then the seed's names (see compat.py)

@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import add_compile_flags, interruptible
+from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.compile.compile_job import add_compile_flags
 from sunnypilot.modeld_v2.model.calibration import sensor_for_size
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame, parse_frame, parse_size
 
@@ -31,7 +32,8 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
   from tinygrad import Tensor
 
   from sunnypilot.modeld_v2.compile.compile_job import BundleCompile
-  from sunnypilot.modeld_v2.model.camera_frame import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM, make_frame_prepare
+  from sunnypilot.modeld_v2.compile.warp import make_frame_prepare
+  from sunnypilot.modeld_v2.format.warp_inputs import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM
   frame, (model_w, model_h) = parse_frame(frame_spec), parse_size(warp_to)
   check_model_size(model_w, model_h)
   job = BundleCompile(output, (), beam)
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.any_camera: parser.error(f"{e} (--any-camera builds it anyway)")
   try: check_model_size(*size)
   except ValueError as e: parser.error(str(e))
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError
+  from sunnypilot.modeld_v2.common.files import ArtifactError
   try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames, beam=args.beam)
   except ArtifactError as e: parser.exit(2, f"compile_warp: error: {e}\n")
   print(f"Saved warp to {summary['output']} ({summary['kernels']} kernels, {summary['calls']} calls, {summary['bytes']} bytes)")

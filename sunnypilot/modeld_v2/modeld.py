@@ -31,20 +31,22 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import camera_offset_arg, delay_arg, finite_float, interruptible, positive_int
+from sunnypilot.modeld_v2.common.cli import checked, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
+from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon.artifacts import MODEL_NAME, check_artifacts, file_key, find_warp
-from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, Episodes
+from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, parse_camera_offset, parse_delay
 from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.publish_state import SERVICES, FrameInfo, PublishState
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path, replaced_atomically
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size
-from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS, HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.constants import DT_MDL
-from sunnypilot.modeld_v2.model.generations import GENERATIONS
+from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
 # launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
@@ -130,7 +132,6 @@ class ModelD:
     self.adapter: Any = None
     self.geometry: Geometry | None = None
     self.publish_state = PublishState(send_raw=send_raw, log=log.warning)
-    self.reported: set[str] = set()
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
     self.inputs = FrameInputs(BusInputs(self.episodes), rhd, camera_offset)  # the bus state -> the model's host inputs, frame by frame
     self.camera = CameraSync(self.exit, self.episodes)
@@ -139,12 +140,6 @@ class ModelD:
     self.status = Status(status_every_s)
     self.slices: dict = {}  # the loaded model's output slices
     self.host_inputs: HostInputs | None = None  # the loaded model's host inputs, written each frame
-
-  def log_once(self, msg: str) -> None:
-    """Lines that would repeat while the daemon waits or runs (a bad bundle, an input with no source): once each."""
-    if msg not in self.reported:
-      self.reported.add(msg)
-      log.warning(msg)
 
   def load(self) -> bool:
     """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait).
@@ -157,10 +152,10 @@ class ModelD:
     return loaded
 
   def _load(self) -> bool:
-    from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+    from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
     try: geometry = self.camera.live_geometry()
     except ValueError as e:
-      self.log_once(f"{e}: waiting for another camera geometry")
+      self.episodes.once(f"{e}: waiting for another camera geometry")
       return False
     if geometry == self.geometry and self.adapter is not None:
       self.adapter.drop_camera_buffers()
@@ -169,19 +164,19 @@ class ModelD:
     self.adapter, self.geometry = None, geometry
     try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
     except ValueError as e:
-      self.log_once(f"{e}: waiting for a known camera")
+      self.episodes.once(f"{e}: waiting for a known camera")
       return False
     model_path, warp = os.path.join(self.artifacts, MODEL_NAME), None
     t = time.perf_counter()
     refused = {w for w, keys in self.refused.items() if keys == (file_key(model_path), file_key(w))}  # a file that changed is tried again
     try:
-      warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.log_once, new_img=self.new_img, refused=refused)
+      warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.episodes.once, new_img=self.new_img, refused=refused)
       if warp is None: return False
       keys = (file_key(model_path), file_key(warp))  # before the read: a file fixed while it was read is tried again
-      self.use_model(NativeTinygradAdapter(model_path, warp), sensor)
+      self.use_model(ModelRunner(model_path, warp), sensor)
     except ArtifactError as e:
       if warp is not None: self.refused[warp] = keys
-      self.log_once(f"cannot load {model_path} with {warp}: {e}; waiting: tried again when one of them changes")
+      self.episodes.once(f"cannot load {model_path} with {warp}: {e}; waiting: tried again when one of them changes")
       return False
     self.refused.pop(warp, None)
     log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
@@ -198,16 +193,16 @@ class ModelD:
     """Run frames with `adapter` (a loaded model and warp): its host inputs, its output layout and its generation's rules, and the
     intrinsics of `sensor`'s cameras. ArtifactError when its host inputs cannot be written, the adapter then closed and not kept: a later
     load for the same geometry must not find a half-bound one."""
-    try: self.host_inputs = HostInputs(adapter.numpy_inputs, self.log_once)
+    try: self.host_inputs = HostInputs(adapter.numpy_inputs, self.episodes.once)
     except ArtifactError:
       adapter.close()
       raise
     self.adapter, self.slices = adapter, adapter.output_slices
-    generation, source = adapter.generation
+    generation, source = of_bundle(adapter.metadata)
     self.publish_state.rules = GENERATIONS[generation]
-    self.log_once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
+    self.episodes.once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
     if "prepare_only" not in adapter.numpy_inputs:
-      self.log_once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
+      self.episodes.once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
     self.inputs.use_cameras(sensor, self.camera.main_wide)
 
   def reattached(self, loaded: bool) -> bool:
@@ -325,13 +320,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--artifacts", required=True, help="folder with model.bin and warp bundles")
   parser.add_argument("--max-frames", type=positive_int, help="exit after publishing this many frames")
   parser.add_argument("--rhd", action="store_true", help="right-hand drive traffic convention (else driverMonitoringState.isRHD decides)")
-  parser.add_argument("--lat-delay", type=delay_arg, default=TYPICAL_CAR.lateral, help="on a PC: the lateral delay in seconds, 0 to 5, as liveDelay "
+  parser.add_argument("--lat-delay", type=checked(parse_delay), default=TYPICAL_CAR.lateral, help="on a PC: the lateral delay in seconds, 0 to 5, as liveDelay "
                       "gives it (steerActuatorDelay + 0.2); liveDelay.lateralDelay replaces it when published, CarParams on a device. Default "
                       f"{TYPICAL_CAR.lateral:g}: a Toyota TSS2 torque car's steerActuatorDelay {TYPICAL_STEER_ACTUATOR_DELAY:g} (opendbc) + 0.2")
-  parser.add_argument("--long-delay", type=delay_arg, default=TYPICAL_CAR.longitudinal, help="on a PC: the longitudinal actuator delay in seconds, "
+  parser.add_argument("--long-delay", type=checked(parse_delay), default=TYPICAL_CAR.longitudinal, help="on a PC: the longitudinal actuator delay in seconds, "
                       f"0 to 5 (CarParams.longitudinalActuatorDelay on a device). Default"
                       f" {TYPICAL_CAR.longitudinal:g}: that car's (opendbc's CarParams default)")
-  parser.add_argument("--camera-offset", type=camera_offset_arg, default=0.0,
+  parser.add_argument("--camera-offset", type=checked(parse_camera_offset), default=0.0,
                       help="on a PC: sunnypilot's CameraOffset in metres, at most "
                       f"{CAMERA_OFFSET_MAX:g} either way: the camera seen as moved sideways by this much (a shear of the warp); the CameraOffset "
                       "parameter on a device")
@@ -358,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     stopped_by.append(signum)
     daemon.exit.set()
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stop)
-  try: daemon.new_img = check_artifacts(args.artifacts, report=daemon.log_once)
+  try: daemon.new_img = check_artifacts(args.artifacts, report=daemon.episodes.once)
   except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
   try: code = daemon.run(args.max_frames, args.core)
   except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.bench import CameraBuffer, OrtPeer, PeerAdapter, set_inputs
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
-from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 from sunnypilot.modeld_v2.tools import stand_in_models
 
 FRAME = camerad_frame(1344, 760)
@@ -20,7 +20,7 @@ FRAME = camerad_frame(1344, 760)
 def test_onnxruntime_peer_matches_the_fused_adapter(native_artifacts, tmp_path, generation):
   files = stand_in_models.write(generation, "tiny", str(tmp_path / f"{generation}.onnx"), seed=3)["files"]
   compile_model(str(tmp_path / "model.bin"), **files, log=lambda s: None)
-  adapter = NativeTinygradAdapter(str(tmp_path / "model.bin"), f"{native_artifacts}/warp_split.bin")
+  adapter = ModelRunner(str(tmp_path / "model.bin"), f"{native_artifacts}/warp_split.bin")
   peer = PeerAdapter(OrtPeer(files, FRAME))
   rng = np.random.default_rng(5)
   m_inv = np.array([[2, 0, 40], [0, 2, 60], [0, 0, 1]], np.float32)  # integer source coordinates: no rounding ties between the two warps

@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile.model_plan import QueuedPlan, plan_model
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError, read_output_slices
 from sunnypilot.modeld_v2.compile_modeld import compile_model, main
-from sunnypilot.modeld_v2.format.bundle import ArtifactError
 from sunnypilot.modeld_v2.runtime.loader import load_bundle
 from sunnypilot.modeld_v2.tools import stand_in_models
 
@@ -247,9 +247,9 @@ print(bytes(outs["outputs"].uop.base.buffer.as_memoryview(force_zero_copy=True))
 
 def test_a_model_no_generation_fits_needs_generation(tmp_path, capsys):
   """One ONNX with a 24-entry features_buffer and no action_t fits no generation: a one-line error, then --generation decides and is recorded."""
-  part = stand_in_models.Part(stand_in_models.VISION_SLICES | stand_in_models.POLICY_SLICES, stand_in_models.IMAGES,
+  part = stand_in_models.ModelSpec(stand_in_models.VISION_SLICES | stand_in_models.POLICY_SLICES, stand_in_models.IMAGES,
                               histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, 512)}, host=stand_in_models.TRAFFIC)
-  onnx.save(stand_in_models.build_part(part, "unknown")[0], path := str(tmp_path / "unknown.onnx"))
+  onnx.save(stand_in_models.build_model(part, "unknown")[0], path := str(tmp_path / "unknown.onnx"))
   code, err = cli(capsys, ["--onnx", path, "--output", str(tmp_path / "x.bin")])
   assert code == 2 and "fits no known generation: give --generation" in err and err.count("\n") == 1 and not (tmp_path / "x.bin").exists(), err
   assert main(["--onnx", path, "--output", str(tmp_path / "x.bin"), "--generation", "supercombo_action"]) == 0

@@ -11,7 +11,7 @@ from benchmarks.bench import CameraBuffer
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.runtime.loader import load_bundle
-from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 from sunnypilot.modeld_v2.tools import stand_in_models
 
 from conftest import realized, reference_warp
@@ -64,7 +64,7 @@ def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
 def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(built, native_artifacts, generation):
   files, summary = built(generation)
   reference = Openpilot(files)
-  adapter = NativeTinygradAdapter(summary["output"], f"{native_artifacts}/warp_split.bin")
+  adapter = ModelRunner(summary["output"], f"{native_artifacts}/warp_split.bin")
   assert adapter.in_place, "VisionIPC-shaped buffers are read in place"
   cameras = [[CameraBuffer(np.zeros(FRAME.size, np.uint8)) for _ in range(3)] for _ in range(2)]  # a few rotating buffers per stream, as camerad's
   rng = np.random.default_rng(12)

@@ -50,7 +50,8 @@ def test_corrupt_messages_on_every_topic_modeld_reads_are_dropped_or_read_withou
   """Each byte of a message on each topic modeld subscribes to set to 0x00, 0x7f or 0xff, then one frame's inputs read from the bus as
   modeld reads them: the message is dropped (counted) or kept, and nothing raises. The copy SubMaster used to make aborted the process on
   some of these (a C++ exception pycapnp does not translate), on a deviceState modeld never reads as well."""
-  from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, Episodes
+  from sunnypilot.modeld_v2.common.logs import Episodes
+  from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
   from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR
   from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs
   from sunnypilot.modeld_v2.daemon.publish_state import PublishState

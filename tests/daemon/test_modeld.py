@@ -16,7 +16,7 @@ from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, SENSOR_CAMERAS, 
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.model.constants import DT_MDL
 from sunnypilot.modeld_v2.modeld import FrameDrops
-from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 
 from conftest import ROOT
 from openpilot_reference import T, openpilot_plan_t_idxs, sig
@@ -146,7 +146,7 @@ def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "wa
               long_delay: float = LONG_DELAY, prepare_only: tuple[int, ...] = ()) -> list[bytes]:
   """The adapter run directly on the same frames, from fresh states, with the inputs modeld derives when cameras, calibration and carState
   (vEgo, no blinkers, no lateral control: no desire) are published."""
-  adapter = NativeTinygradAdapter(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp))
+  adapter = ModelRunner(os.path.join(artifacts, "model.bin"), os.path.join(artifacts, warp))
   road, wide = SENSOR_CAMERAS[sensor]
   # openpilot's inputs: action_t = [lat + 1.5 DT, long + LONG_SMOOTH_SECONDS 0.3 + 1.5 DT] and 0.9.x's lateral_control_params [vEgo, lat],
   # each delay once; the prepare_only gate off

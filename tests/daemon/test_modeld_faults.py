@@ -15,8 +15,9 @@ import pytest
 import test_modeld
 from test_modeld import BIG_FRAME, FRAME, SOF0, Daemon, frames_for, reference
 
-from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, Episodes, check_camera_offset
-from sunnypilot.modeld_v2.format.bundle import ArtifactError
+from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.common.logs import Episodes
+from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, check_camera_offset
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY
 
 from conftest import ROOT
@@ -565,9 +566,9 @@ def test_camera_timestamps_that_stop_are_paired_by_frame_id_and_published_invali
 # outputs near float32's maximum on one frame: finite, so the raw check passes, but the curvature a slow car's plan gives (2 yaw / (v t))
 # and the path fitted to the plan overflow float32, the message's type
 HUGE_OUTPUTS = ("-c", "import sys, numpy as np; from sunnypilot.modeld_v2 import modeld; from sunnypilot.modeld_v2.runtime import model_runner; calls = [0]\n"
-                "read = model_runner.NativeTinygradAdapter.output_array\n"
+                "read = model_runner.ModelRunner.output_array\n"
                 "def huge(self):\n  calls[0] += 1\n  out = read(self)\n  return np.clip(out * 1e38, -3e38, 3e38) if calls[0] == 30 else out\n"
-                "model_runner.NativeTinygradAdapter.output_array = huge; sys.exit(modeld.main())")
+                "model_runner.ModelRunner.output_array = huge; sys.exit(modeld.main())")
 
 def test_values_computed_from_finite_outputs_are_checked_too(artifacts, openpilot_prefix):
   """Outputs finite but near float32's maximum made modeld publish action.desiredCurvature = -inf with valid=True: the check covered the

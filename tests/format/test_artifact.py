@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor, TinyJit, dtypes
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.format import bundle
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, read_parts, write_bundle
+from sunnypilot.modeld_v2.format.bundle import read_parts, write_bundle
 from sunnypilot.modeld_v2.runtime import kernel_replay as replay
 from sunnypilot.modeld_v2.runtime.kernel_replay import InputError, Replay
 
@@ -27,8 +28,8 @@ def test_conv_net_round_trip_is_bit_identical(tmp_bundle):
 
 def test_seed_spelling_serialize_jit_gives_captures_json(tmp_bundle):
   """The seed's compile_warp: two calls inside record_kernel_linear, serialize_jit -> (header JSON, blob), PlainJit(*part)."""
-  from sunnypilot.modeld_v2.compile.capture import record_kernel_linear, serialize_jit
-  from sunnypilot.modeld_v2.helpers import PlainJit
+  from sunnypilot.modeld_v2.compile.capture import record_kernel_linear
+  from sunnypilot.modeld_v2.helpers import PlainJit, serialize_jit
   fn, make = conv_net()
   run, inputs = TinyJit(fn, prune=True), make()
   with record_kernel_linear() as recorded:

@@ -10,9 +10,10 @@ import threading
 import numpy as np
 import pytest
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile.capture import capture, verify_part
 from sunnypilot.modeld_v2.format import bundle
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, read_parts
+from sunnypilot.modeld_v2.format.bundle import read_parts
 from sunnypilot.modeld_v2.format.part import MAX_BUFFER_BYTES, MAX_CPU_CORES
 from sunnypilot.modeld_v2.runtime.loader import load_bundle
 from sunnypilot.modeld_v2.tools.inspect_bundle import main as inspect_main

@@ -12,9 +12,11 @@ import sys
 import pytest
 
 from sunnypilot.modeld_v2 import compile_modeld, compile_warp
+from sunnypilot.modeld_v2.common import files
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile import compile_onnx
 from sunnypilot.modeld_v2.format import bundle
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, write_bundle
+from sunnypilot.modeld_v2.format.bundle import write_bundle
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame, unpadded_frame
 from sunnypilot.modeld_v2.replay import fake_camerad as camera_replay
 from sunnypilot.modeld_v2.replay import synthetic_route
@@ -135,7 +137,7 @@ def small_bundle_part():
 def test_write_bundle_refuses_a_fifo_that_appears_during_the_work(tmp_path):
   """The output is checked again at the rename: a FIFO made after the check is not replaced, and no temporary file stays."""
   path = str(tmp_path / "out.bin")
-  bundle.check_output_path(path)
+  files.check_output_path(path)
   os.mkfifo(path)
   with pytest.raises(ArtifactError, match="a FIFO, not a regular file"):
     write_bundle(path, {"run": ({"device": "CPU"}, b"")}, {}, check=False)
@@ -218,7 +220,7 @@ def test_a_planted_temporary_name_is_never_written_through(tmp_path, small_bundl
   """A symlink planted under the writer's temporary name would send the bytes to its target: it is removed, the file made afresh."""
   victim, out = tmp_path / "victim.txt", str(tmp_path / "out.bin")
   victim.write_text("keep me")
-  os.symlink(victim, bundle.temporary_path(out))
+  os.symlink(victim, files.temporary_path(out))
   write_bundle(out, {"run": small_bundle_part}, {})
   assert victim.read_text() == "keep me" and bundle.read_parts(out)[0]["run"][0].to_json() == small_bundle_part[0]
   assert sorted(os.listdir(tmp_path)) == ["out.bin", "victim.txt"]

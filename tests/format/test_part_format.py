@@ -8,9 +8,10 @@ import os
 import numpy as np
 import pytest
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile.capture import capture, capture_part
 from sunnypilot.modeld_v2.format.bundle import read_bundle, read_parts, write_bundle
-from sunnypilot.modeld_v2.format.part import ArtifactError, BufferView, Call, InputArg, Part
+from sunnypilot.modeld_v2.format.part import BufferView, Call, InputArg, Part
 from sunnypilot.modeld_v2.format.part_builder import PartBuilder
 from sunnypilot.modeld_v2.runtime.frame_fusion import fuse
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay

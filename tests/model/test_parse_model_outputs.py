@@ -508,11 +508,11 @@ def test_camera_offset_shears_the_camera_pixel():
 def test_output_slices_take_both_layouts_of_plan_and_lead():
   """A bundle's output_slices are checked at load: plan and lead as 5 and 2 hypotheses (0.9.x) or as one mean/std pair (today's 990 and 144
   floats, openpilot's is_mhp), nothing between."""
-  from sunnypilot.modeld_v2.model.parse_model_outputs import check_output_slices
+  from sunnypilot.modeld_v2.model.parse_model_outputs import check_head_sizes
   for plan, lead in ((5 * (2 * 33 * 15 + 1), 2 * (2 * 6 * 4 + 3)), (2 * 33 * 15, 2 * 3 * 6 * 4)):
-    check_output_slices({"plan": [0, plan], "lead": [plan, plan + lead]}, plan + lead)
+    check_head_sizes({"plan": [0, plan], "lead": [plan, plan + lead]})
   for name, size in (("plan", 991), ("plan", 989), ("lead", 143), ("lead", 145)):
-    with pytest.raises(ValueError, match=f"{name} has {size} values"): check_output_slices({name: [0, size]}, 5000)
+    with pytest.raises(ValueError, match=f"{name} has {size} values"): check_head_sizes({name: [0, size]})
 
 def test_lane_line_times_equal_openpilots_loop_bit_for_bit():
   """plan_t_idxs (Python floats, the search carried on) writes what openpilot's loop writes, as float32, on plans that go back and

@@ -34,14 +34,14 @@ def test_cuda_round_trip_replays_through_a_graph():
 @pytest.mark.parametrize("instances", [36, 3], ids=["a graph instance per buffer pair", "instances re-pointed past the cap"])
 def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, instances):
   from sunnypilot.modeld_v2.runtime import kernel_replay as replay
-  from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+  from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
   monkeypatch.setattr(replay, "MAX_GRAPH_INSTANCES", instances)
   frame = camerad_frame(1344, 760)
   stand_in_models.write("native", "tiny", str(tmp_path / "m.onnx"), seed=5)
   compile_model(str(tmp_path / "m.bin"), onnx=str(tmp_path / "m.onnx"), log=lambda s: None)
   compile_warp(frame.spec, "512x256", str(tmp_path / "w.bin"), split_frames=True)
-  registered = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"))
-  uploaded = NativeTinygradAdapter(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False)
+  registered = ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"))
+  uploaded = ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False)
   assert registered.in_place and registered.registered_camera_buffers == 0 and not uploaded.in_place
   rng = np.random.default_rng(0)
   bufs = [{k: CameraBuffer(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]

@@ -9,7 +9,7 @@ from sunnypilot.modeld_v2.format.part_builder import Blobs
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.runtime.frame_fusion import pack_layout
 from sunnypilot.modeld_v2.runtime.loader import load_bundle
-from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import buffer_address
 from sunnypilot.modeld_v2.tools import stand_in_models
 
@@ -52,7 +52,7 @@ def test_blobs_are_one_address_space():
 
 @pytest.mark.parametrize("layout", ["native", "supercombo"])
 def test_fused_equals_warp_then_model(bundles, layout):
-  adapter = NativeTinygradAdapter(bundles[layout], bundles["packed"])
+  adapter = ModelRunner(bundles[layout], bundles["packed"])
   warp, model = load_bundle(bundles["packed"]).run, load_bundle(bundles[layout])
   states = {n: realized(np.zeros(s.shape, s.dtype)) for n, s in model.input_specs.items() if f"next_{n}" in model.output_specs}
   outs = {n: states[n[5:]] if n[5:] in states else realized(np.zeros(s.shape, s.dtype)) for n, s in model.output_specs.items()}
@@ -70,8 +70,8 @@ def test_fused_equals_warp_then_model(bundles, layout):
 
 @pytest.mark.parametrize("layout", ["native", "supercombo"])
 def test_split_frames_equal_packed_over_30_steps(bundles, layout):
-  packed = NativeTinygradAdapter(bundles[layout], bundles["packed"])
-  split = NativeTinygradAdapter(bundles[layout], bundles["split"])
+  packed = ModelRunner(bundles[layout], bundles["packed"])
+  split = ModelRunner(bundles[layout], bundles["split"])
   assert split.replay.input_names == sorted(["big_frame", "frame", "host", *split.states])
   assert split.packed_input.nbytes <= 1024 and packed.packed_input.nbytes > 2 * FRAME.size, "split uploads inputs only, packed both frames too"
   a, b = drive(packed, np.random.default_rng(1), 30), drive(split, np.random.default_rng(1), 30)
@@ -95,8 +95,8 @@ def test_visionipc_buffers_read_in_place_and_bound_once_each(bundles, openpilot_
       out[key] = client.recv(1000)
       assert out[key] is not None and np.frombuffer(out[key].data, np.uint8)[:FRAME.size].tobytes() == frame.tobytes()
     return out
-  split = NativeTinygradAdapter(bundles["native"], bundles["split"])
-  packed = NativeTinygradAdapter(bundles["native"], bundles["packed"])
+  split = ModelRunner(bundles["native"], bundles["split"])
+  packed = ModelRunner(bundles["native"], bundles["packed"])
   expected = drive(packed, np.random.default_rng(2), 100)
   assert drive(split, np.random.default_rng(2), 100, serve) == expected, "in-place camera buffers give the packed result"
   assert len(split.frame_feed.camera_tensors) == 36, "each of 18 buffers per stream mapped once"
@@ -114,7 +114,7 @@ def test_visionipc_buffers_read_in_place_and_bound_once_each(bundles, openpilot_
 
 
 def test_misaligned_or_short_camera_buffer_is_rejected(bundles):
-  split = NativeTinygradAdapter(bundles["native"], bundles["split"])
+  split = ModelRunner(bundles["native"], bundles["split"])
   raw = np.zeros(FRAME.size + 64, np.uint8)
   start = (-raw.ctypes.data) % 64
   Buf = type("Buf", (), {})
@@ -125,14 +125,14 @@ def test_misaligned_or_short_camera_buffer_is_rejected(bundles):
 
 def test_numpy_frames_are_copied_never_read_in_place(bundles):
   """numpy arrays have .data too: they are still uploaded (modeld's warm-up frames are freed right after copy_frames)."""
-  split = NativeTinygradAdapter(bundles["native"], bundles["split"])
+  split = ModelRunner(bundles["native"], bundles["split"])
   frames = np.random.default_rng(5).integers(0, 256, (2, FRAME.size), dtype=np.uint8)
   split.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
   split.copy_frames({"img": frames[0], "big_img": frames[1]})
   frames[:] = 0  # the caller reuses (or frees) its arrays after copy_frames
   split.run()
   got = split.output_array().tobytes()
-  fresh = NativeTinygradAdapter(bundles["native"], bundles["split"])
+  fresh = ModelRunner(bundles["native"], bundles["split"])
   fresh.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
   kept = np.random.default_rng(5).integers(0, 256, (2, FRAME.size), dtype=np.uint8)
   fresh.copy_frames({"img": kept[0], "big_img": kept[1]})

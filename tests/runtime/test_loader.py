@@ -6,12 +6,13 @@ import shutil
 import numpy as np
 import pytest
 
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, TensorSpec, read_parts, write_bundle
+from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.format.bundle import TensorSpec, read_parts, write_bundle
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.runtime.frame_fusion import FusedLayout, frame_part, fuse
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
 from sunnypilot.modeld_v2.runtime.loader import LoadedBundle, load_bundle, load_fused
-from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 
 from conftest import run_python
 
@@ -23,6 +24,10 @@ def test_loaded_bundle_is_typed(native_artifacts):
   assert isinstance(model, LoadedBundle) and isinstance(model.run, Replay) and model.fused is None
   assert model.input_specs == head["input_specs"] and all(isinstance(s, TensorSpec) for s in model.input_specs.values())
   assert model.state_names == sorted(n for n in head["input_specs"] if f"next_{n}" in head["output_specs"])
+
+def test_the_seeds_load_model_is_indexed_as_its_dict(native_artifacts):
+  from sunnypilot.modeld_v2.helpers import load_model
+  model = load_model(os.path.join(native_artifacts, "model.bin"))
   with pytest.raises(KeyError): model["fused"]  # the seed's dict keys only
   seed = {"run": model.run, "input_specs": model.input_specs, "output_specs": model.output_specs, "metadata": model.metadata}  # its load_model's
   for key in ("run", "input_specs", "output_specs", "metadata", "fused", "state_names", "other"):
@@ -62,6 +67,7 @@ def test_seed_spelling_is_the_fused_load(native_artifacts):
   with pytest.raises(TypeError, match="partial\\(frame_part"): seed_load_model(model, extend=lambda parts, extras: (parts, extras))
 
 def test_seed_adapter_names(native_artifacts):
+  from sunnypilot.modeld_v2.helpers import NativeTinygradAdapter
   adapter = NativeTinygradAdapter(os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin"))
   assert adapter.jits is adapter.bundle and adapter.run_model is adapter.bundle.run and adapter.input_queues is adapter.states
   assert sorted(adapter.states) == adapter.bundle.state_names
@@ -88,7 +94,7 @@ def test_fused_load_for_another_device(native_artifacts):
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
   fused = load_fused(model, warp, device="NULL", allow_device=True)
   assert fused.run.device == "NULL" and fused.run.call_kinds[0] == "COPY"
-  adapter = NativeTinygradAdapter(model, warp, device="NULL", allow_device=True)
+  adapter = ModelRunner(model, warp, device="NULL", allow_device=True)
   frames = np.zeros((2, FRAME.size), np.uint8)
   for _ in range(2):  # NULL runs no kernels and holds no data: the calls go through, there is nothing to read back
     adapter.copy_frames({"img": frames[0], "big_img": frames[1]})

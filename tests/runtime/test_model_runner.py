@@ -12,21 +12,21 @@ from benchmarks.bench import CameraBuffer
 from sunnypilot.modeld_v2.format.bundle import TensorSpec
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.runtime.frame_feeds import InPlaceFrames, PackedFrames, UploadFrames
-from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
+from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 from sunnypilot.modeld_v2.runtime.output_readbacks import CopiedOutput, PinnedOutput, ViewedOutput
 
 FRAME = camerad_frame(1344, 760)
 
 
 @pytest.fixture(scope="module")
-def adapters(native_artifacts) -> Iterator[dict[str, NativeTinygradAdapter]]:
+def adapters(native_artifacts) -> Iterator[dict[str, ModelRunner]]:
   model, split, packed = (os.path.join(native_artifacts, f) for f in ("model.bin", "warp_split.bin", "warp_packed.bin"))
-  adapters = {"packed": NativeTinygradAdapter(model, packed), "in place": NativeTinygradAdapter(model, split),
-              "upload": NativeTinygradAdapter(model, split, map_camera_buffers=False)}
+  adapters = {"packed": ModelRunner(model, packed), "in place": ModelRunner(model, split),
+              "upload": ModelRunner(model, split, map_camera_buffers=False)}
   yield adapters
   for adapter in adapters.values(): adapter.close()  # on CUDA: no host registration outlives the module
 
-def drive(adapter: NativeTinygradAdapter, bufs: list[dict], steps: int) -> list[bytes]:
+def drive(adapter: ModelRunner, bufs: list[dict], steps: int) -> list[bytes]:
   rng, outs = np.random.default_rng(5), []
   for step in range(steps):
     adapter.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2) + rng.standard_normal((2, 3, 3)) * [[0.01, 0.01, 5], [0.01, 0.01, 5], [0, 0, 0]]

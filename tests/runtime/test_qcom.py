@@ -52,7 +52,8 @@ def test_weights_and_constants_are_in_the_bundle(bundles):
   assert prepared and not any("init" in model["buffers"][b] for b in prepared)
 
 def test_qcom_bundle_refuses_cpu(bundles):
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, read_parts
+  from sunnypilot.modeld_v2.common.files import ArtifactError
+  from sunnypilot.modeld_v2.format.bundle import read_parts
   with pytest.raises(ArtifactError, match="built for device QCOM, this process runs on CPU"): read_parts(bundles["model"])
 
 def test_mock_qcom_replays_on_null_without_compiling(bundles):

@@ -1,7 +1,6 @@
 """The guard for the pinned tinygrad: each function of tinygrad_internals called on a tiny tensor or buffer, its effect checked. A tinygrad
 bump that moves one of the internals they rely on fails here, by name, before anything else does."""
 import ctypes
-import dataclasses
 
 import numpy as np
 import pytest
@@ -126,7 +125,7 @@ def run_captured_calls(calls: list, inputs: list[Buffer]) -> None:
       continue
     entry = ti.cpu_entry(call.program, "CPU")
     core_id = [ctypes.c_uint64(0)] if entry.core_id is not None else []
-    entry.fxn(*(ctypes.c_uint64(ti.buffer_address(bufs[i])) for i in ti.program_record(call.program).globals), *core_id)
+    entry.fxn(*(ctypes.c_uint64(ti.buffer_address(bufs[i])) for i in ti.kernel_fields(call.program).globals), *core_id)
 
 def test_captured_calls_bind_inputs_and_buffers_and_say_what_each_call_reads_and_writes():
   jit = TinyJit(lambda x, host: (x[2:10] * 2 + host.to("CPU")).realize())
@@ -136,13 +135,13 @@ def test_captured_calls_bind_inputs_and_buffers_and_say_what_each_call_reads_and
   calls = ti.captured_calls(recorded[0])
   copy, kernel = calls
   assert copy.program is None and copy.args[1] == 1 and isinstance(copy.args[0], Buffer) and (copy.reads, copy.writes) == ((1,), (0,))
-  assert kernel.program is not None and ti.program_record(kernel.program).ins == kernel.reads and ti.program_record(kernel.program).outs == kernel.writes
+  assert kernel.program is not None and ti.kernel_fields(kernel.program).ins == kernel.reads and ti.kernel_fields(kernel.program).outs == kernel.writes
   assert [kernel.args[i].base for i in kernel.writes] == [out.uop.base.buffer], "the kernel writes the returned tensor"
   assert 0 in [kernel.args[i] for i in kernel.reads] and copy.args[0].base in [kernel.args[i].base for i in kernel.reads if isinstance(kernel.args[i], Buffer)]
   new_x, new_host = Tensor(np.arange(16, dtype=np.float32) * 3, device="CPU").realize(), Tensor(np.full(8, 5, np.float32), device="NPY").realize()
   run_captured_calls(calls, [new_x.uop.base.buffer, new_host.uop.base.buffer])
   np.testing.assert_equal(out.numpy(), np.arange(2, 10) * 3 * 2 + 5)
-  with pytest.raises(bundle.ArtifactError, match="cannot serialize a Ops.SINK call"):
+  with pytest.raises(ti.Unsupported, match="cannot serialize a Ops.SINK call"):
     ti.captured_calls(UOp(Ops.LINEAR, src=(UOp(Ops.CALL, src=(UOp(Ops.SINK),)),)))
 
 def test_graph_batches_and_the_runner_they_build():
@@ -159,15 +158,15 @@ def test_graph_batches_and_the_runner_they_build():
   ti.repoint_only(runner, slots[0])  # NULL's runner has no selective re-pointing (only CUDA's does: see the CUDA test below); it still runs
   runner((x.uop.base,), {})
 
-def test_program_record_and_program_uop_round_trip_a_kernel():
+def test_kernel_fields_and_program_uop_round_trip_a_kernel():
   linear, x, out = captured_linear("CPU", lambda x: (x * 2 + 1).realize())
   ast = linear.src[0].src[0]
-  program = ti.program_record(ast)
+  program = ti.kernel_fields(ast)
   assert program.estimates == {"ops": 8 * 2, "lds": 8 * 4 * 2, "mem": 8 * 4 * 2}, program.estimates  # a mul and an add per float; 8 loaded, 8 stored
-  assert program.global_size == tuple(ast.arg.global_size) and len(program.signature) == len(program.globals) == 2
-  assert {program.signature[i].slot for i in program.outs} == {0} and program.signature[program.ins[0]].dtype == "dtypes.float"
+  assert program.global_size == tuple(ast.arg.global_size) and len(program.params) == len(program.globals) == 2
+  assert {program.params[i][1] for i in program.outs} == {0} and program.params[program.ins[0]][2] == dtypes.float
   rebuilt = ti.program_uop(program, ti.program_binary(ast))
-  assert ti.program_binary(rebuilt) == ti.program_binary(ast) and ti.program_record(rebuilt) == dataclasses.replace(program, estimates=None)
+  assert ti.program_binary(rebuilt) == ti.program_binary(ast) and ti.kernel_fields(rebuilt) == program._replace(estimates=None)
   entry, y = ti.cpu_entry(rebuilt, "CPU"), Tensor(np.arange(8, dtype=np.float32) - 3).realize()  # the rebuilt kernel runs, on other buffers
   result = Buffer("CPU", 8, dtypes.float32).allocate()
   buffers = {program.outs[0]: result, program.ins[0]: y.uop.base.buffer}
@@ -176,13 +175,13 @@ def test_program_record_and_program_uop_round_trip_a_kernel():
   ti.copy_out(result, memoryview(got).cast("B"))
   np.testing.assert_equal(got, (np.arange(8) - 3) * 2 + 1)
 
-def test_program_record_refuses_symbolic_shapes():
+def test_kernel_fields_refuse_symbolic_shapes():
   from tinygrad import Variable
   n = Variable("n", 1, 8)
   jit = TinyJit(lambda x: (x * 2).realize())
   with ti.record_kernel_linear() as recorded:
     for i in (3, 4): jit(Tensor(np.ones(8, np.float32)).realize()[:n.bind(i)])
-  with pytest.raises(bundle.ArtifactError, match="symbolic variables"): ti.program_record(ti.unbatched_calls(recorded[0])[-1].src[0])
+  with pytest.raises(ti.Unsupported, match="symbolic variables"): ti.kernel_fields(ti.unbatched_calls(recorded[0])[-1].src[0])
 
 def _cuda_present() -> bool:
   try: return Device.DEFAULT.startswith("CUDA") or bool(Device["CUDA"])

@@ -1,9 +1,12 @@
 """Every CLI argument is checked when the arguments are parsed: a bad value is one error line and exit 2, before anything is rendered,
 compiled or served (camera_replay and demo accepted `--hz -5` and `nan`, or failed with a traceback or only after compiling)."""
+import argparse
+
 import pytest
 
 from sunnypilot.modeld_v2 import compile_modeld, compile_warp
 from sunnypilot.modeld_v2.common import cli
+from sunnypilot.modeld_v2.model.calibration import parse_camera_size
 from sunnypilot.modeld_v2.replay import fake_camerad as camera_replay
 from sunnypilot.modeld_v2.tools import demo, stand_in_models
 
@@ -25,7 +28,9 @@ def test_camera_replay(capsys, monkeypatch, argv, message):
 def test_argument_types_accept_good_values():
   assert cli.finite_float(0, 1000, low_open=True)("0.5") == 0.5 and cli.finite_float(0, 10)("0") == 0.0
   assert cli.int_list("30, 31,") == {30, 31} and cli.int_list("") == set()
-  assert cli.camera_size("1344x760") == (1344, 760) and cli.camera_size("1928x1208") == (1928, 1208)
+  camera_size = cli.checked(parse_camera_size)
+  assert camera_size("1344x760") == (1344, 760) and camera_size("1928x1208") == (1928, 1208)
+  with pytest.raises(argparse.ArgumentTypeError, match="no known sensor has 100x100 frames"): camera_size("100x100")
   assert cli.positive_int("3") == 3 and cli.non_negative_int("0") == 0
 
 @pytest.mark.parametrize("argv,message", [(["--frames", "0"], "at least 1, got 0"), (["--frames", "x"], "got 'x'"),

@@ -9,6 +9,9 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 class Parser(argparse.ArgumentParser):
   """argparse whose usage errors are one line, `<prog>: error: <message>` with exit code 2, as every other error of a CLI here is."""
@@ -18,6 +21,14 @@ class Parser(argparse.ArgumentParser):
 def parser(prog: str, doc: str | None) -> Parser:
   """A CLI's parser: `prog` names it in usage and errors, its module docstring is the description, printed as written."""
   return Parser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def checked(parse: Callable[[str], T]) -> Callable[[str], T]:
+  """An argparse type from a parser of the rule's own: its ValueError is argparse's one-line usage error (exit 2, before any work)."""
+  def typed(text: str) -> T:
+    try: return parse(text)
+    except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
+  typed.__name__ = parse.__name__  # argparse names the type in its messages
+  return typed
 
 def positive_int(text: str) -> int:
   try: value = int(text)
@@ -41,58 +52,11 @@ def finite_float(low: float, high: float, low_open: bool = False) -> Callable[[s
     return value
   return parse
 
-def delay_arg(text: str) -> float:
-  """--lat-delay / --long-delay: seconds, by the rule liveDelay's estimates are checked by (bus_inputs.delay_ok)."""
-  from sunnypilot.modeld_v2.daemon.bus_inputs import DELAY_MAX
-  return finite_float(0.0, DELAY_MAX)(text)
-
-def camera_offset_arg(text: str) -> float:
-  """--camera-offset: metres, by the rule sunnypilot's CameraOffset parameter is checked by (bus_inputs.check_camera_offset)."""
-  from sunnypilot.modeld_v2.daemon.bus_inputs import check_camera_offset
-  try: value = float(text)
-  except ValueError: raise argparse.ArgumentTypeError(f"expected a number of metres, got {text!r}") from None
-  try: return check_camera_offset(value)
-  except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
-
 def int_list(text: str) -> set[int]:
   """`"30,31"` -> {30, 31}: comma-separated whole numbers of at least 0 (empty: none)."""
   items = [x.strip() for x in text.split(",") if x.strip()]
   if not all(x.isdigit() for x in items): raise argparse.ArgumentTypeError(f"expected comma-separated frame ids like 30,31, got {text!r}")
   return {int(x) for x in items}
-
-def camera_size(text: str) -> tuple[int, int]:
-  """`"1928x1208"` -> (1928, 1208): the frame size of a camera whose geometry is known (comma 3/3X or comma 4)."""
-  from sunnypilot.modeld_v2.model.calibration import sensor_for_size
-  from sunnypilot.modeld_v2.model.camera_frame import parse_size
-  try:
-    size = parse_size(text)
-    sensor_for_size(*size)
-  except ValueError as e: raise argparse.ArgumentTypeError(str(e)) from None
-  return size
-
-# a driving model's ONNX files, as compile_model takes them; vision first, since a bundle's outputs concatenate the models in this order
-MODEL_FILES = ("onnx", "vision", "policy", "off_policy", "on_policy")
-MODEL_FILE_HELP = {"onnx": "a native (new_img + states) or supercombo driving model",
-                   "vision": "the vision model of a split pair or triple (with --policy, or --off-policy and --on-policy)",
-                   "policy": "the policy of a vision + policy pair", "off_policy": "the off-policy of a vision + off-policy + on-policy triple",
-                   "on_policy": "the on-policy of a vision + off-policy + on-policy triple"}
-
-def add_model_flags(parser: argparse.ArgumentParser, use: str = "") -> None:
-  """--onnx, --vision, --policy, --off-policy, --on-policy: one driving model's ONNX files; `use` ends each help line."""
-  for key in MODEL_FILES: parser.add_argument(f"--{key.replace('_', '-')}", help=MODEL_FILE_HELP[key] + use)
-
-def model_files(args: argparse.Namespace) -> dict[str, str]:
-  """{compile_model keyword: path} of the model files given."""
-  return {key: path for key in MODEL_FILES if (path := getattr(args, key, None))}
-
-def add_compile_flags(parser: argparse.ArgumentParser, layers: bool = True) -> None:
-  """--beam, as every compiler takes it, and --fuse-layers for a compiler of ONNX models (`layers`)."""
-  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
-                      "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
-                      "Default: the BEAM environment setting, else 0")
-  if not layers: return
-  parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
-                      "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")
 
 PARENT_PID = "SUNNYPILOT_PARENT_PID"  # set by a tool for the processes it starts and must not leave running (route_replay's modeld and replays)
 
@@ -111,7 +75,7 @@ def end_with_parent() -> None:
 def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
   """Wrap a CLI's main: its log lines read `<prog>: message` on stderr (logs.setup), and Ctrl-C (KeyboardInterrupt, wherever it lands)
   prints `<prog>: interrupted` and returns 130 instead of a traceback. Temporary files are removed on the way out by the writers themselves
-  (bundle.replaced_atomically)."""
+  (common.files.replaced_atomically)."""
   def wrap(main: Callable[..., int]) -> Callable[..., int]:
     @functools.wraps(main)
     def run(*args, **kwargs) -> int:

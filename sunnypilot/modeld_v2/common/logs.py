@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 
 class _Stderr(logging.StreamHandler):
   """Writes to sys.stderr as it is when a line is logged (as logging's own last-resort handler does), so a redirect made after setup, such
@@ -24,3 +25,24 @@ def setup(prog: str) -> None:
   root.addHandler(handler)
   root.setLevel(logging.WARNING)
   for name in ("sunnypilot", "__main__"): logging.getLogger(name).setLevel(logging.INFO)
+
+class Episodes:
+  """The package's one mechanism for lines that would repeat frame after frame: a condition logs one line when it starts and one with its
+  count when it ends (if it happened more than once); a line that has no end is logged once (`once`)."""
+  def __init__(self, log: Callable[[str], None]):
+    self.log, self.counts, self.said = log, {}, set()
+
+  def once(self, line: str) -> None:
+    """`line`, the first time it is said (a bad bundle, an input with no source, a field a schema lacks)."""
+    if line not in self.said:
+      self.said.add(line)
+      self.log(line)
+
+  def happened(self, key: str, line: str, times: int = 1) -> None:
+    """`key` happened (again): `line` is logged only if this starts an episode."""
+    if key not in self.counts: self.log(line)
+    self.counts[key] = self.counts.get(key, 0) + times
+
+  def ended(self, key: str, line: str) -> None:
+    """`key` is over for now: `line` and the count are logged if it happened more than once."""
+    if (count := self.counts.pop(key, 0)) > 1: self.log(f"{line} ({count} times)")

@@ -1,8 +1,8 @@
 """Capture: turn a TinyJit's compiled kernel list into a part, check it against the TinyJit replay bit for bit, and replay that check later.
 
 `capture_part(fn, make_inputs)` is what the compilers use: TinyJit(prune=True), call 0 runs eagerly and compiles, call 1 captures inside
-`record_kernel_linear` (and searches its kernels with BEAM), then `jit_part` makes the part, a part_format.Part record. `capture` and
-`serialize_jit` are the same with the part's header as JSON, the form the seed's code and the tests read.
+`record_kernel_linear` (and searches its kernels with BEAM), then `jit_part` makes the part, a format.part Part record. `capture` is the
+same with the part's header as JSON, for tools and tests that edit a part as data.
 """
 from __future__ import annotations
 
@@ -23,18 +23,21 @@ from tinygrad.dtype import DType
 from tinygrad.helpers import BEAM, Context, getenv
 from tinygrad.uop.ops import UOp
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.part import (
   Arg,
-  ArtifactError,
   BufferSpec,
   BufferView,
   Call,
   Check,
   InputArg,
   InputSlot,
+  Param,
   Part,
+  Program,
   Returned,
   Returns,
+  RuntimeVar,
   device_kind,
   dtype_name,
   label,
@@ -44,10 +47,12 @@ from sunnypilot.modeld_v2.format.part_builder import PartBuilder
 from sunnypilot.modeld_v2.runtime.kernel_replay import InputError, Replay, replay_part, write_tensor
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
   CapturedCall,
+  KernelFields,
+  Unsupported,
   captured_calls,
   host_backed_null,
+  kernel_fields,
   program_binary,
-  program_record,
   record_kernel_linear,
   watched_beam_search,
 )
@@ -96,7 +101,7 @@ def beam_progress(level: int, log: Callable[[str], None]) -> Iterator[Callable[[
 
 class Captured(NamedTuple):
   jit: TinyJit
-  part: tuple[Part | dict, bytes]  # capture_part: a Part record; capture: its JSON (as serialize_jit returns it)
+  part: tuple[Part | dict, bytes]  # capture_part: a Part record; capture: its JSON
   inputs: dict[str, Any]  # the capture call's inputs, as the part lays them out
 
 def capture_part(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
@@ -115,7 +120,7 @@ def capture_part(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune:
 
 def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
             beam: int = 0, log: Callable[[str], None] = logger.info) -> Captured:
-  """capture_part with the part's header as JSON, as serialize_jit returns it."""
+  """capture_part with the part's header as JSON."""
   captured = capture_part(fn, make_inputs, prune, seed, null_holds_data, beam, log)
   return captured._replace(part=(captured.part[0].to_json(), captured.part[1]))
 
@@ -140,6 +145,12 @@ def _ret_tensors(ret: Any) -> tuple[Returns, list[Tensor]]:
 def part_device(calls: list[CapturedCall]) -> str:
   """The device a captured kernel list runs on: its first device buffer's (host buffers, NPY and PYTHON, are copied from), else the default."""
   return next((a.device for c in calls for a in c.args if isinstance(a, Buffer) and device_kind(a.device) not in ("NPY", "PYTHON")), Device.DEFAULT)
+
+def program_record(kernel: KernelFields) -> Program:
+  """A compiled kernel as a part's program (its binary's blob range is set when the builder stores it)."""
+  return Program(kernel.name, (0, 0), kernel.target, kernel.global_size, kernel.local_size, kernel.globals, kernel.outs, kernel.ins,
+                 tuple(Param(n, s, dtype_name(dt), shape) for n, s, dt, shape in kernel.params),
+                 tuple(RuntimeVar(n, s, dtype_name(dt), lo, hi) for n, s, dt, lo, hi in kernel.runtime_vars), kernel.estimates)
 
 class PartSerializer:
   """One capture's kernel list turned into a part: each tinygrad buffer base once (by identity), each program once (see below), and
@@ -170,7 +181,7 @@ class PartSerializer:
 
   def program(self, ast: UOp) -> int:
     if ast not in self.ast_program:
-      record, lib = program_record(ast), program_binary(ast)
+      record, lib = program_record(kernel_fields(ast)), program_binary(ast)
       key = (json.dumps(record.to_json(), sort_keys=True), lib)
       if key not in self.program_index: self.program_index[key] = self.builder.add_program(record, lib)
       self.ast_program[ast] = self.program_index[key]
@@ -209,12 +220,6 @@ class PartSerializer:
     written = {a.input for c in calls for i, a in enumerate(c.args) if isinstance(a, InputArg) and c.writes(i, programs)}
     return [InputSlot(i, name, key, dtype_name(t.dtype), tuple(t.shape), t.device, i in written) for i, (name, key, t) in enumerate(self.layout)]
 
-def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
-    -> tuple[dict, bytes]:
-  """jit_part with the part's header as JSON: `(header, blob)`, the seed's form."""
-  part, blob = jit_part(run, linear, check, seed, onetime, null_holds_data)
-  return part.to_json(), blob
-
 def jit_part(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
     -> tuple[Part, bytes]:
   """Turn a captured TinyJit and its recorded kernel LINEAR into a part `(Part record, blob)`.
@@ -226,10 +231,12 @@ def jit_part(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, on
   """
   if getattr(run, "captured", None) is None: raise ArtifactError("the TinyJit has not captured yet: call it twice before serializing")
   layout = input_layout(check)
-  calls, onetime_calls = captured_calls(linear), captured_calls(onetime) if onetime is not None else []
-  s = PartSerializer(part_device(calls + onetime_calls), layout)
-  header_onetime = [c for c in map(s.onetime_call, onetime_calls) if c is not None]  # first: what they write (prepared weights) needs no bytes
-  header_calls = [s.call(c) for c in calls]
+  try:
+    calls, onetime_calls = captured_calls(linear), captured_calls(onetime) if onetime is not None else []
+    s = PartSerializer(part_device(calls + onetime_calls), layout)
+    header_onetime = [c for c in map(s.onetime_call, onetime_calls) if c is not None]  # first: what they write (prepared weights) needs no bytes
+    header_calls = [s.call(c) for c in calls]
+  except Unsupported as e: raise ArtifactError(str(e)) from None
   returns, ret_tensors = _ret_tensors(run.captured.ret)
   returns = dataclasses.replace(returns, tensors=tuple(s.returned(t) for t in ret_tensors))
   if device_kind(s.device) != "NULL" or null_holds_data: s.store_contents(returns.tensors)

@@ -3,6 +3,7 @@ work, random inputs, a realize point per layer while tinygrad's ONNX runners tra
 written with a summary of what it holds."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import time
@@ -11,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path, write_bundle
+from sunnypilot.modeld_v2.common.cli import non_negative_int
+from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
+from sunnypilot.modeld_v2.format.bundle import write_bundle
 from sunnypilot.modeld_v2.format.part import Part
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import onnx_ops, patched_onnx_ops
 
@@ -70,3 +73,12 @@ class BundleCompile:
             "programs": len(record.programs), "onetime": len(record.onetime_calls),
             "weight_bytes": sum(b.init[1] - b.init[0] for b in record.buffers if b.init is not None), "bytes": size,
             "compile_s": time.perf_counter() - self.t0}
+
+def add_compile_flags(parser: argparse.ArgumentParser, layers: bool = True) -> None:
+  """--beam, as every compiler takes it, and --fuse-layers for a compiler of ONNX models (`layers`)."""
+  parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
+                      "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
+                      "Default: the BEAM environment setting, else 0")
+  if not layers: return
+  parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
+                      "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")

@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import add_compile_flags, interruptible
+from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.compile.compile_job import BundleCompile
+from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.compile.compile_job import BundleCompile, add_compile_flags
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
-from sunnypilot.modeld_v2.format.bundle import ArtifactError
 from sunnypilot.modeld_v2.format.part import dtype_name, np_dtype
 
 logger = logging.getLogger(__name__)

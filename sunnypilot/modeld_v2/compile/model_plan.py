@@ -7,6 +7,7 @@ input queues, kept as states (input_queues); `desire` is this frame's one-hot pu
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +29,9 @@ from sunnypilot.modeld_v2.compile.input_queues import (
   queue_role,
 )
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError, load_onnx, main_output, merge_slices, model_slices
-from sunnypilot.modeld_v2.format.bundle import next_name, state_names, unpaired_state_outputs
+from sunnypilot.modeld_v2.format.bundle import check_output_slices, next_name, state_names, unpaired_state_outputs
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, GenerationError, derive
-from sunnypilot.modeld_v2.model.parse_model_outputs import check_output_slices
+from sunnypilot.modeld_v2.model.parse_model_outputs import check_head_sizes
 
 LAYOUTS = {"native": ("model",), "supercombo": ("model",), "split": ("vision", "policy"), "multi_policy": ("vision", "off_policy", "on_policy")}
 FLAGS = {"model": "--onnx", "vision": "--vision", "policy": "--policy", "off_policy": "--off-policy", "on_policy": "--on-policy"}
@@ -105,7 +106,7 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
   own_slices = {k: model_slices(paths[k], info, outputs[k]) for k, info in infos.items()}
   widths = {k: infos[k]["outputs"][outputs[k]][0][-1] for k in infos}
   for k in infos:  # the loader's own check of a bundle's output_slices, per file: a head modeld cannot parse fails here, not in the car
-    try: check_output_slices(own_slices[k], widths[k])
+    try: check_output_slices(own_slices[k], widths[k]), check_head_sizes(own_slices[k])
     except ValueError as e: raise ModelError(f"{paths[k]}: output_slices: {e}") from None
   slices = merge_slices({k: (own_slices[k], widths[k]) for k in infos})
   dtypes = {k: {n: d for n, (_, d) in info["inputs"].items()} for k, info in infos.items()}
@@ -187,3 +188,20 @@ def _feedback(path: str, first_slices: dict[str, list[int]], slices: dict[str, l
       raise ModelError(f"desired_curvature has {stop - start} values, {found[CURVATURE]} takes {width} (the head's mean, before its std)")
     feedback["curv_q"] = [start, start + width]  # an MDN head: its means come first
   return feedback
+
+# *** the command-line flags of a driving model's files ***
+
+# a driving model's ONNX files, as compile_model takes them; vision first, since a bundle's outputs concatenate the models in this order
+MODEL_FILES = ("onnx", "vision", "policy", "off_policy", "on_policy")
+MODEL_FILE_HELP = {"onnx": "a native (new_img + states) or supercombo driving model",
+                   "vision": "the vision model of a split pair or triple (with --policy, or --off-policy and --on-policy)",
+                   "policy": "the policy of a vision + policy pair", "off_policy": "the off-policy of a vision + off-policy + on-policy triple",
+                   "on_policy": "the on-policy of a vision + off-policy + on-policy triple"}
+
+def add_model_flags(parser: argparse.ArgumentParser, use: str = "") -> None:
+  """--onnx, --vision, --policy, --off-policy, --on-policy: one driving model's ONNX files; `use` ends each help line."""
+  for key in MODEL_FILES: parser.add_argument(f"--{key.replace('_', '-')}", help=MODEL_FILE_HELP[key] + use)
+
+def model_files(args: argparse.Namespace) -> dict[str, str]:
+  """{compile_model keyword: path} of the model files given."""
+  return {key: path for key in MODEL_FILES if (path := getattr(args, key, None))}

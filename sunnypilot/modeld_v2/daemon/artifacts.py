@@ -9,7 +9,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_metadata, check_provenance, read_bundle, read_header
+from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.format.bundle import check_metadata, check_provenance, read_bundle, read_header
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame, parse_frame
 
 log = logging.getLogger(__name__)

@@ -2,17 +2,17 @@
 ones when a message carries a non-finite or out-of-range number. Unchecked, one NaN vEgo reaches the model's recurrent state and every
 output stays NaN until a restart; a 1e30 calibration makes the warp read one pixel for the whole image.
 
-Each bad input is logged once when it starts and once, with its count, when good values return (`Episodes`).
+Each bad input is logged once when it starts and once, with its count, when good values return (common/logs.Episodes).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import capnp
 
+from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon.messaging import lateral_delay
 from sunnypilot.modeld_v2.model.calibration import CALIBRATION_HEIGHT, DEFAULT_RPY
 
@@ -28,26 +28,24 @@ def delay_ok(value: float) -> bool:
   """The one rule for actuator delays: a finite number of seconds in [0, DELAY_MAX] (a negative one can make action_t zero, a divisor)."""
   return math.isfinite(value) and 0.0 <= value <= DELAY_MAX
 
+def parse_delay(text: str) -> float:
+  """--lat-delay / --long-delay: seconds, by delay_ok's rule (ValueError naming it)."""
+  try: value = float(text)
+  except ValueError: value = math.nan
+  if not delay_ok(value): raise ValueError(f"expected a number from 0 to {DELAY_MAX:g} seconds, got {text!r}")
+  return value
+
+def parse_camera_offset(text: str) -> float:
+  """--camera-offset: metres, by check_camera_offset's rule (ValueError naming it)."""
+  try: value = float(text)
+  except ValueError: raise ValueError(f"expected a number of metres, got {text!r}") from None
+  return check_camera_offset(value)
+
 def check_camera_offset(value: float) -> float:
   """The one rule for sunnypilot's CameraOffset (flag or parameter): finite metres within CAMERA_OFFSET_MAX either way."""
   if not (math.isfinite(value) and abs(value) <= CAMERA_OFFSET_MAX):
     raise ValueError(f"a camera offset must be a number of metres in [-{CAMERA_OFFSET_MAX:g}, {CAMERA_OFFSET_MAX:g}], got {value!r}")
   return value
-
-class Episodes:
-  """Log lines for conditions that repeat frame after frame: one line when a condition starts, one with its count when it ends (if it
-  happened more than once)."""
-  def __init__(self, log: Callable[[str], None]):
-    self.log, self.counts = log, {}
-
-  def happened(self, key: str, line: str, times: int = 1) -> None:
-    """`key` happened (again): `line` is logged only if this starts an episode."""
-    if key not in self.counts: self.log(line)
-    self.counts[key] = self.counts.get(key, 0) + times
-
-  def ended(self, key: str, line: str) -> None:
-    """`key` is over for now: `line` and the count are logged if it happened more than once."""
-    if (count := self.counts.pop(key, 0)) > 1: self.log(f"{line} ({count} times)")
 
 @dataclass(frozen=True)
 class CarInputs:

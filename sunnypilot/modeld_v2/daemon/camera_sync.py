@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sunnypilot.modeld_v2.daemon.bus_inputs import Episodes
+from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame
 
 log = logging.getLogger(__name__)

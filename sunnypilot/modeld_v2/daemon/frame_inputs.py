@@ -11,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, CarInputs
 from sunnypilot.modeld_v2.daemon.device_params import Delays
 from sunnypilot.modeld_v2.daemon.publish_state import PublishState
-from sunnypilot.modeld_v2.format.bundle import ArtifactError
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, CameraConfig, apply_camera_offset, warp_matrices
-from sunnypilot.modeld_v2.model.camera_frame import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.drive_helpers import action_times
 
 ZERO_HOST_INPUTS = ("nav_features", "nav_instructions")  # openpilot left navigation inputs at zero once nav was gone

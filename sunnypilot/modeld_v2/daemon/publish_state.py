@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon.message_template import Serializer
 from sunnypilot.modeld_v2.daemon.messaging import set_fields
 from sunnypilot.modeld_v2.model.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, Plan
@@ -80,7 +81,7 @@ class PublishState:
     self.action = Action()  # the last published action: the next one is smoothed against it
     self.prev_desire = 0  # the desire of the last frame the model saw (0: none)
     self.lat_planner_state = np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32)  # the lat_planner_state input of models that have one
-    self.reported: set[str] = set()
+    self.lines = Episodes(self.log)  # what this daemon said once
     self.serializer = Serializer()  # a byte template per service: serialize()
     self._parser: tuple[dict, tuple, OutputParser] | None = None  # (the slices last asked for, their layout, its parser): parser()
     self.views: dict[str, dict] = {}  # per service, the `views` parts fill_model_msg made from the parser's arrays: made once per parser
@@ -172,7 +173,7 @@ class PublishState:
       for path in skipped: self._report_skipped(path)
     return out
 
-  def _report_skipped(self, path: str) -> None: self._report_once(f"{path} is not published: this cereal schema has no such field")
+  def _report_skipped(self, path: str) -> None: self.lines.once(f"{path} is not published: this cereal schema has no such field")
 
   def parser(self, slices: dict[str, Sequence[int]]) -> OutputParser:
     """The OutputParser of this layout, planned on the first frame that has it (the same dict again: no comparison at all)."""
@@ -194,10 +195,5 @@ class PublishState:
     return dict(zip(LANE_CHANGE_FIELDS, (int(self.desire_helper.lane_change_state), int(self.desire_helper.lane_change_direction)), strict=True))
 
   def _report_missing(self, service: str, fields: Fields) -> None:
-    for path, reason in fields.missing.items(): self._report_once(f"{service}.{path} stays default: {reason}")
+    for path, reason in fields.missing.items(): self.lines.once(f"{service}.{path} stays default: {reason}")
 
-  def _report_once(self, line: str) -> None:
-    """One log line per distinct message per daemon, not per frame."""
-    if line not in self.reported:
-      self.reported.add(line)
-      self.log(line)

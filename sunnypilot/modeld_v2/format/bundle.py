@@ -5,15 +5,13 @@ into (each kernel binary once, initial buffer contents). `docs/FORMAT.md` lists 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-import stat
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable
 from importlib.metadata import version as package_version
 from typing import Any, BinaryIO, NamedTuple
 
@@ -21,9 +19,8 @@ import numpy as np
 from tinygrad import Device, helpers
 from tinygrad.helpers import getenv
 
-from sunnypilot.modeld_v2.format.part import ArtifactError, Part, device_kind, expect, ints, within
-from sunnypilot.modeld_v2.model.camera_frame import PACKED_FRAMES, WARP_FRAMES, parse_frame, parse_size
-from sunnypilot.modeld_v2.model.parse_model_outputs import check_output_slices
+from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
+from sunnypilot.modeld_v2.format.part import Part, device_kind, expect, ints, within
 
 FORMAT_VERSION = 1
 MAGIC = b"SPMV2ART"
@@ -72,93 +69,6 @@ def provenance(device: str, flags: dict[str, int] | None = None) -> dict:
   if target.device == "NULL" and target.renderer == "IR3": target = dataclasses.replace(target, device="QCOM")  # cross-compiled for Adreno
   return {"format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": target.device or device_kind(device), "target": repr(target),
           "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS} | (flags or {})}
-
-# *** files: outputs replace only regular files and never an input; reads refuse what is not a regular file ***
-
-def file_kind(mode: int) -> str:
-  kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
-           (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file"))
-  return next((what for test, what in kinds if test(mode)), "not a regular file")
-
-def temporary_path(path: str) -> str:
-  """Where a file is written before it is renamed into place: next to it, named for this process."""
-  return f"{path}.tmp{os.getpid()}"
-
-def _process_alive(pid: int) -> bool:
-  try: os.kill(pid, 0)
-  except ProcessLookupError: return False
-  except (PermissionError, OverflowError): pass  # another user's process, or no process id at all: leave its file
-  return True
-
-def remove_stale_temporaries(path: str) -> None:
-  """Remove `path`'s temporary files left by writers that were killed (their process is gone, or had this process's id before it: this
-  one is not writing `path` yet); a live writer's is kept. Writers then create theirs exclusively, never through something planted."""
-  folder, base = os.path.split(os.path.abspath(path))
-  prefix = f"{base}.tmp"
-  try: names = os.listdir(folder)
-  except OSError: return
-  for name in names:
-    pid = name[len(prefix):] if name.startswith(prefix) else ""
-    if pid.isdigit() and (int(pid) == os.getpid() or not _process_alive(int(pid))):
-      with contextlib.suppress(OSError): os.remove(os.path.join(folder, name))
-
-def _refuse_replacing(path: str) -> None:
-  try: st = os.stat(path)
-  except FileNotFoundError: return
-  except OSError as e: raise ArtifactError(f"cannot use {path}: {e.strerror or e}") from None
-  if stat.S_ISDIR(st.st_mode): raise ArtifactError(f"{path} is a folder: give a file name")
-  if not stat.S_ISREG(st.st_mode): raise ArtifactError(f"{path} is {file_kind(st.st_mode)}, not a regular file: refusing to replace it")
-
-def check_output_path(path: str, inputs: Iterable[str | None] = ()) -> None:
-  """Fail before any work when `path` cannot become a new file: empty, a folder, a device node, FIFO or anything but a regular file, the
-  same file as one of `inputs` (under any name), a missing folder, or a place this user cannot create a file in. Removes temporary
-  files of `path` left by killed runs."""
-  if not path: raise ArtifactError("the output path is empty: give a file name")
-  _refuse_replacing(path)
-  for source in filter(None, inputs):
-    with contextlib.suppress(OSError):
-      if os.path.samefile(path, source): raise ArtifactError(f"the output {path} is the input {source}: writing it would destroy the input")
-  folder = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(folder): raise ArtifactError(f"the output folder {folder} does not exist")
-  if os.path.exists(path) and not os.access(path, os.W_OK): raise ArtifactError(f"cannot write {path}: permission denied")
-  remove_stale_temporaries(path)
-  try: os.close(os.open(tmp := temporary_path(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # can a file be created there?
-  except OSError as e: raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None
-  os.remove(tmp)
-
-@contextlib.contextmanager
-def replaced_atomically(*paths: str) -> Iterator[list[str]]:
-  """Temporary names for `paths`, next to them. When the block ends they are renamed over `paths`, all after every one is complete, so
-  readers see the old files or the new ones, never half a file; on any failure (an exception, Ctrl-C) the temporary files are removed
-  and `paths` are left as they were. Nothing but a regular file is ever replaced."""
-  for path in paths: remove_stale_temporaries(path)
-  tmps = [temporary_path(path) for path in paths]
-  try:
-    yield tmps
-    for path in paths: _refuse_replacing(path)  # again: something may have appeared there during the work
-    for tmp, path in zip(tmps, paths): os.replace(tmp, path)
-  except BaseException:
-    for tmp in tmps:
-      with contextlib.suppress(OSError): os.remove(tmp)
-    raise
-
-def open_regular(path: str) -> BinaryIO:
-  """`path` opened for reading, refused before a byte is read unless it is a regular file (a FIFO would block, a device never end)."""
-  try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
-  if not stat.S_ISREG(mode := os.fstat(fd).st_mode):
-    os.close(fd)
-    raise ArtifactError(f"{path} is {file_kind(mode)}, not a regular file")
-  os.set_blocking(fd, True)
-  return os.fdopen(fd, "rb")
-
-def file_sha256(path: str) -> str:
-  """A file's content hash, read in 1 MiB blocks (a full-size model is hundreds of MB): what a bundle records of the sources it was built
-  from, so that a rebuild is decided by content, not by a name."""
-  digest = hashlib.sha256()
-  with open_regular(path) as f:
-    while block := f.read(1 << 20): digest.update(block)
-  return digest.hexdigest()
 
 def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None, check: bool = True) -> int:
   """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
@@ -298,29 +208,36 @@ def _check_strings(value: Any, what: str, depth: int = 1) -> None:
     if depth > 1: _check_strings(v, f"{what}[{k!r:.40}]", depth - 1)
     else: expect(v, str, f"{what}[{k!r:.40}]")
 
+METADATA_CHECKS: dict[str, list[Callable[[dict], None]]] = {}  # metadata kind -> checks of a bundle's extras (ValueError), by the layers above
+
+def register_metadata_check(kind: str, check: Callable[[dict], None]) -> None:
+  """Run `check(extras)` on every bundle of metadata `kind` read or written: the rules of layers this one knows nothing of (openpilot's
+  head sizes, camera frame layouts) join the reader's own (bundle_rules.py registers them)."""
+  if check not in (checks := METADATA_CHECKS.setdefault(kind, [])): checks.append(check)
+
+def check_output_slices(slices: object, n: int) -> None:
+  """Raise ValueError unless `slices` is {name: [start, stop]} of integers with 0 <= start < stop <= n."""
+  if not isinstance(slices, dict): raise ValueError(f"expected {{name: [start, stop]}}, got {type(slices).__name__}")
+  for name, span in slices.items():
+    if not (isinstance(span, list | tuple) and len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
+      raise ValueError(f"{name!r:.40} is {span!r:.40}, not [start, stop]")
+    if not 0 <= span[0] < span[1] <= n: raise ValueError(f"{name!r:.40} [{span[0]}, {span[1]}] falls outside the {n} outputs")
+
 def check_metadata(extras: dict, path: str = "bundle") -> None:
   """Raise an ArtifactError naming `path` unless a read bundle's metadata is what the runtime, inspect and modeld's warp discovery read:
-  a warp's frame geometry, model size, split flag and frame inputs; a model's layout, roles and `output_slices`
-  (parse_model_outputs.check_output_slices)."""
+  a model's layout, roles and `output_slices`, and what METADATA_CHECKS require of each kind (a warp's frame geometry and inputs)."""
   try: _check_metadata(extras)
   except ArtifactError as e: raise ArtifactError(f"{path}: malformed metadata: {e}") from None
 
-def _check_warp(extras: dict) -> None:
-  meta, inputs = extras["metadata"], extras.get("input_specs", {})
-  frame_spec, size = expect(meta.get("frame"), str, "warp frame"), ints(meta.get("model_size"), "warp model_size")
-  split = expect(meta.get("split_frames"), bool, "warp split_frames")
-  try: frame = parse_frame(frame_spec)
-  except ValueError as e: raise ArtifactError(f"warp frame: {e}") from None
-  try: parse_size("x".join(map(str, size)))
-  except ValueError as e: raise ArtifactError(f"warp model_size: {e}") from None
-  frames = dict.fromkeys(WARP_FRAMES, [frame.size]) if split else {PACKED_FRAMES: [2, frame.size]}  # what compile_warp declares
-  if (got := {name: inputs[name][0] if name in inputs else None for name in frames}) != frames:
-    raise ArtifactError(f"the warp's frame inputs {got} do not hold {frame.spec} frames")
-
 def _check_metadata(extras: dict) -> None:
   meta = extras.get("metadata", {})
-  if meta.get("kind") == "warp": _check_warp(extras)
-  if meta.get("kind") != "model": return
+  if meta.get("kind") == "model": _check_model(extras)
+  try:  # after the reader's own: a registered check may take the structure they check as given
+    for check in METADATA_CHECKS.get(kind, ()) if isinstance(kind := meta.get("kind"), str) else (): check(extras)
+  except ValueError as e: raise ArtifactError(str(e)) from None
+
+def _check_model(extras: dict) -> None:
+  meta = extras["metadata"]
   if "layout" in meta: expect(meta["layout"], str, "layout")
   if "input_roles" in meta: _check_strings(meta["input_roles"], "input_roles")
   if "onnx_roles" in meta: _check_strings(meta["onnx_roles"], "onnx_roles", depth=2)

@@ -17,6 +17,7 @@ import numpy as np
 from tinygrad import dtypes
 from tinygrad.dtype import DType
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.kernel_binary import BinaryError, check_kernel_binary
 
 CALL_KINDS = ("program", "copy")
@@ -28,9 +29,6 @@ MAX_TABLE = 1 << 16  # programs, buffers, inputs, arguments of a call
 MAX_LAUNCH = (1 << 31) - 1  # each global size (CUDA's grid limit)
 MAX_LOCAL = 1024  # threads of a workgroup (CUDA, AMD, Adreno)
 MAX_CPU_CORES = 1024  # a CPU program with core_id is called once per core
-
-class ArtifactError(ValueError):
-  """A bundle or part that cannot be used here: corrupt, for another device/arch/tinygrad, or an unsupported capture."""
 
 # *** dtypes and devices ***
 

@@ -39,6 +39,13 @@ def sensor_for_size(width: int, height: int) -> str:
     if (road.width, road.height) == (width, height): return sensor
   raise ValueError(f"no known sensor has {width}x{height} frames; known: {sorted({(c[0].width, c[0].height) for c in SENSOR_CAMERAS.values()})}")
 
+def parse_camera_size(text: str) -> tuple[int, int]:
+  """`"1928x1208"` -> (1928, 1208): the frame size of a camera whose geometry is known (comma 3/3X or comma 4); ValueError otherwise."""
+  from sunnypilot.modeld_v2.model.camera_frame import parse_size
+  size = parse_size(text)
+  sensor_for_size(*size)
+  return size
+
 def rot_from_euler(rpy) -> np.ndarray:
   """Rotation for [roll, pitch, yaw] about the device's x, y, z axes: Rz(yaw) @ Ry(pitch) @ Rx(roll)."""
   r, p, y = rpy

@@ -1,22 +1,13 @@
-"""NV12 camera geometry and the tinygrad warp of one camera frame into the model's six uint8 input planes."""
+"""Camera frames as modeld meets them: an NV12 layout (Y plane, then interleaved UV rows, in a buffer of a given size), read from the
+buffers, never assumed: openpilot's camerad pads its buffers (camerad_frame), simulators and webcams do not (unpadded_frame)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from tinygrad import Tensor, dtypes
 
-UV_SCALE = np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], dtype=np.float32)  # M_inv -> M_inv_uv: half-resolution chroma
 MAX_BUFFER = 2**31 - 1  # the warp's gather indices are int32
-
-# The camera path's names, road camera first, wide second (openpilot's order), each kept where users and the seed already use it:
-CAMERA_BUFFERS = ("img", "big_img")  # modeld's keys for the two VisionIPC buffers (copy_frames), openpilot modeld's vision input names
-WARP_FRAMES = ("frame", "big_frame")  # a --split-frames warp's input per camera, bound to that buffer in place
-PACKED_FRAMES = "input_frame"  # a packed warp's one frame input: both buffers copied, (2, size)
-WARP_TRANSFORM = "M_inv"  # the warp's (2, 3, 3) transforms, model pixel -> camera pixel, one per camera
-HOST_TRANSFORM = "tfm"  # the same transforms as the fused part's host input (the seed's name: modeld fills numpy_inputs["tfm"])
 
 def align(x: int, a: int) -> int: return (x + a - 1) // a * a
 
@@ -56,12 +47,6 @@ class NV12Frame:
     uv = buf[self.uv_offset:self.uv_offset + self.stride * (self.height // 2)].reshape(self.height // 2, self.stride)[:, :self.width]
     return y, uv
 
-def camerad_frame(width: int, height: int) -> NV12Frame:
-  """openpilot camerad's padded VENUS NV12 layout for a sensor size (1928x1208 -> 2048,1216,608,4804608)."""
-  stride, y_height, uv_height = align(width, 128), align(height, 32), align(height // 2, 16)
-  size = align(align(stride * y_height + stride * uv_height + 4096 + max(16384, 8 * stride), 4096) + align(width, 512) * 512, 4096)
-  return NV12Frame(width, height, stride, y_height, uv_height, size)
-
 def unpadded_frame(width: int, height: int) -> NV12Frame:
   """Simulators and webcams: no padding, UV right after Y."""
   return NV12Frame(width, height, width, height, height // 2, width * height * 3 // 2)
@@ -79,36 +64,8 @@ def parse_size(spec: str) -> tuple[int, int]:
     raise ValueError(f"a size is WIDTHxHEIGHT with even positive numbers, e.g. 512x256, got {spec!r}")
   return int(m[1]), int(m[2])
 
-def make_frame_prepare(frame: NV12Frame, model_w: int, model_h: int) -> Callable[[Tensor, Tensor], Tensor]:
-  """The warp of one NV12 frame: `(frame uint8 (size,), M_inv float32 (3,3)) -> uint8 (6, model_h/2, model_w/2)`.
-
-  M_inv maps a model pixel to a camera pixel; the nearest source pixel (round half to even) is taken, clamped to the image. Any M_inv is
-  safe: a non-finite coordinate (NaN from 0/0, inf/inf) reads pixel 0, infinite or huge ones clamp, so no index leaves the buffer.
-  Planes: Y[0::2,0::2], Y[1::2,0::2], Y[0::2,1::2], Y[1::2,1::2], U, V. All six are gathered by one index computation.
-  """
-  h2, w2 = model_h // 2, model_w // 2
-  # per plane: model-pixel offsets (dx, dy) of the Y sub-grids, whether it is chroma, and the byte offset of U or V
-  dx, dy = np.array([0, 0, 1, 1, 0, 0], np.float32), np.array([0, 1, 0, 1, 0, 0], np.float32)
-  chroma = np.array([0, 0, 0, 0, 1, 1], bool)
-  every = np.where(chroma, 1, 2).astype(np.float32)[:, None, None]  # float32 all the way: GPUs without float64 (Adreno) compile it as is
-  x = np.arange(w2, dtype=np.float32)[None, None, :] * every + dx[:, None, None]
-  y = np.arange(h2, dtype=np.float32)[None, :, None] * every + dy[:, None, None]
-  max_x = np.where(chroma, frame.width // 2 - 1, frame.width - 1).astype(np.float32)[:, None, None]
-  max_y = np.where(chroma, frame.height // 2 - 1, frame.height - 1).astype(np.float32)[:, None, None]
-  step = np.where(chroma, 2, 1).astype(np.int32)[:, None, None]
-  base = np.array([0, 0, 0, 0, frame.uv_offset, frame.uv_offset + 1], np.int32)[:, None, None]
-  scale = np.stack([np.ones((3, 3), np.float32)] * 4 + [UV_SCALE] * 2)  # (6, 3, 3)
-  consts = [Tensor(a) for a in (x, y, max_x, max_y, step, base, scale)]
-  assert all(a.dtype in (np.float32, np.int32) for a in (x, y, max_x, max_y, step, base, scale))
-
-  def coord(v: Tensor) -> Tensor: return (v != v).where(0.0, v).round()  # NaN would cast to INT_MIN: take 0 instead
-
-  def prepare(frame_bytes: Tensor, m_inv: Tensor) -> Tensor:
-    x, y, max_x, max_y, step, base, scale = consts
-    m = m_inv.reshape(1, 3, 3) * scale
-    coef = [m[:, i, j].reshape(6, 1, 1) for i in range(3) for j in range(3)]  # elementwise 3x3 product: it fuses with the gather
-    sx, sy, sw = (coef[3 * r] * x + coef[3 * r + 1] * y + coef[3 * r + 2] for r in range(3))
-    ix, iy = (coord(s / sw).clip(0, hi).cast(dtypes.int32) for s, hi in ((sx, max_x), (sy, max_y)))
-    index = base + iy * frame.stride + ix * step
-    return frame_bytes[index.flatten()].reshape(6, h2, w2)
-  return prepare
+def camerad_frame(width: int, height: int) -> NV12Frame:
+  """openpilot camerad's padded VENUS NV12 layout for a sensor size (1928x1208 -> 2048,1216,608,4804608)."""
+  stride, y_height, uv_height = align(width, 128), align(height, 32), align(height // 2, 16)
+  size = align(align(stride * y_height + stride * uv_height + 4096 + max(16384, 8 * stride), 4096) + align(width, 512) * 512, 4096)
+  return NV12Frame(width, height, stride, y_height, uv_height, size)

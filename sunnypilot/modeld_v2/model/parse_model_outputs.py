@@ -76,16 +76,12 @@ def head_sizes(name: str) -> tuple[int, ...] | None:
   if name in CATEGORICAL_HEADS: return (int(np.prod(CATEGORICAL_HEADS[name])),)
   return {"lead_prob": (LEAD_MHP_SELECTION,), "lane_lines_prob": (2 * NUM_LANE_LINES,)}.get(name)
 
-def check_output_slices(slices: object, n: int) -> None:
-  """Raise ValueError unless `slices` is {name: [start, stop]} of integers with 0 <= start < stop <= n, each known head as long as
-  parse_outputs reads it: a bundle's output_slices, checked before the first frame instead of failing in the middle of a run."""
-  if not isinstance(slices, dict): raise ValueError(f"expected {{name: [start, stop]}}, got {type(slices).__name__}")
-  for name, span in slices.items():
-    if not (isinstance(span, list | tuple) and len(span) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
-      raise ValueError(f"{name!r:.40} is {span!r:.40}, not [start, stop]")
-    if not 0 <= span[0] < span[1] <= n: raise ValueError(f"{name!r:.40} [{span[0]}, {span[1]}] falls outside the {n} outputs")
-    if (sizes := head_sizes(name)) is not None and span[1] - span[0] not in sizes:
-      raise ValueError(f"{name} has {span[1] - span[0]} values, openpilot's layouts have {' or '.join(map(str, sizes))}")
+def check_head_sizes(slices: dict[str, Sequence[int]]) -> None:
+  """Raise ValueError unless each known head of `slices` ({name: [start, stop]}, its structure checked) is as long as parse_outputs
+  reads it: a bundle's output_slices, checked before the first frame instead of failing in the middle of a run."""
+  for name, (start, stop) in slices.items():
+    if (sizes := head_sizes(name)) is not None and stop - start not in sizes:
+      raise ValueError(f"{name} has {stop - start} values, openpilot's layouts have {' or '.join(map(str, sizes))}")
 
 class OutputParser:
   """parse_outputs for one `output_slices` layout, planned once. A mixture-density head holds per hypothesis the means, then log-stds,

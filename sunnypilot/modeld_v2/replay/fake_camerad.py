@@ -22,11 +22,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import camera_size, finite_float, int_list, interruptible, positive_int
+from sunnypilot.modeld_v2.common.cli import checked, finite_float, int_list, interruptible, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.daemon.camera_sync import VisionStreamType
-from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, SENSOR_CAMERAS, sensor_for_size
+from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, SENSOR_CAMERAS, parse_camera_size, sensor_for_size
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame
+from sunnypilot.modeld_v2.replay.route_segment import camerad_buffer
 
 CAMERAD_BUFFERS = 18
 
@@ -37,14 +38,6 @@ def synthetic_frames(frame: NV12Frame, count: int = 40) -> list[tuple[np.ndarray
   from sunnypilot.modeld_v2.replay.road_scene import road_scene
   road, wide = SENSOR_CAMERAS[sensor_for_size(frame.width, frame.height)]
   return [(road_scene(frame, road.focal_length, t=i * 0.05, seed=i), road_scene(frame, wide.focal_length, t=i * 0.05, seed=1000 + i)) for i in range(count)]
-
-def camerad_buffer(picture, frame: NV12Frame) -> np.ndarray:
-  """A decoded PyAV picture, scaled to the camera size if it differs, in camerad's padded NV12 layout (padding bytes zero)."""
-  yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
-  buf = np.zeros(frame.size, np.uint8)
-  y, uv = frame.planes(buf)
-  y[:], uv[:] = yuv[:frame.height], yuv[frame.height:]
-  return buf
 
 def video_frames(path: str, frame: NV12Frame) -> Iterator[tuple[np.ndarray, np.ndarray]]:
   """A video's frames, scaled to the camera size and laid out like camerad's NV12 (the same picture on both cameras)."""
@@ -126,7 +119,7 @@ def serve_route(parser: argparse.ArgumentParser, args) -> int:
 @interruptible("camera_replay")
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("camera_replay", __doc__)
-  parser.add_argument("--camera", default="1928x1208", type=camera_size, help="sensor frame size: 1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--camera", default="1928x1208", type=checked(parse_camera_size), help="sensor frame size: 1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--video", help="a video file to serve instead of synthetic road scenes (needs PyAV: pip install av)")
   parser.add_argument("--frames", type=positive_int, help="stop after this many frame ids (default: run until SIGINT/SIGTERM)")
   parser.add_argument("--hz", type=finite_float(0, 1000, low_open=True), default=20.0, help="frames per second, above 0 up to 1000 (default 20)")

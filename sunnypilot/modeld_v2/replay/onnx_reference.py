@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import MODEL_FILES
+from sunnypilot.modeld_v2.compile.model_plan import MODEL_FILES
+from sunnypilot.modeld_v2.compile.warp import UV_SCALE
 from sunnypilot.modeld_v2.format.bundle import next_name, state_names
-from sunnypilot.modeld_v2.model.camera_frame import HOST_TRANSFORM, UV_SCALE, NV12Frame
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
+from sunnypilot.modeld_v2.model.camera_frame import NV12Frame
 
 MODEL_W, MODEL_H = 512, 256
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}

@@ -108,7 +108,7 @@ def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple
   import av
   from PIL import Image
   wanted = {k: (model, rpy, height) for k, model, rpy, height in items}
-  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
   with replaced_atomically(path) as (tmp,), av.open(segment.road_video) as source, av.open(tmp, "w", format="mp4") as sink:
     stream = sink.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4", rate=20)
     stream.width, stream.height, stream.pix_fmt = int(segment.frame.width * SCALE), int(segment.frame.height * SCALE), "yuv420p"

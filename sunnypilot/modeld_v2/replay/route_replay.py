@@ -35,12 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import add_model_flags, camera_offset_arg, child_env, delay_arg, end_with_parent, finite_float, model_files, positive_int
+from sunnypilot.modeld_v2.common.cli import checked, child_env, end_with_parent, finite_float, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX
+from sunnypilot.modeld_v2.compile.model_plan import add_model_flags, model_files
+from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, parse_camera_offset, parse_delay
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR
-from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS
 from sunnypilot.modeld_v2.replay.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, FrameDecoder, RouteError, Segment, open_segment, segment_folders
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 LOG_NAME, VIDEO_NAME, PLOT_NAME, CHECK_NAME = "modeld_rlog.zst", "overlay.mp4", "plots.png", "check.json"
@@ -77,8 +78,8 @@ class BundleReference:
   """A second bundle (unsearched vs searched, CPU vs CUDA) with the artifacts' warp for this camera, run as modeld runs its model."""
   def __init__(self, model: str, warp: str):
     from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
-    from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
-    self.adapter = NativeTinygradAdapter(model, warp)
+    from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+    self.adapter = ModelRunner(model, warp)
     self.host_inputs = HostInputs(self.adapter.numpy_inputs, lambda line: None)  # what modeld cannot feed it says itself
     self.output_dtype = np.dtype(np.float32)
 
@@ -93,7 +94,8 @@ class ReferenceCheck:
   its own with the bundle's generation rules for the desire and the fed-back lat_planner_state), then its outputs turned into messages the
   way modeld fills them; per head and per published field, the largest difference and where."""
   def __init__(self, reference, metadata: dict, segment: Segment, args):
-    from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, Episodes
+    from sunnypilot.modeld_v2.common.logs import Episodes
+    from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
     from sunnypilot.modeld_v2.daemon.device_params import Delays
     from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs
     from sunnypilot.modeld_v2.daemon.publish_state import PublishState
@@ -300,8 +302,8 @@ def artifacts_warp(artifacts: str, segment: Segment, new_img: list | None) -> st
 
 def make_reference(args, warp: str):
   """The reference from --onnx/--vision/... or --against (a second bundle, run with `warp`); None without either."""
+  from sunnypilot.modeld_v2.common.files import ArtifactError
   from sunnypilot.modeld_v2.compile.onnx_model import ModelError
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError
   from sunnypilot.modeld_v2.replay.onnx_reference import OnnxReference
   files = model_files(args)
   try:
@@ -314,10 +316,12 @@ def make_reference(args, warp: str):
 def replay_segment(folder: str, args, report: Callable[[str], None] = log.info, written: list[str] | None = None) -> Result:
   """Replay one segment with a modeld of its own (this process's OPENPILOT_PREFIX); writes OUT/<segment>/ and returns what happened.
   `written`: the files are listed in it as each is complete (what an interrupted replay did write)."""
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
+  from sunnypilot.modeld_v2.common.logs import Episodes
   from sunnypilot.modeld_v2.daemon.artifacts import model_planes
-  from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, Episodes
+  from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
   from sunnypilot.modeld_v2.daemon.messaging import has_service, pub_master
-  from sunnypilot.modeld_v2.format.bundle import read_bundle, replaced_atomically
+  from sunnypilot.modeld_v2.format.bundle import read_bundle
   from sunnypilot.modeld_v2.replay.fake_camerad import CameraReplay
   segment = open_segment(folder)
   for line in segment.warnings: report(f"warning: {line}")
@@ -427,11 +431,11 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--no-pictures", action="store_true", help="skip overlay.mp4 and plots.png")
   p.add_argument("--jobs", type=positive_int, default=1, help="segments replayed at once, each in its own process with its own modeld and msgq prefix")
   p.add_argument("--rhd", action="store_true", help="passed to modeld (else driverMonitoringState.isRHD decides)")
-  p.add_argument("--lat-delay", type=delay_arg, default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
+  p.add_argument("--lat-delay", type=checked(parse_delay), default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
                  f"says (default {TYPICAL_CAR.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
-  p.add_argument("--long-delay", type=delay_arg, default=TYPICAL_CAR.longitudinal, help="passed to modeld: the longitudinal actuator delay in "
+  p.add_argument("--long-delay", type=checked(parse_delay), default=TYPICAL_CAR.longitudinal, help="passed to modeld: the longitudinal actuator delay in "
                  f"seconds (default {TYPICAL_CAR.longitudinal:g}, modeld's)")
-  p.add_argument("--camera-offset", type=camera_offset_arg, default=0.0, help="passed to modeld: sunnypilot's "
+  p.add_argument("--camera-offset", type=checked(parse_camera_offset), default=0.0, help="passed to modeld: sunnypilot's "
                  f"CameraOffset in metres, at most {CAMERA_OFFSET_MAX:g} either way (default 0); the reference check applies it as modeld does")
   return p
 
@@ -446,8 +450,8 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
     if not os.path.isfile(path): fail(p, f"{path}: no such file")
+  from sunnypilot.modeld_v2.common.files import ArtifactError
   from sunnypilot.modeld_v2.daemon.artifacts import check_artifacts
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError
   try: check_artifacts(args.artifacts)
   except ArtifactError as e: fail(p, str(e))
 

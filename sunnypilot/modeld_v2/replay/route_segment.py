@@ -153,10 +153,17 @@ class EventFeed:
     while self.next < len(self.events) and self.events[self.next].log_time <= log_time: self.next += 1
     return self.events[start:self.next]
 
+def camerad_buffer(picture, frame: NV12Frame) -> np.ndarray:
+  """A decoded PyAV picture, scaled to the camera size if it differs, in camerad's padded NV12 layout (padding bytes zero)."""
+  yuv = picture.reformat(width=frame.width, height=frame.height, format="nv12").to_ndarray()  # (h*3/2, w)
+  buf = np.zeros(frame.size, np.uint8)
+  y, uv = frame.planes(buf)
+  y[:], uv[:] = yuv[:frame.height], yuv[frame.height:]
+  return buf
+
 def _decode(path: str, frame: NV12Frame) -> Iterator[np.ndarray]:
   import av
 
-  from sunnypilot.modeld_v2.replay.fake_camerad import camerad_buffer
   try:
     with av.open(path) as container:
       for k, picture in enumerate(container.decode(video=0)):

@@ -15,9 +15,9 @@ import sys
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import camera_size, interruptible, positive_int
+from sunnypilot.modeld_v2.common.cli import checked, interruptible, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size
+from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, parse_camera_size, sensor_for_size
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame
 
 T0, FIRST_ID = 10**9, 100
@@ -100,7 +100,7 @@ def missing_parents(folder: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("synthetic_route", __doc__)
   parser.add_argument("folder", help="the segment folder to write, new or empty (route_replay takes it, or its parent); missing parent folders are made")
-  parser.add_argument("--camera", type=camera_size, default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--camera", type=checked(parse_camera_size), default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--frames", type=positive_int, default=200, help="frames in the segment (default 200: 10 s)")
   parser.add_argument("--distinct", type=positive_int, default=40, help="frames rendered; the rest repeat them (rendering is slow)")
   args = parser.parse_args(argv)

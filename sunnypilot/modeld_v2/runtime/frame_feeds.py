@@ -9,9 +9,11 @@ import numpy as np
 from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.format.part import device_kind
-from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS, WARP_FRAMES
+from sunnypilot.modeld_v2.format.warp_inputs import WARP_FRAMES
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration
 from sunnypilot.modeld_v2.runtime.kernel_replay import ALIGNMENT, write_tensor
+
+CAMERA_BUFFERS = ("img", "big_img")  # copy_frames' keys for the road and wide VisionIPC buffers: openpilot modeld's vision input names
 
 FRAME_INPUTS = dict(zip(CAMERA_BUFFERS, WARP_FRAMES, strict=True))  # the --split-frames warp's input for each camera buffer
 

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.bundle import TensorSpec, read_parts, state_names
-from sunnypilot.modeld_v2.format.part import Arg, ArtifactError, BufferSpec, BufferView, Call, InputArg, InputSlot, Part
+from sunnypilot.modeld_v2.format.part import Arg, BufferSpec, BufferView, Call, InputArg, InputSlot, Part
 from sunnypilot.modeld_v2.format.part_builder import PartBuilder
-from sunnypilot.modeld_v2.model.camera_frame import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES, align
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES
 
 SPLIT_FRAMES = tuple(sorted(WARP_FRAMES))  # the seed's name for a --split-frames warp's frame inputs, in the replay's (sorted) input order
 HOST_ALIGN = 64  # every slot of the packed host buffer starts on a cache line, so float views are aligned on any device
@@ -53,7 +54,7 @@ def pack_layout(shapes: dict[str, tuple], frame_size: int) -> tuple[dict[str, in
   offsets, offset = {}, 0
   for name, shape in (dict([TFM]) | shapes).items():
     offsets[name] = offset
-    offset += align(int(np.prod(shape)) * 4, HOST_ALIGN)
+    offset += -(-int(np.prod(shape)) * 4 // HOST_ALIGN) * HOST_ALIGN  # its bytes, rounded up to a cache line
   if frame_size: offsets["frames"] = offset
   return offsets, offset + 2 * frame_size
 

@@ -19,20 +19,10 @@ from tinygrad.device import Buffer
 from tinygrad.helpers import getenv
 from tinygrad.uop.ops import Ops, UOp
 
-from sunnypilot.modeld_v2.format.part import (
-  Arg,
-  ArtifactError,
-  BufferSpec,
-  BufferView,
-  Call,
-  InputArg,
-  InputSlot,
-  Part,
-  device_kind,
-  dtype_name,
-  parse_dtype,
-)
+from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.format.part import Arg, BufferSpec, BufferView, Call, InputArg, InputSlot, Part, Program, device_kind, dtype_name, parse_dtype
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
+  KernelFields,
   always_repointed,
   buffer_address,
   copy_in,
@@ -40,6 +30,7 @@ from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
   graph_batches,
   graph_runner,
   host_array,
+  host_memory,
   host_visible,
   is_graph_batch,
   program_uop,
@@ -47,6 +38,7 @@ from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
   repointable,
   run_calls,
   runner_slots,
+  tensor_buffer,
   time_call,
 )
 
@@ -59,12 +51,12 @@ class InputError(ValueError):
 
 def copy_into(buf: Buffer, data: bytes | memoryview) -> None:
   """Copy bytes into a buffer once: host-visible memory directly, other devices through the allocator (ctypes wants a writable view)."""
-  if host_visible(buf): np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+  if host_visible(buf): np.frombuffer(host_memory(buf), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
   else: copy_in(buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
 
 def write_tensor(t: Tensor, value: np.ndarray) -> None:
   """Overwrite a realized tensor's buffer in place (NPY buffers are numpy arrays: copied into directly)."""
-  buf, data = t.uop.base.buffer, np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+  buf, data = tensor_buffer(t), np.ascontiguousarray(value).reshape(-1).view(np.uint8)
   if device_kind(buf.device) == "NPY": np.copyto(host_array(buf).reshape(-1).view(np.uint8)[:value.nbytes], data)
   else: copy_into(buf, data.data)
 
@@ -195,6 +187,12 @@ class _Graph:
   def call_kinds(self) -> list[str]:
     return ["graph" if is_graph_batch(c.src[0]) else c.src[0].op.name for c in self.linear.src]
 
+def kernel_of(p: Program) -> KernelFields:
+  """A part's program as the fields tinygrad's PROGRAM uop is rebuilt from."""
+  return KernelFields(p.name, p.target, p.global_size, p.local_size, p.globals, p.outs, p.ins,
+                      tuple((n, s, parse_dtype(dt), shape) for n, s, dt, shape in p.signature),
+                      tuple((n, s, parse_dtype(dt), lo, hi) for n, s, dt, lo, hi in p.runtime_vars), p.estimates)
+
 class Replay:
   """Replays a part. Called with the keyword inputs of the captured function (Tensors and dicts of Tensors such as `output_buffers`);
   returns what it returned. `_Jit` and `PlainJit` (compat.py) are this class under the seed's names.
@@ -217,7 +215,7 @@ class Replay:
     self.buffers: list[Buffer | None] = [None] * len(self.inputs)
     self.known: list[dict[UOp, Buffer]] = [{} for _ in self.inputs]  # per slot: every tensor validated for it, in first-seen order
     self.conflicts = self.sharing_conflicts()
-    self.programs = programs = [program_uop(p, bytes(blob[p.lib[0]:p.lib[1]])) for p in part.programs]
+    self.programs = programs = [program_uop(kernel_of(p), bytes(blob[p.lib[0]:p.lib[1]])) for p in part.programs]
     self.backend = _Direct(self, programs) if device_kind(self.device) == "CPU" and not getenv("PLAIN_JIT_LINEAR") else _Graph(self, programs)
     self.ret = [None if isinstance(r.arg, InputArg) else Tensor(UOp.from_buffer(self.view(r.arg))).reshape(r.shape) for r in part.returns.tensors]
     self.same_ret = None if any(t is None for t in self.ret) else self.returned({})  # nothing returned is an input: the same objects every call
@@ -324,7 +322,7 @@ class Replay:
       raise InputError(f"input {name}: expected shape {spec.shape} {spec.dtype}, got {t.shape} {t.dtype!r}")
     if (expected := device_kind(self.input_device(spec))) != device_kind(t.device):
       raise InputError(f"input {name}: expected a {expected} tensor, got one on {t.device}")
-    buf = t.uop.base.buffer
+    buf = tensor_buffer(t)
     if buf.nbytes != t.nbytes(): raise InputError(f"input {name} is a view of a larger buffer: pass a whole buffer")
     if not t.uop.has_buffer_identity():  # a permute, flip or other reordering would be read in raw memory order
       raise InputError(f"input {name} is a reordered view of its buffer ({t.uop.op.name}): pass a contiguous tensor (.contiguous().realize())")

@@ -11,18 +11,16 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sunnypilot.modeld_v2.format.bundle import ArtifactError, TensorSpec, read_parts, state_names
+from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.format.bundle import TensorSpec, read_parts, state_names
 from sunnypilot.modeld_v2.runtime.frame_fusion import FusedLayout, frame_part
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay, replay_part
 
 log = logging.getLogger(__name__)
 
-SEED_KEYS = ("run", "input_specs", "output_specs", "metadata")
-
 @dataclass(frozen=True)
 class LoadedBundle:
-  """A bundle read for a device. `bundle["run"]` (and "input_specs", "output_specs", "metadata"; `in` and `.get` too) is the seed's interface: its
-  load_model returned a dict with those keys, and code written against it indexes the result."""
+  """A bundle read for a device: the 'run' part as a Replay, its typed specs and metadata."""
   run: Replay
   input_specs: dict[str, TensorSpec]
   output_specs: dict[str, TensorSpec]
@@ -32,13 +30,6 @@ class LoadedBundle:
   @property
   def state_names(self) -> list[str]: return state_names(self.input_specs, self.output_specs)
 
-  def __getitem__(self, key: str) -> Any:
-    if key not in SEED_KEYS: raise KeyError(key)
-    return getattr(self, key)
-
-  def __contains__(self, key: object) -> bool: return key in SEED_KEYS
-
-  def get(self, key: str, default: Any = None) -> Any: return self[key] if key in SEED_KEYS else default
 
 def load_device(device: str | None = None) -> str:
   """The device to load on, opened. Opening it may compile tinygrad's own helper kernels, which tinygrad caches under ~/.cache: with a

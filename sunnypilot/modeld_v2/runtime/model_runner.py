@@ -7,13 +7,10 @@ from typing import Any
 import numpy as np
 from tinygrad import Tensor
 
-from sunnypilot.modeld_v2.compat import SeedAdapterNames
 from sunnypilot.modeld_v2.format.bundle import next_name
 from sunnypilot.modeld_v2.format.part import device_kind
-from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS
-from sunnypilot.modeld_v2.model.generations import of_bundle
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
-from sunnypilot.modeld_v2.runtime.frame_feeds import FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
 from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, FusedLayout
 from sunnypilot.modeld_v2.runtime.kernel_replay import write_tensor
 from sunnypilot.modeld_v2.runtime.loader import load_device, load_fused
@@ -22,17 +19,7 @@ from sunnypilot.modeld_v2.runtime.output_readbacks import CopiedOutput, OutputRe
 log = logging.getLogger(__name__)
 MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
 
-class BaseModelAdapter:
-  """The per-frame interface modeld uses: fill `numpy_inputs`, `copy_frames(bufs)`, `run()`, read the outputs."""
-  numpy_inputs: dict[str, np.ndarray]
-
-  def copy_frames(self, bufs: dict[str, Any]) -> None: raise NotImplementedError
-  def reset_warmup_buffers(self) -> None: raise NotImplementedError
-  def reset_states(self) -> None: raise NotImplementedError
-  def run(self) -> Tensor: raise NotImplementedError
-  def output_array(self) -> np.ndarray: raise NotImplementedError
-
-class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
+class ModelRunner:
   """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame. The camera frames arrive through a
   frame feed (frame_feeds: packed, uploaded or read in place) and the outputs leave through an output readback (output_readbacks).
   `map_camera_buffers=False` uploads the frames of a --split-frames warp and keeps the host inputs and outputs out of CUDA's registered
@@ -80,9 +67,9 @@ class NativeTinygradAdapter(SeedAdapterNames, BaseModelAdapter):
     return self.bundle.metadata["output_slices"]
 
   @property
-  def generation(self) -> tuple[str, str]:
-    """(the model's generation, where that came from): see generations.of_bundle."""
-    return of_bundle(self.bundle.metadata)
+  def metadata(self) -> dict:
+    """The model bundle's metadata (its generation, layout and output slices among it)."""
+    return self.bundle.metadata
 
   @property
   def registered_camera_buffers(self) -> int:

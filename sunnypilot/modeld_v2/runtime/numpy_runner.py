@@ -12,7 +12,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.runtime.kernel_replay import InputError, write_tensor
 from sunnypilot.modeld_v2.runtime.loader import load_bundle
-from sunnypilot.modeld_v2.runtime.tinygrad_internals import copy_out, host_visible
+from sunnypilot.modeld_v2.runtime.tinygrad_internals import copy_out, host_memory, host_visible, tensor_buffer
 
 class NumpyRunner:
   """A bundle's `run` on numpy arrays. The input tensors are allocated once, from the bundle's input specs, and overwritten each call, so
@@ -36,9 +36,9 @@ class NumpyRunner:
 def _copied_out(t: Any) -> np.ndarray:
   """A numpy copy of a returned tensor's buffer, read directly into a new array, once (tinygrad's own copy-out schedules a COPY, and a
   bundle compiles nothing)."""
-  buf = t.uop.base.buffer
+  buf = tensor_buffer(t)
   out = np.empty(t.shape, np.dtype(buf.dtype.fmt))
-  if host_visible(buf): out.reshape(-1).view(np.uint8)[:] = np.frombuffer(buf.as_memoryview(force_zero_copy=True), np.uint8)
+  if host_visible(buf): out.reshape(-1).view(np.uint8)[:] = np.frombuffer(host_memory(buf), np.uint8)
   else: copy_out(buf, memoryview(out.reshape(-1).view(np.uint8)))
   return out
 

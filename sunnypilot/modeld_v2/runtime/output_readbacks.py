@@ -7,7 +7,7 @@ from tinygrad import Device, Tensor
 
 from sunnypilot.modeld_v2.format.bundle import TensorSpec
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
-from sunnypilot.modeld_v2.runtime.tinygrad_internals import copy_out
+from sunnypilot.modeld_v2.runtime.tinygrad_internals import copy_out, host_memory, tensor_buffer
 
 class OutputReadback:
   """`tensor`: the output buffer the part writes (passed as output_buffers["outputs"]); `read()`: its values after a run."""
@@ -19,14 +19,14 @@ class ViewedOutput(OutputReadback):
   """The direct CPU replay: the array is a view of the output buffer itself (the kernels have finished when run() returns)."""
   def __init__(self, spec: TensorSpec, device: str):
     self.tensor = Tensor(np.zeros(spec.shape, spec.dtype), device=device).realize()
-    self.array = np.frombuffer(self.tensor.uop.base.buffer.as_memoryview(force_zero_copy=True), spec.dtype).reshape(spec.shape)
+    self.array = np.frombuffer(host_memory(tensor_buffer(self.tensor)), spec.dtype).reshape(spec.shape)
   def read(self) -> np.ndarray: return self.array
 
 class CopiedOutput(OutputReadback):
   """A device buffer copied out into one preallocated array (the copy waits for the device)."""
   def __init__(self, spec: TensorSpec, device: str):
     self.tensor = Tensor(np.zeros(spec.shape, spec.dtype), device=device).realize()
-    self.buffer, self.array = self.tensor.uop.base.buffer, np.empty(spec.shape, spec.dtype)
+    self.buffer, self.array = tensor_buffer(self.tensor), np.empty(spec.shape, spec.dtype)
   def read(self) -> np.ndarray:
     copy_out(self.buffer, memoryview(self.array).cast("B"))
     return self.array

@@ -12,7 +12,7 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
 - `watched_beam_search`: `tinygrad.codegen.opt.search` calls its globals `beam_search(s, rawbufs, var_vals, amt, ...)` per kernel and
   `_time_program(prg, var_vals, rawbufs, ...)` -> a list of seconds per candidate.
 - `onnx_ops` / `patched_onnx_ops`: `tinygrad.nn.onnx.onnx_ops` is the {ONNX op type: function} table OnnxRunner looks ops up in at run time.
-- `program_record`, `program_binary`, `program_uop`: a compiled kernel is a PROGRAM uop whose `arg` is a `ProgramInfo` (name, global and
+- `kernel_fields`, `program_binary`, `program_uop`: a compiled kernel is a PROGRAM uop whose `arg` is a `ProgramInfo` (name, global and
   local size, `globals`/`outs`/`ins` argument indices, `vars`, `target`; `runtimevars` maps the variables the runtime sets itself, core_id,
   to their argument index), whose first src is a SINK with a `KernelInfo` arg (its `estimates`: ops, lds, mem, or None), second a LINEAR of
   the parameter PARAMs, and whose last src is a BINARY holding the compiled code (a PROGRAM with one is never compiled again).
@@ -33,6 +33,7 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
   `exec_kernel(ctx, call, ast)` -> device seconds per launch.
 - `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose `fxn` is the ctypes function taking each buffer as a
   c_uint64 pointer, then its runtime variables; `runtimevars` maps "core_id" to its argument index (CPUProgram calls once per core).
+- `tensor_buffer`, `host_memory`: a realized Tensor's `uop.base.buffer` is its Buffer; `Buffer.as_memoryview(force_zero_copy=True)` its memory.
 - `host_visible`, `buffer_address`, `host_array`, `copy_in`, `copy_out`: a `Buffer`'s device handle is `Buffer._buf` (a numpy array on
   NPY, an object with `va_addr` on CPU, CUDA and HCQ devices); allocators with `_as_buffer` map it into host memory; every
   allocator copies with `_copyin(handle, src)` and `_copyout(dest, handle)`, synchronously.
@@ -49,10 +50,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from tinygrad import Device
 from tinygrad.device import Buffer
+from tinygrad.dtype import DType
 from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
-
-from sunnypilot.modeld_v2.format.part import ArtifactError, Param, Program, RuntimeVar, dtype_name, parse_dtype
 
 class Recording(list):
   """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
@@ -139,31 +139,46 @@ def _estimates(est: Any) -> dict[str, int]:
   Shapes are fixed at capture, so each is a number; a symbolic one (never seen) is recorded as -1."""
   return {k: int(v) if isinstance(v, int) else -1 for k, v in (("ops", est.ops), ("lds", est.lds), ("mem", est.mem))}
 
-def program_record(ast: UOp) -> Program:
-  """A compiled PROGRAM uop as a part's program (its binary's blob range is set when the builder stores it)."""
+class Unsupported(ValueError):
+  """A capture this module cannot turn into plain calls: a call that is neither a kernel nor a copy, a kernel with symbolic shapes."""
+
+class KernelFields(NamedTuple):
+  """A compiled kernel as plain values: what a part's program records of it, and all `program_uop` needs to rebuild it."""
+  name: str
+  target: str  # repr of tinygrad's Target
+  global_size: tuple[int, ...]
+  local_size: tuple[int, ...] | None
+  globals: tuple[int, ...]  # the call's argument indices the kernel's buffer parameters take, in order
+  outs: tuple[int, ...]  # the argument indices it writes and reads
+  ins: tuple[int, ...]
+  params: tuple[tuple[str | None, int, DType, tuple[int, ...]], ...]  # per buffer parameter: name, slot, dtype, the kernel's view shape
+  runtime_vars: tuple[tuple[str, int, DType, int, int], ...]  # what the runtime sets per launch (core_id): name, slot, dtype, min, max
+  estimates: dict[str, int] | None
+
+def kernel_fields(ast: UOp) -> KernelFields:
+  """A compiled PROGRAM uop's fields; Unsupported when it has variables the runtime does not set (symbolic shapes)."""
   info: ProgramInfo = ast.arg
   if any(v.arg.name not in info.runtimevars for v in info.vars):
-    raise ArtifactError(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
+    raise Unsupported(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
   signature = ast.to_elf().signature
-  params = tuple(Param(n, s, dtype_name(dt), tuple(shape)) for n, s, dt, shape in signature[:len(signature) - len(info.vars)])
   est = ast.src[0].arg.estimates
-  return Program(info.function_name, (0, 0), repr(info.target), tuple(info.global_size), None if info.local_size is None else tuple(info.local_size),
-                 tuple(info.globals), tuple(info.outs), tuple(info.ins), params,
-                 tuple(RuntimeVar(v.arg.name, v.arg.slot, dtype_name(v.dtype), *v.arg.vmin_vmax) for v in info.vars),
-                 _estimates(est) if est is not None else None)
+  return KernelFields(info.function_name, repr(info.target), tuple(info.global_size), None if info.local_size is None else tuple(info.local_size),
+                      tuple(info.globals), tuple(info.outs), tuple(info.ins),
+                      tuple((n, s, dt, tuple(shape)) for n, s, dt, shape in signature[:len(signature) - len(info.vars)]),
+                      tuple((v.arg.name, v.arg.slot, v.dtype, *v.arg.vmin_vmax) for v in info.vars), _estimates(est) if est is not None else None)
 
 def program_binary(ast: UOp) -> bytes:
   """A compiled PROGRAM uop's code, as the device loads it."""
   return ast.src[-1].arg
 
-def program_uop(program: Program, lib: bytes) -> UOp:
-  """A compiled PROGRAM uop rebuilt from a part's program and its binary: its last src is a BINARY, so tinygrad never compiles it again."""
-  params = tuple(UOp.param(slot, parse_dtype(dt), shape, name=name) for name, slot, dt, shape in program.signature)
-  runtime_vars = tuple(UOp.param(slot, parse_dtype(dt), (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
-                       for name, slot, dt, lo, hi in program.runtime_vars)  # core_id: the CPU runtime sets it per core
-  info = ProgramInfo(name=program.name, global_size=program.global_size, vars=runtime_vars, local_size=program.local_size, globals=program.globals,
-                     outs=program.outs, ins=program.ins, target=Target.parse(program.target))
-  return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(program.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
+def program_uop(kernel: KernelFields, lib: bytes) -> UOp:
+  """A compiled PROGRAM uop rebuilt from a kernel's fields and its binary: its last src is a BINARY, so tinygrad never compiles it again."""
+  params = tuple(UOp.param(slot, dt, shape, name=name) for name, slot, dt, shape in kernel.params)
+  runtime_vars = tuple(UOp.param(slot, dt, (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
+                       for name, slot, dt, lo, hi in kernel.runtime_vars)  # core_id: the CPU runtime sets it per core
+  info = ProgramInfo(name=kernel.name, global_size=kernel.global_size, vars=runtime_vars, local_size=kernel.local_size, globals=kernel.globals,
+                     outs=kernel.outs, ins=kernel.ins, target=Target.parse(kernel.target))
+  return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(kernel.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
                                UOp(Ops.BINARY, arg=lib)), arg=info)
 
 class CapturedCall(NamedTuple):
@@ -175,10 +190,10 @@ class CapturedCall(NamedTuple):
   writes: tuple[int, ...]
 
 def captured_calls(linear: UOp) -> list[CapturedCall]:
-  """A captured LINEAR's calls in order, graph batches unbatched; ArtifactError for a call that is neither a kernel nor a copy."""
+  """A captured LINEAR's calls in order, graph batches unbatched; Unsupported for a call that is neither a kernel nor a copy."""
   calls = unbatched_calls(linear)
   if (ast := next((c.src[0] for c in calls if c.src[0].op not in (Ops.PROGRAM, Ops.COPY)), None)) is not None:
-    raise ArtifactError(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
+    raise Unsupported(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
   def call(c: UOp) -> CapturedCall:
     ast, args = c.src[0], tuple(u.arg.slot if u.op is Ops.PARAM else u.buffer for u in c.src[1:] if not u.is_bound_var)
     return CapturedCall(None, args, (1,), (0,)) if ast.op is Ops.COPY else CapturedCall(ast, args, tuple(ast.arg.ins), tuple(ast.arg.outs))
@@ -255,6 +270,14 @@ def cuda_driver(device: str) -> tuple[Any, Any]:
   """tinygrad's bindings of the CUDA driver API and `device`'s CUcontext, for registering host memory with the driver."""
   from tinygrad.runtime.autogen import cuda
   return cuda, Device[device].context
+
+def tensor_buffer(t: Any) -> Buffer:
+  """The Buffer a realized Tensor's base holds (its uop's base is a BUFFER)."""
+  return t.uop.base.buffer
+
+def host_memory(buf: Buffer) -> memoryview:
+  """A host-visible buffer's bytes in place (no copy): written, the buffer changes."""
+  return buf.as_memoryview(force_zero_copy=True)
 
 def host_visible(buf: Buffer) -> bool:
   """Whether a buffer's memory is mapped into this process (CPU, NPY, QCOM): read and written in place through `as_memoryview`."""

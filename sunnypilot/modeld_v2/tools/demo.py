@@ -28,8 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from sunnypilot.modeld_v2.common.cli import MODEL_FILES, add_model_flags, camera_size, interruptible, model_files, positive_int
+from sunnypilot.modeld_v2.common.cli import checked, interruptible, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.compile.model_plan import MODEL_FILES, add_model_flags, model_files
+from sunnypilot.modeld_v2.model.calibration import parse_camera_size
 
 PNGS = ("demo_latency.png", "demo_preview.png")  # written into --out
 STAND_IN_BANNER = ("NOTE: the model is a random-weight stand-in (openpilot's I/O, seeded random weights): outputs are noise.\n"
@@ -43,7 +45,8 @@ def why_rebuild(path: str, want: dict[str, Any]) -> str | None:
   its metadata must hold (a model's sources' sha256, a warp's frame, size and layout)."""
   from tinygrad import Device
 
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, provenance, read_bundle
+  from sunnypilot.modeld_v2.common.files import ArtifactError
+  from sunnypilot.modeld_v2.format.bundle import provenance, read_bundle
   if not os.path.exists(path): return "not built yet"
   try: head = read_bundle(path)[0]  # whole: a damaged bundle is rebuilt here, not refused by modeld later
   except ArtifactError as e: return f"it is unreadable ({e})"
@@ -58,9 +61,9 @@ def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size:
   """model.bin (from `models`, compile_model's ONNX keywords, else the generation's stand-in, written beside it) and the camera's
   --split-frames warp in `folder`, each built for this device unless the one there records the same sources (by content) and settings
   (why_rebuild). A rebuild says why in one line."""
+  from sunnypilot.modeld_v2.common.files import file_sha256
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
-  from sunnypilot.modeld_v2.format.bundle import file_sha256
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
   from sunnypilot.modeld_v2.tools import stand_in_models
   os.makedirs(folder, exist_ok=True)
@@ -135,7 +138,7 @@ def plot_latency(rows: list[dict], path: str, model: str) -> None:
   a.xaxis.set_major_locator(MaxNLocator(integer=True)), b.yaxis.set_major_locator(MaxNLocator(integer=True))
   fig.suptitle(f"modeld_v2 demo: {model}", fontsize=11)
   fig.tight_layout()
-  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
   with replaced_atomically(path) as (tmp,): fig.savefig(tmp, dpi=100, format="png")
   plt.close(fig)
 
@@ -149,10 +152,10 @@ def route_camera(path: str) -> tuple[int, int]:
 def replay_route(args, folder: str, models: dict[str, str]) -> int:
   """route_replay on args.route with the demo's artifacts, checked against the ONNX they were built from (the stand-in's when there)."""
   from sunnypilot.modeld_v2.replay import route_replay
-  from sunnypilot.modeld_v2.tools.stand_in_models import part_path
+  from sunnypilot.modeld_v2.tools.stand_in_models import model_path
   if not models:
     stand_in = os.path.join(folder, f"{args.generation}_{args.size}_stand_in.onnx")
-    models = {k: p for k in MODEL_FILES if os.path.exists(p := part_path(stand_in, k))}
+    models = {k: p for k in MODEL_FILES if os.path.exists(p := model_path(stand_in, k))}
   flags = [f"--{k.replace('_', '-')}={v}" for k, v in models.items()]
   return route_replay.main([args.route, "--artifacts", folder, "--out", os.path.join(args.out, "replay"), *flags])
 
@@ -174,7 +177,7 @@ def remove_folders(made: list[str]) -> None:
 
 def check_model_files(models: dict[str, str]) -> None:
   """Before any work: each model file given is a readable regular file (ArtifactError naming its flag)."""
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, open_regular
+  from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular
   for key, path in models.items():
     try:
       with open_regular(path) as f: f.read(1)
@@ -183,7 +186,7 @@ def check_model_files(models: dict[str, str]) -> None:
 def check_outputs(out: str, artifacts: str, pngs: tuple[str, ...], made: list[str]) -> None:
   """Before any compiling: `out` and `artifacts` are folders (or can be made: those made are appended to `made`), and each summary PNG in
   `out` can be written there."""
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path
+  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
   for flag, folder in (("--out", out), ("--artifacts", artifacts)):
     if os.path.exists(folder) and not os.path.isdir(folder): raise ArtifactError(f"{flag} {folder} is not a folder")
     try: made += make_folders(folder)
@@ -198,14 +201,14 @@ def describe_model(models: dict[str, str], generation: str, size: str) -> str:
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
+  from sunnypilot.modeld_v2.common.files import ArtifactError
   from sunnypilot.modeld_v2.compile.onnx_model import ModelError
   from sunnypilot.modeld_v2.daemon.messaging import ensure_prefix_dir
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError
   from sunnypilot.modeld_v2.tools import stand_in_models
   from sunnypilot.modeld_v2.tools.preview import preview
   parser = cli_parser("demo", __doc__)
   parser.add_argument("--frames", type=positive_int, default=100)
-  parser.add_argument("--camera", default="1928x1208", type=camera_size, help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
+  parser.add_argument("--camera", default="1928x1208", type=checked(parse_camera_size), help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="the embedded stand-in's generation")
   parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="the embedded stand-in's size")
   add_model_flags(parser, ": a real model instead of the stand-in")

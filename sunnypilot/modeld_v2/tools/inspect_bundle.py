@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--top", type=non_negative_int, default=0, help="profile: print only the N slowest calls (0: all)")
   parser.add_argument("--json", help="profile: also write the results as JSON here")
   args = parser.parse_args(argv)
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path, read_parts, replaced_atomically
+  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
+  from sunnypilot.modeld_v2.format.bundle import read_parts
   if args.json:
     try: check_output_path(args.json, inputs=(args.bundle, args.warp))
     except ArtifactError as e: parser.exit(2, f"inspect_bundle: error: --json: {e}\n")

@@ -15,7 +15,8 @@ import numpy as np
 
 from sunnypilot.modeld_v2.compile.compile_job import random_value
 from sunnypilot.modeld_v2.format.bundle import next_name, state_names
-from sunnypilot.modeld_v2.model.camera_frame import CAMERA_BUFFERS, HOST_TRANSFORM
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 def random_inputs(specs: dict, device: str, seed: int = 0) -> dict:
   """Realized tensors of random values for a bundle's input specs, drawn as the compilers draw capture inputs: never time on zeros."""
@@ -36,8 +37,8 @@ def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str
     outs = {k: inputs[states[k]] if k in states else Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in model.output_specs.items()}
     model.run(**inputs, **({"output_buffers": outs} if "output_buffers" in model.run.kwargs else {}))
     return model.run, "the model bundle alone"
-  from sunnypilot.modeld_v2.runtime.model_runner import NativeTinygradAdapter
-  adapter = NativeTinygradAdapter(model_path, warp_path, map_camera_buffers=False)
+  from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+  adapter = ModelRunner(model_path, warp_path, map_camera_buffers=False)
   rng = np.random.default_rng(0)
   for v in adapter.numpy_inputs.values(): v[...] = rng.uniform(-1, 1, v.shape)
   adapter.numpy_inputs[HOST_TRANSFORM][:] = np.eye(3, dtype=np.float32) * [[2], [2], [1]]  # a valid transform: a 2x downscale

@@ -17,7 +17,7 @@ from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 def write_png(path: str, gray: np.ndarray) -> None:
   """An 8-bit grayscale PNG, no dependencies, written atomically (a full disk or Ctrl-C leaves the old file or none, never half a PNG)."""
-  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
   gray = np.ascontiguousarray(gray, dtype=np.uint8)
   chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
   raw = b"".join(b"\x00" + row.tobytes() for row in gray)
@@ -86,8 +86,9 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   (2, 6, H/2, W/2) planes."""
   from tinygrad import Device, Tensor
 
+  from sunnypilot.modeld_v2.format.warp_inputs import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM
   from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
-  from sunnypilot.modeld_v2.model.camera_frame import PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM, parse_frame
+  from sunnypilot.modeld_v2.model.camera_frame import parse_frame
   from sunnypilot.modeld_v2.replay.road_scene import road_scene
   from sunnypilot.modeld_v2.runtime.loader import load_bundle
   model = load_bundle(warp_path)
@@ -111,7 +112,7 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
 
 def read_frame(path: str) -> np.ndarray:
   """A raw NV12 buffer file as uint8 (refused before reading unless it is a regular file: a FIFO would block)."""
-  from sunnypilot.modeld_v2.format.bundle import open_regular
+  from sunnypilot.modeld_v2.common.files import open_regular
   with open_regular(path) as f: return np.frombuffer(f.read(), np.uint8)
 
 @interruptible("preview")
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
   except (ValueError, AssertionError):
     parser.error(f"--rpy wants three finite numbers roll,pitch,yaw, got {args.rpy!r}")
   if bool(args.road) != bool(args.wide): parser.error("give both --road and --wide, or neither")
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path
+  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
   try:
     check_output_path(args.output, inputs=(args.warp, args.road, args.wide))
     frames = (read_frame(args.road), read_frame(args.wide)) if args.road else None

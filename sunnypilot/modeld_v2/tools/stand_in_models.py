@@ -49,7 +49,7 @@ BACKBONES = {"tiny": [(8, 4, 4), (16, 3, 2)],
 class StandInError(ValueError):
   """A stand-in that cannot be made as asked, with the reason."""
 
-class Part(NamedTuple):
+class ModelSpec(NamedTuple):
   """One ONNX of a generation: openpilot's input names and shapes, the dtype of its float inputs, its output heads {name: size}."""
   heads: dict[str, int]
   images: tuple[str, str] | None = None  # road, wide: (1, 12, 128, 256) each
@@ -68,20 +68,21 @@ HEADS_010 = {k: n for k, n in POLICY_SLICES.items() if k != "action"}
 OFF_POLICY_HEADS = {k: POLICY_SLICES[k] for k in ("lane_lines", "lane_lines_prob", "road_edges", "lead", "lead_prob", "meta", "desire_pred", "desire_state")}
 ON_POLICY_HEADS = {k: POLICY_SLICES[k] for k in ("plan", "desire_state", "action")}  # desire_state in both: the bundle keeps them apart
 POLICY_0X = {"desire_pulse": (1, 25, 8), "features_buffer": (1, 25, FEATURE_LEN)}
-VISION = Part(VISION_SLICES, IMAGES)
-GENERATIONS: dict[str, dict[str, Part]] = {
-  "supercombo_20hz": {"onnx": Part(VISION_SLICES | HEADS_09, OLD_IMAGES, np.float16, host=TRAFFIC | LATERAL | NAV, dtype=np.float16,
+VISION = ModelSpec(VISION_SLICES, IMAGES)
+GENERATIONS: dict[str, dict[str, ModelSpec]] = {
+  "supercombo_20hz": {"onnx": ModelSpec(VISION_SLICES | HEADS_09, OLD_IMAGES, np.float16, host=TRAFFIC | LATERAL | NAV, dtype=np.float16,
                                     histories={"desire": (1, 100, 8), "prev_desired_curv": (1, 100, 1), "features_buffer": (1, 99, FEATURE_LEN)})},
-  "split_09": {"vision": Part(VISION_SLICES, OLD_IMAGES),
-               "policy": Part(HEADS_09, histories={"desire": (1, 25, 8), "prev_desired_curv": (1, 25, 1), "features_buffer": (1, 25, FEATURE_LEN)},
+  "split_09": {"vision": ModelSpec(VISION_SLICES, OLD_IMAGES),
+               "policy": ModelSpec(HEADS_09, histories={"desire": (1, 25, 8), "prev_desired_curv": (1, 25, 1), "features_buffer": (1, 25, FEATURE_LEN)},
                               host=TRAFFIC | LATERAL)},
-  "split_010": {"vision": VISION, "policy": Part(HEADS_010, histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, FEATURE_LEN)}, host=TRAFFIC)},
-  "split_action": {"vision": VISION, "policy": Part(POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC | ACTION_T)},
-  "supercombo_action": {"onnx": Part(VISION_SLICES | POLICY_SLICES, IMAGES, histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, FEATURE_LEN)},
-                                     host=TRAFFIC | ACTION_T)},
-  "multi_policy": {"vision": VISION, "off_policy": Part(OFF_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC),
-                   "on_policy": Part(ON_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC)},
-  "split_current": {"vision": Part(CURRENT_VISION_SLICES, IMAGES), "policy": Part(CURRENT_POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC)},
+  "split_010": {"vision": VISION,
+                "policy": ModelSpec(HEADS_010, histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, FEATURE_LEN)}, host=TRAFFIC)},
+  "split_action": {"vision": VISION, "policy": ModelSpec(POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC | ACTION_T)},
+  "supercombo_action": {"onnx": ModelSpec(VISION_SLICES | POLICY_SLICES, IMAGES,
+                                          histories={"desire_pulse": (1, 25, 8), "features_buffer": (1, 24, FEATURE_LEN)}, host=TRAFFIC | ACTION_T)},
+  "multi_policy": {"vision": VISION, "off_policy": ModelSpec(OFF_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC),
+                   "on_policy": ModelSpec(ON_POLICY_HEADS, histories=POLICY_0X, host=TRAFFIC)},
+  "split_current": {"vision": ModelSpec(CURRENT_VISION_SLICES, IMAGES), "policy": ModelSpec(CURRENT_POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC)},
 }
 NAMES = ("native", *GENERATIONS)
 # openpilot's driver-monitoring model (selfdrive/modeld/dmonitoringmodeld.py and common/transformations/model.py @ba2aa31c): the warped
@@ -155,7 +156,7 @@ class _Graph:
 def output_layout(generation: str) -> dict[str, list[int]]:
   """A stand-in generation's heads as its fused bundle's output_slices: its parts' outputs one after another (no model is built)."""
   sizes = VISION_SLICES | POLICY_SLICES if generation == "native" else {}
-  for part in GENERATIONS.get(generation, {}).values(): sizes |= part.heads
+  for spec in GENERATIONS.get(generation, {}).values(): sizes |= spec.heads
   return {name: [s.start, s.stop] for name, s in slices_of(sizes).items()}
 
 def output_slices_prop(sizes: dict[str, int]) -> str:
@@ -208,23 +209,23 @@ def build_native(size: str = "tiny", seed: int = 0, host: dict[str, tuple[int, .
   return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "generation": "native"}), \
     {"flops": g.flops, "params": g.params}
 
-def build_part(part: Part, name: str, size: str = "tiny", seed: int = 0):
+def build_model(spec: ModelSpec, name: str, size: str = "tiny", seed: int = 0):
   """One model of a queued generation: its images through a conv backbone, its histories and host inputs into a recurrent cell fed by the
   features_buffer (or one tanh layer where it has none), then the heads. ModelProto and stats."""
   g = _Graph(f"{name}_{size}_stand_in", seed)
   values, n_in = [], 0
-  if part.images:
-    vis, n_in = _vision(g, size, 12, *(g.input(image, (1, 12, MODEL_H, MODEL_W), part.image_dtype) for image in part.images))
+  if spec.images:
+    vis, n_in = _vision(g, size, 12, *(g.input(image, (1, 12, MODEL_H, MODEL_W), spec.image_dtype) for image in spec.images))
     values.append(vis)
   features = None
-  for input_name, shape in (part.histories | part.host).items():
-    value = g.floats(input_name, shape, np.float32 if input_name in FED_BACK else part.dtype)
+  for input_name, shape in (spec.histories | spec.host).items():
+    value = g.floats(input_name, shape, np.float32 if input_name in FED_BACK else spec.dtype)
     if input_name == "features_buffer": features = value
     else: values, n_in = values + [g.op("Flatten", value)], n_in + int(np.prod(shape[1:]))
   x = g.op("Concat", *values, axis=1) if len(values) > 1 else values[0]
   if features is None: hidden = g.op("Tanh", g.linear(x, n_in, FEATURE_LEN))
-  else: hidden = _gru(g, x, n_in, *_context(g, features, part.histories["features_buffer"][1]))
-  sizes = _ordered(part.heads)
+  else: hidden = _gru(g, x, n_in, *_context(g, features, spec.histories["features_buffer"][1]))
+  sizes = _ordered(spec.heads)
   g.output(_head(g, hidden, sizes), "outputs", (1, sum(sizes.values())))
   return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "generation": name}), \
     {"flops": g.flops, "params": g.params}
@@ -239,13 +240,13 @@ def build_dmonitoring(size: str = "tiny", seed: int = 0):
   g.output(g.op("Concat", g.linear(features, DM_FEATURE_LEN, DM_HEADS), features, axis=1), "outputs", (1, DM_HEADS + DM_FEATURE_LEN))
   return g.model({"stand_in": "random weights: outputs mean nothing", "size": size, "generation": "dmonitoring"}), {"flops": g.flops, "params": g.params}
 
-def part_path(path: str, part: str) -> str:
-  """Where one model of a generation goes: `path` itself for a one-model generation, else `<path stem>_<part>.onnx`."""
-  return path if part == "onnx" else f"{os.path.splitext(path)[0]}_{part}.onnx"
+def model_path(path: str, key: str) -> str:
+  """Where one model of a generation goes: `path` itself for a one-model generation, else `<path stem>_<key>.onnx` (key: vision, policy, ...)."""
+  return path if key == "onnx" else f"{os.path.splitext(path)[0]}_{key}.onnx"
 
 def files(generation: str, path: str) -> dict[str, str]:
   """{compile_model keyword: path} of the files `write(generation, ..., path)` writes, without writing them."""
-  return {key: part_path(path, key) for key in (GENERATIONS[generation] if generation in GENERATIONS else ("onnx",))}
+  return {key: model_path(path, key) for key in (GENERATIONS[generation] if generation in GENERATIONS else ("onnx",))}
 
 def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple[Any, dict]]:
   """{compile_model keyword ("onnx", "vision", "policy", "off_policy", "on_policy"): (ModelProto, stats)} of a generation's stand-in."""
@@ -254,14 +255,14 @@ def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple
   if not isinstance(seed, int) or seed < 0: raise StandInError(f"the seed must be a non-negative integer, got {seed!r}")
   if generation == "native": return {"onnx": build_native(size, seed)}
   if generation == "dmonitoring": return {"onnx": build_dmonitoring(size, seed)}
-  return {key: build_part(part, f"{generation}_{key}", size, seed + i) for i, (key, part) in enumerate(GENERATIONS[generation].items())}
+  return {key: build_model(spec, f"{generation}_{key}", size, seed + i) for i, (key, spec) in enumerate(GENERATIONS[generation].items())}
 
 def write(generation: str, size: str, path: str, seed: int = 0) -> dict:
-  """Write a generation's stand-in (see part_path for where each model goes), all files or none: each is written to a temporary name and
+  """Write a generation's stand-in (see model_path for where each model goes), all files or none: each is written to a temporary name and
   they are renamed into place together once all are complete. Returns {"files": {compile_model keyword: path}, "flops", "params"}."""
   import onnx
 
-  from sunnypilot.modeld_v2.format.bundle import replaced_atomically
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
   models, written = build(generation, size, seed), files(generation, path)
   with replaced_atomically(*written.values()) as tmps:
     for key, tmp in zip(written, tmps):  # each model to its own file's temporary name
@@ -283,7 +284,7 @@ def next_command(generation: str, output: str, files: dict[str, str]) -> str:
 
 @interruptible("stand_in_models")
 def main(argv: list[str] | None = None) -> int:
-  from sunnypilot.modeld_v2.format.bundle import ArtifactError, check_output_path
+  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
   parser = cli_parser("stand_in_models", __doc__)
   parser.add_argument("--generation", choices=NAMES + OTHER_MODELS, required=True)
   parser.add_argument("--size", choices=tuple(BACKBONES), default="tiny")
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--output", required=True, help="ONNX file to write (a generation of several models writes <stem>_<model>.onnx)")
   args = parser.parse_args(argv)
   try:
-    for key in GENERATIONS.get(args.generation, {"onnx": None}): check_output_path(part_path(args.output, key))
+    for key in GENERATIONS.get(args.generation, {"onnx": None}): check_output_path(model_path(args.output, key))
     stats = write(args.generation, args.size, args.output, args.seed)
   except (StandInError, ArtifactError) as e:
     parser.exit(2, f"stand_in_models: error: {e}\n")
