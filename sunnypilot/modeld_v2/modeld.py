@@ -39,13 +39,16 @@ from sunnypilot.modeld_v2.daemon.artifacts import MODEL_NAME, check_artifacts, f
 from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, parse_camera_offset, parse_delay
 from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
+from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
 from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs
+from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
-from sunnypilot.modeld_v2.daemon.publish_state import SERVICES, FrameInfo, PublishState
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size
 from sunnypilot.modeld_v2.model.constants import DT_MDL
+from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, camera_odometry_fields, driving_model_data_fields, model_v2_fields
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
+from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
@@ -131,14 +134,17 @@ class ModelD:
     self.exit = threading.Event()
     self.adapter: Any = None
     self.geometry: Geometry | None = None
-    self.publish_state = PublishState(send_raw=send_raw, log=log.warning)
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
+    self.state = DrivingState()  # what crosses frames besides the model's states: the input side reads it, the output side advances it
+    self.bytes = MessageBytes(self.episodes.once)  # the messages' bytes, through a template per service
+    self.send_raw = send_raw
+    self.parser: OutputParser | None = None  # the loaded model's output parse
+    self.missing: dict[str, dict[str, str]] | None = None  # per service, the fields a model's first frame leaves default: said once
     self.inputs = FrameInputs(BusInputs(self.episodes), rhd, camera_offset)  # the bus state -> the model's host inputs, frame by frame
     self.camera = CameraSync(self.exit, self.episodes)
     self.new_img: list | None = None  # the planes the model takes, what a warp must make: main sets it from check_artifacts
     self.refused: dict[str, tuple] = {}  # warp -> (model's, warp's file_key) when the pair failed to load: tried again once either changes
     self.status = Status(status_every_s)
-    self.slices: dict = {}  # the loaded model's output slices
     self.host_inputs: HostInputs | None = None  # the loaded model's host inputs, written each frame
 
   def load(self) -> bool:
@@ -197,10 +203,10 @@ class ModelD:
     except ArtifactError:
       adapter.close()
       raise
-    self.adapter, self.slices = adapter, adapter.output_slices
+    self.adapter, self.parser, self.missing = adapter, OutputParser(adapter.output_slices), {s: {} for s in SERVICES}
     generation, source = of_bundle(adapter.metadata)
-    self.publish_state.rules = GENERATIONS[generation]
-    self.episodes.once(f"generation {generation} ({source}): {self.publish_state.rules.about}")
+    self.state.rules = GENERATIONS[generation]
+    self.episodes.once(f"generation {generation} ({source}): {self.state.rules.about}")
     if "prepare_only" not in adapter.numpy_inputs:
       self.episodes.once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
     self.inputs.use_cameras(sensor, self.camera.main_wide)
@@ -215,15 +221,37 @@ class ModelD:
     if loaded and not was_loaded: self.running()  # after waiting for a warp or a model that loads
     return loaded
 
-  def published_finite(self, frame: FrameInfo) -> FrameInfo:
+  def published_finite(self, frame: FrameInfo, parsed: dict[str, np.ndarray]) -> FrameInfo:
     """`frame`, marked invalid when what was computed from finite outputs is not finite (outputs near float32's limits can make an
     infinite curvature or std): what is published is checked, not only what the model returned."""
-    if self.publish_state.published_finite():
+    if self.state.published_finite(self.parser.buffer, parsed):
       if frame.outputs_finite: self.episodes.ended("published", "computed values finite again")
       return frame
     self.episodes.happened("published", f"frame {frame.frame_id}: values computed from the outputs are not finite (outputs near float32's limits): "
                            "its messages marked valid=False, the action starts again from zero")
     return dataclasses.replace(frame, outputs_finite=False)
+
+  def publish(self, pm: Any, parsed: dict[str, np.ndarray], outputs: np.ndarray, frame: FrameInfo, fed: Any) -> tuple[int, int, int]:
+    """One frame's three messages: the driving state advanced, then modelV2 filled, made and sent (what controls wait for) before the
+    other two. The monotonic ns after modelV2 was filled, made and sent."""
+    state = self.state.update(parsed, frame, fed.car, fed.lateral_active)
+    frame, missing = self.published_finite(frame, parsed), self.missing or dict.fromkeys(SERVICES)
+    valid = frame.valid
+    fields = model_v2_fields(parsed, state, frame, outputs if self.send_raw else None, missing["modelV2"])
+    t_fill = time.monotonic_ns()
+    model_v2 = self.bytes.to_bytes("modelV2", fields, valid["modelV2"], t_fill)
+    t_serialize = time.monotonic_ns()
+    pm.send("modelV2", model_v2)
+    t_send = time.monotonic_ns()
+    pm.send("drivingModelData", self.bytes.to_bytes("drivingModelData", driving_model_data_fields(parsed, state, frame, missing["drivingModelData"]),
+                                                    valid["drivingModelData"], time.monotonic_ns()))
+    pm.send("cameraOdometry", self.bytes.to_bytes("cameraOdometry", camera_odometry_fields(parsed, frame, missing["cameraOdometry"]),
+                                                  valid["cameraOdometry"], time.monotonic_ns()))
+    if self.missing is not None:  # the model's first frame: what its heads leave default, once
+      for service, gaps in self.missing.items():
+        for path, reason in gaps.items(): self.episodes.once(f"{service}.{path} stays default: {reason}")
+      self.missing = None
+    return t_fill, t_serialize, t_send
 
   def running(self) -> None:
     """The line that says frames now run (route_replay and the benchmarks wait for it): after a load that found a model and a warp."""
@@ -268,7 +296,7 @@ class ModelD:
       dropped, drop_perc = drops.update(meta_main.frame_id)
       self.status.dropped += dropped
       if t_recv >= self.status.next_ns: log.info(self.status.line(t_recv, published))
-      fed = self.inputs.step(sm, delays, self.publish_state, prepare_only=dropped > 0)
+      fed = self.inputs.step(sm, delays, self.state, prepare_only=dropped > 0)
       self.host_inputs.write(fed.host)
       t_inputs = time.monotonic_ns()
       t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
@@ -284,20 +312,13 @@ class ModelD:
         continue
       self.episodes.ended("drops", "frame ids jumped on consecutive frames")
       filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in the action history
-      parsed = self.publish_state.parser(self.slices)(filled)
+      parsed = self.parser(filled)
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,
                         fed.calibrated, fed.lat_t, fed.long_t, finite, not self.camera.clock_frozen)
-      values = {"modelV2": self.publish_state.fill_model_v2(filled, self.slices, frame, fed.car, fed.lateral_active, parsed)}
-      frame = self.published_finite(frame)
       self.status.times.append(execution_time)
-      t_fill = time.monotonic_ns()
-      model_v2 = self.publish_state.serialize(values, frame, SERVICES[:1])["modelV2"]
-      t_serialize = time.monotonic_ns()
-      pm.send("modelV2", model_v2)  # what controls wait for: the other two messages are made after it is sent
-      t_send = time.monotonic_ns()
-      for service, raw in self.publish_state.serialize(self.publish_state.fill_rest(), frame, SERVICES[1:]).items(): pm.send(service, raw)
+      t_fill, t_serialize, t_send = self.publish(pm, parsed, filled, frame, fed)
       if self.timings is not None:
         self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, t_send, time.monotonic_ns()])
       published += 1

@@ -6,23 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_daemon import arg_parser, baseline_publish_state, checked_args, publish_split, stand_in_layout
-from sunnypilot.modeld_v2.daemon import publish_state
+from benchmarks.bench_daemon import arg_parser, baseline_modules, checked_args, publish_split, stand_in_layout
+from sunnypilot.modeld_v2.model import fill_model_msg
 
 def test_a_baseline_tree_runs_beside_this_one_and_its_bytes_are_compared(tmp_path):
-  ours = publish_state
+  ours = fill_model_msg
   source = Path(ours.__file__).parents[3] / "sunnypilot"
   for name in ("same", "changed"): shutil.copytree(source, tmp_path / name / "sunnypilot", ignore=shutil.ignore_patterns("__pycache__"))
   fill = tmp_path / "changed" / "sunnypilot" / "modeld_v2" / "model" / "fill_model_msg.py"
   text = fill.read_text()
-  assert text.count('"probTime": LEAD_T_OFFSETS[i]') == 1
-  fill.write_text(text.replace('"probTime": LEAD_T_OFFSETS[i]', '"probTime": LEAD_T_OFFSETS[i] + 1.0'))  # one published value differs
+  assert text.count('f["frameDropPerc"] = frame.frame_drop_perc') == 2
+  fill.write_text(text.replace('f["frameDropPerc"] = frame.frame_drop_perc', 'f["frameDropPerc"] = frame.frame_drop_perc + 1.0'))  # published values differ
   for name, same in (("same", True), ("changed", False)):
-    baseline = baseline_publish_state(str(tmp_path / name))
-    assert baseline is not ours and baseline.__file__.startswith(str(tmp_path / name))
+    baseline = baseline_modules(str(tmp_path / name))
+    assert baseline["fill_model_msg"] is not ours and baseline["fill_model_msg"].__file__.startswith(str(tmp_path / name))
     split = publish_split(*stand_in_layout("split_current"), runs=2, baseline=baseline)
     assert split["same bytes"] is same and split["baseline fill"]["n"] == split["fill"]["n"] == 2
-  assert sys.modules["sunnypilot.modeld_v2.daemon.publish_state"] is ours and all(
+  assert sys.modules["sunnypilot.modeld_v2.model.fill_model_msg"] is ours and all(
     not getattr(m, "__file__", None) or not m.__file__.startswith(str(tmp_path)) for k, m in sys.modules.items() if k.split(".")[0] == "sunnypilot")
 
 def test_the_stubbed_loop_runs_modelds_frame_loop_and_leaves_nothing_behind(monkeypatch):

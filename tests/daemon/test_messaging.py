@@ -53,8 +53,8 @@ def test_corrupt_messages_on_every_topic_modeld_reads_are_dropped_or_read_withou
   from sunnypilot.modeld_v2.common.logs import Episodes
   from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
   from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR
+  from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
   from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs
-  from sunnypilot.modeld_v2.daemon.publish_state import PublishState
   from sunnypilot.modeld_v2.modeld import SUBSCRIBED
   services = [s for s in SUBSCRIBED if messaging.has_service(s)]
   pm, sm = messaging.PubMaster(services), messaging.SubMaster(services)
@@ -71,6 +71,6 @@ def test_corrupt_messages_on_every_topic_modeld_reads_are_dropped_or_read_withou
         pm.send(service, raw[:at] + bytes([value]) + raw[at + 1:])
         sm.update(0)
         kept, dropped = kept + sm.updated[service], dropped + sm.dropped[service]
-        fed = inputs.step(sm, TYPICAL_CAR, PublishState())
+        fed = inputs.step(sm, TYPICAL_CAR, DrivingState())
         lines.append((fed.lat_t, sm["roadCameraState"].frameId if sm.seen["roadCameraState"] else None))
   assert kept > 0 and dropped > 0 and len(lines) == kept + dropped, (kept, dropped, len(lines))

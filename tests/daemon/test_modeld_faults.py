@@ -519,9 +519,10 @@ def test_refused_calibrations_never_make_the_frame_calibrated():
   """Every liveCalibration refused from the first (rpyCalib of 2 values, or NaN): modelV2 was valid=True while the warp ran on the default
   calibration. A refused calibration is not one: the frame stays uncalibrated, so every message is invalid, until one is accepted."""
   from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR
+  from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
   from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs
-  from sunnypilot.modeld_v2.daemon.publish_state import FrameInfo, PublishState
-  inputs, state = FrameInputs(BusInputs(Episodes(lambda line: None))), PublishState(log=lambda line: None)
+  from sunnypilot.modeld_v2.model.fill_model_msg import FrameInfo
+  inputs, state = FrameInputs(BusInputs(Episodes(lambda line: None))), DrivingState()
   inputs.use_cameras("os04c10", main_wide=False)
   def frame(rpy) -> FrameInfo:
     fed = inputs.step(sm_with(liveCalibration={"rpyCalib": rpy}), TYPICAL_CAR, state)

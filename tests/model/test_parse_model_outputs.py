@@ -8,11 +8,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon import messaging
+from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
 from sunnypilot.modeld_v2.daemon.messaging import new_message
-from sunnypilot.modeld_v2.daemon.publish_state import SERVICES, FrameInfo, PublishState
 from sunnypilot.modeld_v2.model.desire_helper import DesireHelper
 from sunnypilot.modeld_v2.model.drive_helpers import action_times
+from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, frame_fields
+from sunnypilot.modeld_v2.model.generations import GENERATIONS, Rules
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser, parse_outputs
 from sunnypilot.modeld_v2.tools.stand_in_models import NAMES, output_layout
 
@@ -62,11 +65,26 @@ def frame(frame_id=1, lat_t=0.275, long_t=0.675, calib=True, dropped=0) -> Frame
   return FrameInfo(frame_id=frame_id, frame_id_extra=frame_id, timestamp_eof=10**9 + frame_id, road_frame_id=frame_id + 2,
                    frame_drop_perc=1.5, dropped_frames=dropped, model_execution_time=0.02, live_calib_seen=calib, lat_action_t=lat_t, long_action_t=long_t)
 
-def publish(state: PublishState, raws: dict[str, np.ndarray], info: FrameInfo | None = None, car_state=None, lat_active=True):
-  msgs = {s: new_message(s) for s in SERVICES}
-  vec, slices = pack(raws)
-  values = state.fill(msgs, vec, slices, info or frame(), car_state or car(), lat_active)
-  return msgs, values
+class Publisher:
+  """modeld's output path on one frame of raw heads: parse, the driving state advanced, the fields filled and written through pycapnp;
+  the fields a model leaves default said once each on `log`, as modeld says them."""
+  def __init__(self, log=lambda line: None, rules: Rules = GENERATIONS["split_09"]):
+    self.state, self.lines = DrivingState(rules), Episodes(log)
+
+  def __call__(self, raws: dict[str, np.ndarray], info: FrameInfo | None = None, car_state=None, lat_active=True):
+    info, vec, slices = info or frame(), *pack(raws)
+    parsed, missing = OutputParser(slices)(vec), {}
+    values = frame_fields(parsed, self.state.update(parsed, info, car_state or car(), lat_active), info, missing=missing)
+    msgs = {}
+    for service, fields in values.items():
+      msgs[service] = new_message(service, valid=info.valid[service])
+      for path in messaging.set_fields(getattr(msgs[service], service), fields):
+        self.lines.once(f"{service}.{path} is not published: this cereal schema has no such field")
+    for path, reason in missing.items(): self.lines.once(f"{path} stays default: {reason}")
+    return msgs, values
+
+def publish(publisher: Publisher, raws: dict[str, np.ndarray], info: FrameInfo | None = None, car_state=None, lat_active=True):
+  return publisher(raws, info, car_state, lat_active)
 
 def test_heads_use_openpilots_activations():
   rng = np.random.default_rng(1)
@@ -118,13 +136,13 @@ def test_todays_single_hypothesis_heads():
   close(p["desire_pred"], np.stack([softmax(row) for row in raws["desire_pred"].reshape(4, 8)]))
   for name in ("pose", "road_transform"): close(p[name], raws[name][:6]), close(p[f"{name}_std"], np.exp(raws[name][6:]))
   close(p["wide_from_device_euler_std"], np.exp(raws["wide_from_device_euler"][3:]))
-  msgs, values = publish(PublishState(), raws)
+  msgs, values = publish(Publisher(), raws)
   v = values["modelV2"]
   for i in range(3):  # each lead is one selection of the (3, 6, 4) head
     lead, std = raws["lead"][:72].reshape(3, 6, 4)[i], np.exp(raws["lead"][72:]).reshape(3, 6, 4)[i]
-    close(v["leadsV3"][i]["x"], lead[:, 0]), close(v["leadsV3"][i]["aStd"], std[:, 3])
-    assert v["leadsV3"][i]["prob"] == pytest.approx(sig(raws["lead_prob"][i]))
-  close(v["position"]["x"], plan_mean()[:, 0]), close(list(msgs["modelV2"].modelV2.position.xStd), np.exp(raws["plan"][495:]).reshape(33, 15)[:, 0])
+    close(v[f"leadsV3.{i}.x"], lead[:, 0]), close(v[f"leadsV3.{i}.aStd"], std[:, 3])
+    assert v[f"leadsV3.{i}.prob"] == pytest.approx(sig(raws["lead_prob"][i]))
+  close(v["position.x"], plan_mean()[:, 0]), close(list(msgs["modelV2"].modelV2.position.xStd), np.exp(raws["plan"][495:]).reshape(33, 15)[:, 0])
 
 def test_safe_exp_clips_float16_overflow():
   """openpilot's safe_exp: exponents above 11 are clipped (float16 logits of real models overflow a plain exp)."""
@@ -190,31 +208,31 @@ def test_planplus_is_added_to_the_plan_and_lat_planner_solution_is_parsed():
 def test_model_v2_fields_follow_fill_model_msg():
   rng = np.random.default_rng(2)
   raws = heads(rng)
-  msgs, values = publish(PublishState(), raws)
+  msgs, values = publish(Publisher(), raws)
   v, m = values["modelV2"], msgs["modelV2"].modelV2
   plan, plan_std = plan_mean(), np.exp(raws["plan"].reshape(5, 991)[3, 495:990]).reshape(33, 15)
-  close(v["position"]["x"], plan[:, 0])
-  close(v["position"]["zStd"], plan_std[:, 2])
-  close(v["orientationRate"]["z"], plan[:, 14])
-  assert "xStd" not in v["velocity"] and list(m.velocity.xStd) == [], "only the position carries stds"
-  close(v["position"]["t"], T)
+  close(v["position.x"], plan[:, 0])
+  close(v["position.zStd"], plan_std[:, 2])
+  close(v["orientationRate.z"], plan[:, 14])
+  assert "velocity.xStd" not in v and list(m.velocity.xStd) == [], "only the position carries stds"
+  close(v["position.t"], T)
   lanes, lanes_std = raws["lane_lines"][:264].reshape(4, 33, 2), np.exp(raws["lane_lines"][264:]).reshape(4, 33, 2)
-  close(v["laneLines"][2]["y"], lanes[2, :, 0])
-  close(v["laneLines"][2]["z"], lanes[2, :, 1])
-  close(v["laneLines"][0]["x"], X)
+  close(v["laneLines.2.y"], lanes[2, :, 0])
+  close(v["laneLines.2.z"], lanes[2, :, 1])
+  close(v["laneLines.0.x"], X)
   close(v["laneLineStds"], lanes_std[:, 0, 0])
   close(v["laneLineProbs"], sig(raws["lane_lines_prob"])[[1, 3, 5, 7]])
   close(list(m.laneLineProbs), sig(raws["lane_lines_prob"])[[1, 3, 5, 7]])
   edges_std = np.exp(raws["road_edges"][132:]).reshape(2, 33, 2)
-  close(v["roadEdges"][1]["y"], raws["road_edges"][:132].reshape(2, 33, 2)[1, :, 0])
+  close(v["roadEdges.1.y"], raws["road_edges"][:132].reshape(2, 33, 2)[1, :, 0])
   close(v["roadEdgeStds"], edges_std[:, 0, 0])
   lead = raws["lead"].reshape(2, 51)
   for i in range(3):
     hyp = int(np.argmax(lead[:, 48 + i]))
-    assert v["leadsV3"][i]["t"] == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0] and v["leadsV3"][i]["probTime"] == [0.0, 2.0, 4.0][i]
-    close(v["leadsV3"][i]["v"], lead[hyp, :24].reshape(6, 4)[:, 2])
-    close(v["leadsV3"][i]["aStd"], np.exp(lead[hyp, 24:48]).reshape(6, 4)[:, 3])
-    close(v["leadsV3"][i]["prob"], sig(raws["lead_prob"][i]))
+    assert v[f"leadsV3.{i}.t"].tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0] and v[f"leadsV3.{i}.probTime"] == [0.0, 2.0, 4.0][i]
+    close(v[f"leadsV3.{i}.v"], lead[hyp, :24].reshape(6, 4)[:, 2])
+    close(v[f"leadsV3.{i}.aStd"], np.exp(lead[hyp, 24:48]).reshape(6, 4)[:, 3])
+    close(v[f"leadsV3.{i}.prob"], sig(raws["lead_prob"][i]))
   close(v["meta.desireState"], softmax(raws["desire_state"]))
   close(v["meta.desirePrediction"], np.concatenate([softmax(r) for r in raws["desire_pred"].reshape(4, 8)]))
   assert (m.frameId, m.frameIdExtra, m.frameAge, m.timestampEof) == (1, 1, 2, 10**9 + 1)
@@ -222,7 +240,7 @@ def test_model_v2_fields_follow_fill_model_msg():
 
 def test_meta_interleaves_disengage_arrays_by_time_step():
   p = np.arange(1, 56) / 100  # probability j/100 at meta index j-1: each field shows which indices it read
-  values = publish(PublishState(), heads(np.random.default_rng(3), meta_p=p))[1]["modelV2"]
+  values = publish(Publisher(), heads(np.random.default_rng(3), meta_p=p))[1]["modelV2"]
   d = {k.split(".")[-1]: np.round(np.array(v) * 100 - 1).astype(int).tolist() for k, v in values.items() if k.startswith("meta.disengagePredictions.")
        and k != "meta.disengagePredictions.t"}
   assert d == {"gasDisengageProbs": [1, 7, 13, 19, 25], "brakeDisengageProbs": [2, 8, 14, 20, 26], "steerOverrideProbs": [3, 9, 15, 21, 27],
@@ -236,7 +254,7 @@ def test_meta_interleaves_disengage_arrays_by_time_step():
 def test_meta_layouts_of_older_generations(n, gas_press, brake_press):
   lines: list[str] = []
   raws = heads(np.random.default_rng(4), meta_p=np.arange(1, n + 1) / 100)
-  msgs, values = publish(PublishState(log=lines.append), raws)
+  msgs, values = publish(Publisher(log=lines.append), raws)
   v = values["modelV2"]
   stride = 8 if n == 53 else 7
   assert np.round(np.array(v["meta.disengagePredictions.steerOverrideProbs"]) * 100 - 1).astype(int).tolist() == [3 + stride * k for k in range(5)]
@@ -250,7 +268,7 @@ def test_meta_layouts_of_older_generations(n, gas_press, brake_press):
 def test_hard_brake_needs_the_fcw_history():
   p5 = [0.2, 0.2, 0.2, 0.2, 0.2, 0.1, 0.1, 0.2, 0.2, 0.2, 0.04, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
   p3 = [0.8] * 13 + [0.6, 0.8, 0.8, 0.8]
-  state, got, expected = PublishState(), [], []
+  state, got, expected = Publisher(), [], []
   hist5, hist3 = [0.0] * 5, [0.0] * 2
   for i, (a, b) in enumerate(zip(p5, p3, strict=True)):
     meta = np.full(55, 0.01)
@@ -262,7 +280,7 @@ def test_hard_brake_needs_the_fcw_history():
   assert not got[3] and got[4] and not got[6] and got[9] and not got[11] and not got[14] and got[15], "thresholds apply per history position, oldest first"
 
 def test_confidence_goes_yellow_then_red_on_rising_disengage_probabilities():
-  state, got, expected, buf = PublishState(), [], [], np.zeros(25)
+  state, got, expected, buf = Publisher(), [], [], np.zeros(25)
   for frame_id in range(0, 400, 5):  # 2 s updates come from frame ids divisible by 40, not from the clock
     level = 0.0005 * (1.02 ** frame_id)  # rising risk
     gas, brake, steer = (np.minimum(level * k * np.arange(1, 6), 0.9) for k in (1, 2, 3))
@@ -275,22 +293,22 @@ def test_confidence_goes_yellow_then_red_on_rising_disengage_probabilities():
       buf = np.concatenate([buf[5:], [any_p[0], *((any_p[k] - any_p[k - 1]) / (1 - any_p[k - 1]) for k in range(1, 5))]])
     score = sum(buf[i * 5 + 4 - i] for i in range(5)) / 5
     expected.append("green" if score < 0.01165 else "yellow" if score < 0.06157 else "red")
-    assert state.confidence.score == pytest.approx(score, rel=1e-4)
+    assert state.state.confidence.score == pytest.approx(score, rel=1e-4)
   assert got == expected
   assert got[0] == "green" and "yellow" in got and got[-1] == "red" and got.index("yellow") < got.index("red")
 
 def test_lane_line_and_road_edge_times_come_from_the_plan():
   plan = plan_mean(v0=8.0, a0=0.4)  # reaches 8*10 + 0.2*100 = 100 m at 10 s: the far X_IDXS lie beyond it
-  v = publish(PublishState(), heads(np.random.default_rng(5), plan=plan))[1]["modelV2"]
+  v = publish(Publisher(), heads(np.random.default_rng(5), plan=plan))[1]["modelV2"]
   x_end = plan[-1, 0]
   beyond = int(np.argmax(X > x_end))
   expected = [np.interp(x, plan[:, 0], T) for x in X[:beyond]] + [10.0] + [np.nan] * (32 - beyond)
-  for line in (*v["laneLines"], *v["roadEdges"]):
-    np.testing.assert_allclose(line["t"], expected, rtol=1e-5, atol=1e-6)
-  assert 0 < beyond < 32 and v["laneLines"][0]["t"][0] == 0.0
+  for line in (*(f"laneLines.{i}" for i in range(4)), "roadEdges.0", "roadEdges.1"):
+    np.testing.assert_allclose(v[f"{line}.t"], expected, rtol=1e-5, atol=1e-6)
+  assert 0 < beyond < 32 and v["laneLines.0.t"][0] == 0.0
 
 def test_action_from_plan_with_smoothing_and_stop():
-  state, prev_accel = PublishState(), 0.0
+  state, prev_accel = Publisher(), 0.0
   lat_t, long_t = action_times(0.2, 0.1)
   assert (lat_t, long_t) == pytest.approx((0.2 + 0.075, 0.1 + 0.3 + 0.075)), "action_t = [lat + 1.5 DT, long + 0.3 + 1.5 DT]"
   for i, (v_ego, a0) in enumerate(((15.0, 0.5), (15.0, -1.0))):
@@ -316,35 +334,35 @@ def test_action_from_plan_with_smoothing_and_stop():
 def test_desired_curvature_head_wins_over_the_plan_and_low_speed_clamps_the_plan():
   raws = heads(np.random.default_rng(8))
   raws["desired_curvature"] = np.array([0.0123, -2.0], np.float32)
-  v = publish(PublishState(), raws, car_state=car(v_ego=20.0))[1]
+  v = publish(Publisher(), raws, car_state=car(v_ego=20.0))[1]
   assert v["modelV2"]["action.desiredCurvature"] == pytest.approx(0.0123, rel=1e-6) == v["drivingModelData"]["action.desiredCurvature"]
   plan = plan_mean()
-  v = publish(PublishState(), heads(np.random.default_rng(8)), frame(1, 0.5, 0.9), car(v_ego=0.5))[1]["modelV2"]
+  v = publish(Publisher(), heads(np.random.default_rng(8)), frame(1, 0.5, 0.9), car(v_ego=0.5))[1]["modelV2"]
   psi = np.interp(0.5, T, plan[:, 11])
   assert v["action.desiredCurvature"] == pytest.approx(2 * psi / 0.5 - plan[0, 14], rel=1e-5), "speed clipped to MIN_SPEED 1 m/s"
 
 def test_temporal_pose_from_plan_or_sim_pose():
   raws = heads(np.random.default_rng(9))
   plan_std = np.exp(raws["plan"].reshape(5, 991)[3, 495:990]).reshape(33, 15)
-  pose = publish(PublishState(), raws)[1]["modelV2"]["temporalPose"]
-  close(pose["trans"], plan_mean()[0, 3:6])
-  close(pose["rot"], plan_mean()[0, 12:15])
-  close(pose["transStd"], plan_std[0, 3:6])
-  close(pose["rotStd"], plan_std[0, 12:15])
+  pose = publish(Publisher(), raws)[1]["modelV2"]
+  close(pose["temporalPose.trans"], plan_mean()[0, 3:6])
+  close(pose["temporalPose.rot"], plan_mean()[0, 12:15])
+  close(pose["temporalPose.transStd"], plan_std[0, 3:6])
+  close(pose["temporalPose.rotStd"], plan_std[0, 12:15])
   raws["sim_pose"] = np.arange(12, dtype=np.float32) / 10
-  pose = publish(PublishState(), raws)[1]["modelV2"]["temporalPose"]
-  close(pose["trans"], [0.0, 0.1, 0.2])
-  close(pose["rotStd"], np.exp([0.9, 1.0, 1.1]))
+  pose = publish(Publisher(), raws)[1]["modelV2"]
+  close(pose["temporalPose.trans"], [0.0, 0.1, 0.2])
+  close(pose["temporalPose.rotStd"], np.exp([0.9, 1.0, 1.1]))
 
 def test_driving_model_data_and_camera_odometry():
   raws = heads(np.random.default_rng(10))
-  msgs, values = publish(PublishState(), raws, frame(7, calib=True, dropped=0))
+  msgs, values = publish(Publisher(), raws, frame(7, calib=True, dropped=0))
   d, o = values["drivingModelData"], values["cameraOdometry"]
   position = plan_mean()[:, 0:3].astype(np.float64)
   vander = np.stack([T ** k for k in range(5)], axis=1)  # lowest power first, degree 4
   coeffs = np.linalg.lstsq(vander, position, rcond=None)[0]
   for i, axis in enumerate("xyz"):
-    close(d["path"][f"{axis}Coefficients"], coeffs[:, i], rtol=1e-4, atol=1e-5)
+    close(d[f"path.{axis}Coefficients"], coeffs[:, i], rtol=1e-4, atol=1e-5)
   close(list(msgs["drivingModelData"].drivingModelData.path.yCoefficients), coeffs[:, 1], rtol=1e-4, atol=1e-5)
   lanes = raws["lane_lines"][:264].reshape(4, 33, 2)
   assert d["laneLineMeta.leftY"] == pytest.approx(lanes[1, 0, 0]) and d["laneLineMeta.rightY"] == pytest.approx(lanes[2, 0, 0])
@@ -359,14 +377,14 @@ def test_driving_model_data_and_camera_odometry():
   assert all(msgs[s].valid for s in SERVICES)
 
 def test_valid_flags():
-  msgs, _ = publish(PublishState(), heads(np.random.default_rng(11)), frame(calib=False))
+  msgs, _ = publish(Publisher(), heads(np.random.default_rng(11)), frame(calib=False))
   assert not any(msgs[s].valid for s in SERVICES), "nothing is valid before a calibration"
-  msgs, _ = publish(PublishState(), heads(np.random.default_rng(11)), frame(dropped=2))
+  msgs, _ = publish(Publisher(), heads(np.random.default_rng(11)), frame(dropped=2))
   assert msgs["modelV2"].valid and msgs["drivingModelData"].valid and not msgs["cameraOdometry"].valid
 
 def test_missing_heads_leave_defaults_and_are_logged_once():
   lines: list[str] = []
-  state = PublishState(log=lines.append)
+  state = Publisher(log=lines.append)
   raws = {k: v for k, v in heads(np.random.default_rng(12)).items() if k not in ("lane_lines", "lead", "meta", "pose", "desire_state")}
   for i in range(3): msgs, values = publish(state, raws, frame(i + 1), car(left=True))
   m = msgs["modelV2"].modelV2
@@ -380,7 +398,7 @@ def test_missing_heads_leave_defaults_and_are_logged_once():
 
 def test_schema_gaps_are_logged_once_and_values_still_returned():
   lines: list[str] = []
-  state = PublishState(log=lines.append)
+  state = Publisher(log=lines.append)
   for i in range(2): msgs, values = publish(state, heads(np.random.default_rng(13)), frame(i + 1))
   assert "action.desiredAcceleration" in values["modelV2"] and "action.shouldStop" in values["modelV2"]
   has_accel = "desiredAcceleration" in msgs["modelV2"].modelV2.action.schema.fieldnames
@@ -389,10 +407,10 @@ def test_schema_gaps_are_logged_once_and_values_still_returned():
 
 def test_set_fields_skips_what_the_schema_lacks():
   msg = new_message("modelV2")
-  skipped = messaging.set_fields(msg.modelV2, {"frameId": 3, "noSuchField": 1, "meta.noSuch": 2, "laneLines": [{"x": [1.0], "bogus": 1}],
-                                               "position": {"x": [2.0], "nope": [1]}})
-  assert msg.modelV2.frameId == 3 and list(msg.modelV2.laneLines[0].x) == [1.0] and list(msg.modelV2.position.x) == [2.0]
-  assert skipped == ["noSuchField", "meta.noSuch", "laneLines[].bogus", "position.nope"]
+  skipped = messaging.set_fields(msg.modelV2, {"frameId": 3, "noSuchField": 1, "meta.noSuch": 2, "laneLines.1.x": [1.0], "laneLines.1.bogus": 1,
+                                               "position.x": [2.0], "position.nope": [1], "nowhere.3.x": 1})
+  assert msg.modelV2.frameId == 3 and len(msg.modelV2.laneLines) == 2 and list(msg.modelV2.laneLines[1].x) == [1.0] and list(msg.modelV2.position.x) == [2.0]
+  assert skipped == ["noSuchField", "meta.noSuch", "laneLines.1.bogus", "position.nope", "nowhere.3.x"]
 
 def test_lateral_delay_from_live_delay_when_the_schema_has_it(monkeypatch):
   live = {"liveDelay": SimpleNamespace(lateralDelay=0.31)}
@@ -410,17 +428,17 @@ def desire_state_raw(lane_change_prob_high: bool) -> np.ndarray:
 
 def test_lane_change_through_every_state():
   """A left lane change: blinker (pre), a blocked blindspot, torque (starting), the model finishing the change, lane lines fading back."""
-  state, rng = PublishState(), np.random.default_rng(14)
+  state, rng = Publisher(), np.random.default_rng(14)
   script = ([car()] * 2 + [car(left=True)] * 2 + [car(left=True, pressed=True, torque=1.0, left_bsm=True)]
             + [car(left=True, pressed=True, torque=1.0)] + [car(left=True)] * 14 + [car()] * 25)
   got, pulses = [], []
   for i, cs in enumerate(script):
-    pulses.append(state.desire_input())
+    pulses.append(state.state.desire_input())
     raws = heads(rng)
     raws["desire_state"] = desire_state_raw(i < 18)  # the model sees the change happening until frame 18
     msgs, values = publish(state, raws, frame(i + 1), cs)
     m = msgs["modelV2"].modelV2.meta
-    got.append((values["modelV2"]["meta.laneChangeState"], values["modelV2"]["meta.laneChangeDirection"], int(state.desire_helper.desire)))
+    got.append((values["modelV2"]["meta.laneChangeState"], values["modelV2"]["meta.laneChangeDirection"], int(state.state.desire_helper.desire)))
     assert (m.laneChangeState.raw, m.laneChangeDirection.raw) == got[-1][:2]
     assert msgs["drivingModelData"].drivingModelData.meta.laneChangeState.raw == got[-1][0]
   # by hand from desire_helper.py: blinker -> pre (direction set on the next frame); torque towards it, blindspot clear -> starting;
@@ -434,15 +452,15 @@ def test_lane_change_through_every_state():
 def test_desire_pulse_as_openpilot_computes_it():
   """Any sequence of DesireHelper desires (changes, repeats, back to none, out of range) against openpilot's input, written out from
   selfdrive/modeld/modeld.py (@6c6be47b): the one-hot vector of the desire, index 0 zeroed, where(now - previous > 0.99, now, 0)."""
-  state, rng, prev = PublishState(), np.random.default_rng(5), np.zeros(8, np.float32)
+  state, rng, prev = Publisher(), np.random.default_rng(5), np.zeros(8, np.float32)
   for desire in [0, 3, 3, 3, 0, 3, 4, 3, 3, 6, 0, 0, 5, 5, 9, 5, *rng.integers(0, 9, 200).tolist()]:
-    state.desire_helper.desire = desire
+    state.state.desire_helper.desire = desire
     vec = np.zeros(8, np.float32)
     if 0 <= desire < 8: vec[desire] = 1
     vec[0] = 0
     expected = np.where(vec - prev > 0.99, vec, 0)
     prev = vec
-    assert state.desire_input().tolist() == expected.tolist(), desire
+    assert state.state.desire_input().tolist() == expected.tolist(), desire
 
 def test_desire_helper_guards():
   dh = DesireHelper()
@@ -480,7 +498,7 @@ def test_generation_rules_decide_curvature_source_and_hold():
   plan, lat_t = plan_mean(), 0.275
   from_plan = 2 * np.interp(lat_t, T, plan[:, 11]) / (20.0 * lat_t) - plan[0, 14] / 20.0
   for generation, fast, held in (("split_current", from_plan, from_plan), ("split_09", 0.0123, 0.0123), ("supercombo_20hz", 0.0123, -0.004)):
-    state = PublishState(rules=GENERATIONS[generation])
+    state = Publisher(rules=GENERATIONS[generation])
     assert publish(state, raws, frame(1), car(v_ego=20.0))[1]["modelV2"]["action.desiredCurvature"] == pytest.approx(fast, rel=1e-5), generation
     got = publish(state, slow, frame(2), car(v_ego=0.2))[1]["modelV2"]["action.desiredCurvature"]
     assert got == pytest.approx(held, rel=1e-5), f"{generation} below 0.3 m/s"
@@ -488,11 +506,11 @@ def test_generation_rules_decide_curvature_source_and_hold():
 def test_lat_planner_state_is_fed_back_from_the_solution():
   """sunnypilot modeld.py @002f69b0: lat_planner_state's yaw and curvature are the solution's, interpolated one frame (DT_MDL) ahead."""
   rng = np.random.default_rng(25)
-  state = PublishState()
+  state = Publisher()
   raws = heads(rng) | {"lat_planner_solution": rng.standard_normal(264).astype(np.float32)}
   publish(state, raws)
   solution = raws["lat_planner_solution"][:132].reshape(33, 4)
-  close(state.lat_planner_state, [0, 0, np.interp(DT, T, solution[:, 2]), np.interp(DT, T, solution[:, 3])])
+  close(state.state.lat_planner_state, [0, 0, np.interp(DT, T, solution[:, 2]), np.interp(DT, T, solution[:, 3])])
 
 def test_camera_offset_shears_the_camera_pixel():
   """sunnypilot camera_offset_helper.py: a camera pixel (u, v) moves to (u + offset / height * (v - cy), v)."""

@@ -1,6 +1,6 @@
 """One frame's model inputs from the bus, in the one order modeld follows: the messages checked (BusInputs), the action times from the
 delays, the warp transforms with sunnypilot's CameraOffset, then every host input by name with the desire and lat_planner_state the
-PublishState carries. modeld runs `FrameInputs.step` on each frame it receives; route_replay's reference check runs the same on the log
+DrivingState carries. modeld runs `FrameInputs.step` on each frame it receives; route_replay's reference check runs the same on the log
 state at each frame, so the reference is fed exactly what modeld fed its model.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, CarInputs
 from sunnypilot.modeld_v2.daemon.device_params import Delays
-from sunnypilot.modeld_v2.daemon.publish_state import PublishState
+from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, CameraConfig, apply_camera_offset, warp_matrices
 from sunnypilot.modeld_v2.model.drive_helpers import action_times
@@ -108,12 +108,12 @@ class FrameInputs:
                                                           for m, camera in zip(m_inv, self.cameras, strict=True)])
     return self.offset_m_inv
 
-  def step(self, sm, delays: Delays, publish_state: PublishState, prepare_only: bool = False) -> FrameValues:
+  def step(self, sm, delays: Delays, state: DrivingState, prepare_only: bool = False) -> FrameValues:
     """This frame's inputs from the bus state `sm` (a SubMaster, or what one would hold), the configured `delays` (liveDelay replaces the
-    lateral one when published) and the desire and lat_planner_state `publish_state` carries. Call it once per frame the model sees."""
+    lateral one when published) and the desire and lat_planner_state the driving `state` carries. Call it once per frame the model sees."""
     self.bus.messages(sm)
     car, lat_delay = self.bus.car_state(sm), self.bus.lateral_delay(sm, delays.lateral)
     lat_t, long_t = action_times(lat_delay, delays.longitudinal)
-    host = host_inputs(self.offset_transforms(sm), publish_state.desire_input(), rhd_of(sm, self.rhd), car.vEgo, lat_delay, lat_t, long_t,
-                       publish_state.lat_planner_state, prepare_only)
+    host = host_inputs(self.offset_transforms(sm), state.desire_input(), rhd_of(sm, self.rhd), car.vEgo, lat_delay, lat_t, long_t,
+                       state.lat_planner_state, prepare_only)
     return FrameValues(host, car, lat_t, long_t, lateral_active(sm), self.bus.calibrated)

@@ -28,29 +28,44 @@ SCHEMA_SERVICES = frozenset(log.Event.schema.union_fields)  # read once: pycapnp
 
 def has_service(name: str) -> bool: return name in SCHEMA_SERVICES
 
-def _struct_at(nodes: dict[str, tuple[Any, frozenset[str]] | None], key: str) -> tuple[Any, frozenset[str]] | None:
-  """The struct at dotted path `key` and its field names, None where this schema lacks one on the way; `nodes` caches them per call. A
-  module function, not a closure: a closure calling itself is a reference cycle, and modeld runs with the garbage collector off."""
+def _struct_at(nodes: dict[str, tuple[Any, frozenset[str]] | None], lengths: dict[str, int], key: str) -> tuple[Any, frozenset[str]] | None:
+  """The struct at dotted path `key` (a number picks an element of a struct list, which is made `lengths[list path]` long where it is
+  first met) and its field names, None where this schema lacks one on the way; `nodes` caches them per call. A module function, not a
+  closure: a closure calling itself is a reference cycle, and modeld runs with the garbage collector off."""
   if key not in nodes:
     head, _, name = key.rpartition(".")
-    up = _struct_at(nodes, head)
-    node = getattr(up[0], name) if up is not None and name in up[1] else None
-    nodes[key] = None if node is None else (node, frozenset(node.schema.fieldnames))
+    if name.isdigit():
+      listed = head.rpartition(".")
+      up = _struct_at(nodes, lengths, listed[0])
+      if up is None or listed[2] not in up[1]: nodes[key] = None
+      else:
+        if (items := nodes.get(head)) is None: items = nodes[head] = (up[0].init(listed[2], lengths[head]), frozenset())
+        node = items[0][int(name)]
+        nodes[key] = (node, frozenset(node.schema.fieldnames))
+    else:
+      up = _struct_at(nodes, lengths, head)
+      node = getattr(up[0], name) if up is not None and name in up[1] else None
+      nodes[key] = None if node is None else (node, frozenset(node.schema.fieldnames))
   return nodes[key]
 
-def set_fields(builder: Any, values: dict[str, Any], prefix: str = "") -> list[str]:
-  """Write {dotted field path: value} into a capnp struct builder (a dict fills a struct, a list of dicts a struct list, an array a list), setting only
-  fields this schema has: openpilot's cereal and the bundled one differ. Returns the paths it skipped. Each struct on the way is looked
-  up, and its field names read, once per call (modeld fills ~130 fields per frame, many under the same parents)."""
-  skipped = []
+def list_lengths(paths: Any) -> dict[str, int]:
+  """{struct list path: its length} of flat field paths ("laneLines.3.x": laneLines is at least 4 long)."""
+  lengths: dict[str, int] = {}
+  for path in paths:
+    names = path.split(".")
+    for k, name in enumerate(names):
+      if name.isdigit(): lengths[".".join(names[:k])] = max(lengths.get(".".join(names[:k]), 0), int(name) + 1)
+  return lengths
+
+def set_fields(builder: Any, fields: dict[str, Any]) -> list[str]:
+  """Write {dotted field path: value} into a capnp struct builder ("laneLines.2.x": one element of a struct list; an array or a list fills
+  a list), setting only fields this schema has: openpilot's cereal and the bundled one differ. Returns the paths it skipped. Each struct
+  on the way is looked up, and its field names read, once per call."""
+  skipped, lengths = [], list_lengths(fields)
   nodes: dict[str, tuple[Any, frozenset[str]] | None] = {"": (builder, frozenset(builder.schema.fieldnames))}  # parent path -> struct, names
-  for path, value in values.items():
+  for path, value in fields.items():
     head, _, leaf = path.rpartition(".")
-    if (up := _struct_at(nodes, head)) is None or leaf not in up[1]: skipped.append(prefix + path)
-    elif isinstance(value, dict): skipped += set_fields(getattr(up[0], leaf), value, f"{prefix}{path}.")
-    elif isinstance(value, list) and value and isinstance(value[0], dict):
-      items = up[0].init(leaf, len(value))
-      for i, item in enumerate(value): skipped += set_fields(items[i], item, f"{prefix}{path}[].")
+    if (up := _struct_at(nodes, lengths, head)) is None or leaf not in up[1]: skipped.append(path)
     else: setattr(up[0], leaf, value.tolist() if isinstance(value, np.ndarray) else value)
   return skipped
 

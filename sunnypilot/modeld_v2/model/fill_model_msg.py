@@ -1,4 +1,4 @@
-"""Parsed outputs -> the field values of modelV2, drivingModelData and cameraOdometry, as openpilot's fill_model_msg.py computes them.
+"""Parsed outputs -> the fields of modelV2, drivingModelData and cameraOdometry, as openpilot's fill_model_msg.py fills them.
 
 Mirrors openpilot selfdrive/modeld/fill_model_msg.py (commaai/openpilot @028c5eb9: plan, lane lines and road edges with t from the
 plan's PLAN_T_IDXS, leads, meta, FCW history, confidence buffer, polynomial path; fill_pose_msg) and sunnypilot modeld_v2
@@ -6,14 +6,16 @@ fill_model_msg.py (sunnypilot/sunnypilot @d671ce18: temporalPose from the plan a
 the meta layout has them). commaai's later fill_model_msg.py (@b8f90a7a) publishes lane lines and road edges with an empty t; sunnypilot
 @d671ce18 keeps the plan times (models/helpers.py plan_x_idxs_helper @13ce8664), and so does this.
 
-Values are plain, {dotted field path: value} with a struct as a dict and a struct list as a list of dicts, so they can be checked
-without a schema; a list field is a numpy array or a list (arrays are not converted to Python floats: the byte template takes them as
-they are); messaging.set_fields writes them.
+Each service has one pure function that returns its fields as {dotted path: value}, one field per line in the order openpilot's
+fill_model_msg sets them ("laneLines.2.y": one element of a struct list), so a reader can diff it against openpilot's and log.capnp. The
+pointer fields keep the order the project's messages have always allocated them in (temporalPose beside the plan, the disengage arrays
+gas first), so the bytes are those of every earlier release. What crosses frames (the action, FCW, confidence, the lane change) comes in
+as a FrameState, computed by the daemon's DrivingState. A field whose head the model lacks is left out, its reason in `missing`.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,50 +43,11 @@ from sunnypilot.modeld_v2.model.constants import (
 )
 from sunnypilot.modeld_v2.model.drive_helpers import Action
 
-def refilled(cache: dict, key: str, values: np.ndarray) -> np.ndarray:
-  """The cache's array under `key` (made on first use) with `values` copied in: a value a `views` part may hold though it is computed."""
-  if (array := cache.get(key)) is None: array = cache[key] = np.empty_like(values)
-  array[...] = values
-  return array
-
-class Fields:
-  """One message's field values, added part by part. A part whose output heads the model lacks is left out, so its fields keep their
-  defaults, and each of its field names is recorded in `missing` with the reason.
-
-  A `views` part makes nothing but views of the parsed arrays (a 0-d view for one value), constants, and arrays `refilled` in the cache each
-  frame. An OutputParser refills the same arrays every frame, so with its parsed dict and a `cache` kept beside the parser such a part is
-  made once and its values (the same objects) reused; `static` lists the fields those parts gave, which a message template then gathers
-  straight from the parser's buffer (message_template.py)."""
-  def __init__(self, parsed: dict[str, np.ndarray], cache: dict[tuple[str, ...] | str, Any] | None = None):
-    self.parsed, self.values, self.missing, self.cache, self.static = parsed, {}, {}, cache, []
-
-  def part(self, needs: tuple[str, ...], fields: tuple[str, ...], make: Callable[[], dict[str, Any]], views: bool = False) -> None:
-    if views and self.cache is not None and (values := self.cache.get(fields)) is not None:  # checked when made: the parser's heads stay
-      self.static.extend(fields)
-      self.values.update(values)
-      return
-    if lacking := [name for name in needs if name not in self.parsed]: return self.skip(fields, f"the model has no {' / '.join(lacking)} output")
-    values = make()
-    assert tuple(values) == fields, f"part made {list(values)}, declared {list(fields)}"  # in order: a tuple compare, no set per part
-    if views and self.cache is not None:
-      self.cache[fields] = values
-      self.static.extend(fields)
-    self.values.update(values)
-
-  def skip(self, fields: tuple[str, ...], reason: str) -> None: self.missing.update(dict.fromkeys(fields, reason))
-
-Floats = np.ndarray | list[float]
-
-def xyzt(t: Floats, x: Floats, y: Floats, z: Floats, x_std: Floats | None = None, y_std: Floats | None = None,
-         z_std: Floats | None = None) -> dict[str, Floats]:
-  out = {"t": t, "x": x, "y": y, "z": z}
-  if x_std is not None: out |= {"xStd": x_std, "yStd": y_std, "zStd": z_std}
-  return out
-
 # the fixed axes as read-only float32 arrays (the float32 the message stores): the byte template copies an array at once, a list value by
 # value; read-only marks them as constants a `views` part may hold
 T_AXIS, X_AXIS, META_T_AXIS = np.array(T_IDXS, np.float32), np.array(X_IDXS, np.float32), np.array(META_T_IDXS, np.float32)
-T_AXIS.flags.writeable = X_AXIS.flags.writeable = META_T_AXIS.flags.writeable = False
+LEAD_T_AXIS = np.array(LEAD_T_IDXS, np.float32)
+for axis in (T_AXIS, X_AXIS, META_T_AXIS, LEAD_T_AXIS): axis.flags.writeable = False
 # numpy compares a float32 plan point with a Python float in float32; X_IDXS (3 k^2 / 16 m) are exact in float32, so a float64 compare agrees
 assert all(float(np.float32(x)) == x for x in X_IDXS), "X_IDXS must be float32 values for plan_t_idxs' compares"
 
@@ -115,10 +78,9 @@ POLY_FIT = _poly_fit_matrix()
 # plan positions below this in magnitude give path coefficients float32 can hold (each is a weighted sum of positions)
 POLY_PATH_LIMIT = float(np.finfo(np.float32).max / np.abs(POLY_FIT).sum(axis=1).max())
 
-def poly_path(position: np.ndarray) -> dict[str, np.ndarray]:
-  """The plan's (33, 3) position as degree-4 polynomials of time, lowest power first (numpy.polynomial's polyfit, as openpilot)."""
-  coeffs = POLY_FIT @ np.asarray(position, np.float64)
-  return {"xCoefficients": coeffs[:, 0], "yCoefficients": coeffs[:, 1], "zCoefficients": coeffs[:, 2]}
+def poly_path(position: np.ndarray) -> np.ndarray:
+  """The plan's (33, 3) position as degree-4 polynomials of time, lowest power first (numpy.polynomial's polyfit, as openpilot): (5, 3)."""
+  return POLY_FIT @ np.asarray(position, np.float64)
 
 class HardBrake:
   """FCW: hard braking is predicted when the 5 m/s2 probability (2 s ahead) stayed above its thresholds over the last 5 frames and the
@@ -151,116 +113,183 @@ class Confidence:
   def score(self) -> float:
     return sum(self.buffer.item(i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i) / DISENGAGE_WIDTH for i in range(DISENGAGE_WIDTH))
 
-PLAN_FIELDS = ("position", "velocity", "acceleration", "orientation", "orientationRate")
-ACTION_FIELDS = ("action.desiredCurvature", "action.desiredAcceleration", "action.shouldStop")
-LANE_CHANGE_FIELDS = ("meta.laneChangeState", "meta.laneChangeDirection")
+
+SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")  # what modeld publishes, modelV2 (what controls wait for) first
+
+@dataclass(frozen=True)
+class FrameInfo:
+  """What the daemon knows about a published frame besides the model's outputs."""
+  frame_id: int  # main camera's VisionIPC frame id
+  frame_id_extra: int  # extra (wide) camera's
+  timestamp_eof: int
+  road_frame_id: int  # roadCameraState.frameId: frameAge is how far the model lags the camera
+  frame_drop_perc: float
+  dropped_frames: int  # frames dropped right before this one: cameraOdometry is invalid then
+  model_execution_time: float  # seconds
+  live_calib_seen: bool  # every message is invalid until a calibration arrived
+  lat_action_t: float  # drive_helpers.action_times: the same times as the model's action_t input
+  long_action_t: float
+  outputs_finite: bool = True  # False: the model's outputs, or what was computed from them, had NaN or inf: every message is invalid
+  clock_ok: bool = True  # False: a camera's timestamps stopped (frames paired by frame id): every message is invalid
+
+  @property
+  def valid(self) -> dict[str, bool]:
+    """Event.valid per service: openpilot marks cameraOdometry invalid on frames that follow dropped ones as well."""
+    ok = self.live_calib_seen and self.outputs_finite and self.clock_ok
+    return {"modelV2": ok, "drivingModelData": ok, "cameraOdometry": ok and self.dropped_frames < 1}
+
+class FrameState(NamedTuple):
+  """What this frame's messages publish of the state kept across frames (the daemon's DrivingState computes it)."""
+  action: Action | None  # None without a plan head
+  hard_brake_predicted: bool
+  confidence: str  # green, yellow, red
+  lane_change_state: int
+  lane_change_direction: int
+
 DISENGAGE_FIELDS = {"gasDisengageProbs": "gas_disengage", "brakeDisengageProbs": "brake_disengage", "steerOverrideProbs": "steer_override",
                     "brake3MetersPerSecondSquaredProbs": "hard_brake_3", "brake4MetersPerSecondSquaredProbs": "hard_brake_4",
                     "brake5MetersPerSecondSquaredProbs": "hard_brake_5", "gasPressProbs": "gas_press", "brakePressProbs": "brake_press"}
 
-META_STATE_FIELDS = ("meta.hardBrakePredicted", "confidence")  # the meta fields made per frame: FCW and confidence keep history
-
-def meta_fields(layout: MetaLayout | None) -> tuple[str, ...]:
-  """The fields a meta head of this layout fills; None: all that any layout fills."""
-  return meta_views(layout) + META_STATE_FIELDS
-
-def meta_views(layout: MetaLayout | None) -> tuple[str, ...]:
-  """The meta fields that are views of the head (engagedProb, meta.disengagePredictions) a layout fills; None: all that any layout fills."""
-  disengage = [field for field, attr in DISENGAGE_FIELDS.items() if layout is None or getattr(layout, attr) is not None]
-  return ("meta.engagedProb", "meta.disengagePredictions.t", *(f"meta.disengagePredictions.{f}" for f in disengage))
-
-ALL_META_FIELDS, ALL_META_VIEWS = meta_fields(None), meta_views(None)
-# per meta length, made once: its view fields, and the fields no entry of it fills
-META_VIEWS = {n: meta_views(layout) for n, layout in META_LAYOUTS.items()}
-META_UNFILLED = {n: tuple(f for f in ALL_META_FIELDS if f not in meta_fields(layout)) for n, layout in META_LAYOUTS.items()}
-
-def action_values(action: Action) -> dict[str, Any]:
-  return dict(zip(ACTION_FIELDS, (action.desired_curvature, action.desired_acceleration, action.should_stop), strict=True))
-
-def _plan(p: dict[str, np.ndarray]) -> dict[str, Any]:
-  plan, std = p["plan"], p["plan_std"]
-  cols = (Plan.POSITION, Plan.VELOCITY, Plan.ACCELERATION, Plan.T_FROM_CURRENT_EULER, Plan.ORIENTATION_RATE)
-  out = {name: xyzt(T_AXIS, *plan[:, c].T) for name, c in zip(PLAN_FIELDS, cols, strict=True)}
-  out["position"] = xyzt(T_AXIS, *plan[:, Plan.POSITION].T, *std[:, Plan.POSITION].T)  # only the position carries stds
-  return out
-
-def _temporal_pose(p: dict[str, np.ndarray]) -> dict[str, Any]:
-  if "sim_pose" in p:
-    pose, std = p["sim_pose"], p["sim_pose_std"]
-    return {"temporalPose": {"trans": pose[:3], "transStd": std[:3], "rot": pose[3:], "rotStd": std[3:]}}
-  now, std = p["plan"][0], p["plan_std"][0]  # without a sim_pose head: the plan's velocity and orientation rate at t=0
-  return {"temporalPose": {"trans": now[Plan.VELOCITY], "transStd": std[Plan.VELOCITY], "rot": now[Plan.ORIENTATION_RATE],
-                           "rotStd": std[Plan.ORIENTATION_RATE]}}
-
-def _lines(p: dict[str, np.ndarray], name: str, count: int, t: np.ndarray) -> list[dict[str, Floats]]:
-  return [xyzt(t, X_AXIS, p[name][i, :, 0], p[name][i, :, 1]) for i in range(count)]
-
-def _leads(p: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-  leads = []
-  for i in range(LEAD_MHP_SELECTION):
-    (x, y, v, a), (xs, ys, vs, as_) = p["lead"][i].T, p["lead_std"][i].T
-    leads.append({"t": LEAD_T_IDXS, "x": x, "y": y, "v": v, "a": a, "xStd": xs, "yStd": ys, "vStd": vs, "aStd": as_,
-                  "prob": p["lead_prob"][i, ...], "probTime": LEAD_T_OFFSETS[i]})  # [i, ...]: a 0-d view, one value that follows the array
-  return leads
-
-def _disengage(meta: np.ndarray, layout: MetaLayout) -> dict[str, np.ndarray]:
-  """{disengagePredictions field: its probabilities (views of the meta head)}, in DISENGAGE_FIELDS' order."""
-  return {field: meta[getattr(layout, attr)] for field, attr in DISENGAGE_FIELDS.items() if getattr(layout, attr) is not None}
-
-def _meta_state(meta: np.ndarray, layout: MetaLayout, hard_brake: HardBrake, confidence: Confidence, frame_id: int) -> dict[str, Any]:
-  # .item: a Python float of the float32 value, no numpy scalar (a numpy call path less per frame)
-  return {"meta.hardBrakePredicted": hard_brake.update(meta.item(layout.hard_brake_5.start), meta.item(layout.hard_brake_3.start)),
-          "confidence": confidence.update(frame_id, meta[layout.gas_disengage], meta[layout.brake_disengage], meta[layout.steer_override])}
-
-def _meta_views(meta: np.ndarray, layout: MetaLayout) -> dict[str, Any]:
-  views = {"meta.engagedProb": meta[layout.engaged][0, ...], "meta.disengagePredictions.t": META_T_AXIS}  # [0, ...]: a 0-d view
-  return views | {f"meta.disengagePredictions.{field}": v for field, v in _disengage(meta, layout).items()}
+def has(p: dict[str, np.ndarray], heads: tuple[str, ...], fields: tuple[str, ...], missing: dict[str, str] | None) -> bool:
+  """Whether the model has every one of `heads`; if not, `fields` are recorded in `missing` with the reason."""
+  if all(map(p.__contains__, heads)): return True
+  if missing is not None: missing.update(dict.fromkeys(fields, f"the model has no {' / '.join(h for h in heads if h not in p)} output"))
+  return False
 
 def lane_line_probs(p: dict[str, np.ndarray]) -> np.ndarray: return p["lane_lines_prob"][1::2]  # sigmoid of every logit, then each line's second
 
-def model_v2_fields(p: dict[str, np.ndarray], action: Action | None, hard_brake: HardBrake, confidence: Confidence, frame_id: int,
-                    cache: dict | None = None) -> Fields:
-  """modelV2's model-derived fields (frame ids, timings and lane-change state are the daemon's). `action` is None without a plan. `cache`:
-  the views parts kept beside the parser that made `p` (Fields), None to make every part."""
-  f = Fields(p, cache)
-  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else None  # when the plan reaches each X_IDXS: lane lines and road edges
-  if t is not None and cache is not None: t = refilled(cache, "lane times", t)  # the lines' parts then hold the same array every frame
-  f.part(("plan",), PLAN_FIELDS, lambda: _plan(p), views=True)
-  f.part(("sim_pose",) if "sim_pose" in p else ("plan",), ("temporalPose",), lambda: _temporal_pose(p), views=True)
-  f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
-  f.part(("lane_lines", "plan"), ("laneLines",), lambda: {"laneLines": _lines(p, "lane_lines", NUM_LANE_LINES, t)}, views=True)
-  f.part(("lane_lines", "plan"), ("laneLineStds",), lambda: {"laneLineStds": p["lane_lines_std"][:, 0, 0]}, views=True)
-  f.part(("lane_lines_prob",), ("laneLineProbs",), lambda: {"laneLineProbs": lane_line_probs(p)}, views=True)
-  f.part(("road_edges", "plan"), ("roadEdges",), lambda: {"roadEdges": _lines(p, "road_edges", NUM_ROAD_EDGES, t)}, views=True)
-  f.part(("road_edges", "plan"), ("roadEdgeStds",), lambda: {"roadEdgeStds": p["road_edges_std"][:, 0, 0]}, views=True)
-  f.part(("lead", "lead_prob"), ("leadsV3",), lambda: {"leadsV3": _leads(p)}, views=True)
-  f.part(("desire_state",), ("meta.desireState",), lambda: {"meta.desireState": p["desire_state"]}, views=True)
-  f.part(("desire_pred",), ("meta.desirePrediction",), lambda: {"meta.desirePrediction": p["desire_pred"].reshape(-1)}, views=True)
-  layout = META_LAYOUTS.get(len(p["meta"])) if "meta" in p else None
-  if "meta" in p and layout is None: f.skip(ALL_META_FIELDS, f"no known layout for a meta head of {len(p['meta'])} entries")
-  else:  # without a meta head both parts report it missing
-    f.part(("meta",), META_VIEWS[len(p["meta"])] if layout else ALL_META_VIEWS, lambda: _meta_views(p["meta"], layout), views=True)
-    f.part(("meta",), META_STATE_FIELDS, lambda: _meta_state(p["meta"], layout, hard_brake, confidence, frame_id))
-    if layout is not None and (unfilled := META_UNFILLED[len(p["meta"])]): f.skip(unfilled, f"the {len(p['meta'])}-entry meta layout has no such entries")
+def meta_layout(p: dict[str, np.ndarray], missing: dict[str, str] | None) -> MetaLayout | None:
+  """The meta head's layout, None (with the meta fields in `missing`) when the model has none or one of no known length."""
+  if "meta" not in p: reason = "the model has no meta output"
+  elif (layout := META_LAYOUTS.get(len(p["meta"]))) is not None: return layout
+  else: reason = f"no known layout for a meta head of {len(p['meta'])} entries"
+  if missing is not None: missing.update(dict.fromkeys(("meta.engagedProb", "meta.disengagePredictions", "meta.hardBrakePredicted", "confidence"), reason))
+  return None
+
+def model_v2_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, raw: np.ndarray | None = None,
+                    missing: dict[str, str] | None = None) -> dict[str, Any]:
+  """modelV2's fields of one frame from the parsed outputs `p` (their arrays are the parser's views: copy what must outlive the frame).
+  `raw`: the output vector, published as rawPredictions when given."""
+  f: dict[str, Any] = {}
+  f["frameId"] = frame.frame_id
+  f["frameIdExtra"] = frame.frame_id_extra
+  f["frameAge"] = max(frame.road_frame_id - frame.frame_id, 0)
+  f["frameDropPerc"] = frame.frame_drop_perc
+  f["timestampEof"] = frame.timestamp_eof
+  f["modelExecutionTime"] = frame.model_execution_time
+  fill_plan(f, p, missing)
+  if state.action is not None:
+    f["action.desiredCurvature"] = state.action.desired_curvature
+    f["action.desiredAcceleration"] = state.action.desired_acceleration
+    f["action.shouldStop"] = state.action.should_stop
+  elif missing is not None: missing["action"] = "the model has no plan output"
+  fill_lines(f, p, missing)
+  fill_leads(f, p, missing)
+  fill_meta(f, p, state, missing)
+  if raw is not None: f["rawPredictions"] = np.ascontiguousarray(raw, np.float32).tobytes()
   return f
 
-def driving_model_data_fields(p: dict[str, np.ndarray], action: Action | None) -> Fields:
-  f = Fields(p)  # every field is made per frame: the action, a fit, single values
-  f.part(("plan",), ACTION_FIELDS, lambda: action_values(action))
-  f.part(("plan",), ("path",), lambda: {"path": poly_path(p["plan"][:, Plan.POSITION])})
-  f.part(("lane_lines",), ("laneLineMeta.leftY", "laneLineMeta.rightY"),
-         lambda: {"laneLineMeta.leftY": float(p["lane_lines"][1, 0, 0]), "laneLineMeta.rightY": float(p["lane_lines"][2, 0, 0])})
-  f.part(("lane_lines_prob",), ("laneLineMeta.leftProb", "laneLineMeta.rightProb"),
-         lambda: {"laneLineMeta.leftProb": float(lane_line_probs(p)[1]), "laneLineMeta.rightProb": float(lane_line_probs(p)[2])})
+def struct_list_keys(field: str, n: int, names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+  """The flat paths of a struct list's elements' fields ("laneLines.2.x"), made once: a frame fills them without formatting strings."""
+  return tuple(tuple(f"{field}.{i}.{name}" for name in names) for i in range(n))
+
+XYZT = ("t", "x", "y", "z")
+LANE_LINE_KEYS, ROAD_EDGE_KEYS = struct_list_keys("laneLines", NUM_LANE_LINES, XYZT), struct_list_keys("roadEdges", NUM_ROAD_EDGES, XYZT)
+LEAD_KEYS = struct_list_keys("leadsV3", LEAD_MHP_SELECTION, ("t", "x", "y", "v", "a", "xStd", "yStd", "vStd", "aStd", "prob", "probTime"))
+
+def fill_plan(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
+  """modelV2's plan, then its temporal pose: the sim_pose head, else the plan's velocity and orientation rate at t=0 (sunnypilot
+  fill_model_msg.py @d671ce18). `plan.T[c]` is the plan's column c over time (a view, as every array here)."""
+  if has(p, ("plan",), ("position", "velocity", "acceleration", "orientation", "orientationRate"), missing):
+    plan, std = p["plan"].T, p["plan_std"].T
+    f["position.t"], f["position.x"], f["position.y"], f["position.z"] = T_AXIS, *plan[Plan.POSITION]
+    f["position.xStd"], f["position.yStd"], f["position.zStd"] = std[Plan.POSITION]
+    f["velocity.t"], f["velocity.x"], f["velocity.y"], f["velocity.z"] = T_AXIS, *plan[Plan.VELOCITY]
+    f["acceleration.t"], f["acceleration.x"], f["acceleration.y"], f["acceleration.z"] = T_AXIS, *plan[Plan.ACCELERATION]
+    f["orientation.t"], f["orientation.x"], f["orientation.y"], f["orientation.z"] = T_AXIS, *plan[Plan.T_FROM_CURRENT_EULER]
+    f["orientationRate.t"], f["orientationRate.x"], f["orientationRate.y"], f["orientationRate.z"] = T_AXIS, *plan[Plan.ORIENTATION_RATE]
+  if "sim_pose" in p:
+    f["temporalPose.trans"], f["temporalPose.transStd"] = p["sim_pose"][:3], p["sim_pose_std"][:3]
+    f["temporalPose.rot"], f["temporalPose.rotStd"] = p["sim_pose"][3:], p["sim_pose_std"][3:]
+  elif has(p, ("plan",), ("temporalPose",), missing):
+    f["temporalPose.trans"], f["temporalPose.transStd"] = p["plan"][0, Plan.VELOCITY], p["plan_std"][0, Plan.VELOCITY]
+    f["temporalPose.rot"], f["temporalPose.rotStd"] = p["plan"][0, Plan.ORIENTATION_RATE], p["plan_std"][0, Plan.ORIENTATION_RATE]
+
+def fill_lines(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
+  """modelV2's lane lines and road edges (t, x, y, z of each), their t the time the plan reaches each X_IDXS distance."""
+  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else None
+  if has(p, ("lane_lines", "plan"), ("laneLines", "laneLineStds"), missing):
+    for keys, (y, z) in zip(LANE_LINE_KEYS, p["lane_lines"].transpose(0, 2, 1)): f.update(zip(keys, (t, X_AXIS, y, z)))
+    f["laneLineStds"] = p["lane_lines_std"][:, 0, 0]
+  if has(p, ("lane_lines_prob",), ("laneLineProbs",), missing): f["laneLineProbs"] = lane_line_probs(p)
+  if has(p, ("road_edges", "plan"), ("roadEdges", "roadEdgeStds"), missing):
+    for keys, (y, z) in zip(ROAD_EDGE_KEYS, p["road_edges"].transpose(0, 2, 1)): f.update(zip(keys, (t, X_AXIS, y, z)))
+    f["roadEdgeStds"] = p["road_edges_std"][:, 0, 0]
+
+def fill_leads(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
+  """modelV2's leads, one per time offset: t, x, y, v, a, their stds, the probability (a 0-d view: one value) and its time."""
+  if not has(p, ("lead", "lead_prob"), ("leadsV3",), missing): return
+  for keys, lead, std, prob, prob_time in zip(LEAD_KEYS, p["lead"].transpose(0, 2, 1), p["lead_std"].transpose(0, 2, 1), p["lead_prob"], LEAD_T_OFFSETS):
+    f.update(zip(keys, (LEAD_T_AXIS, *lead, *std, prob[...], prob_time)))
+
+def fill_meta(f: dict[str, Any], p: dict[str, np.ndarray], state: FrameState, missing: dict[str, str] | None) -> None:
+  """modelV2's meta: desires, the engaged and disengage probabilities of its layout, FCW, confidence, the lane change."""
+  if has(p, ("desire_state",), ("meta.desireState",), missing): f["meta.desireState"] = p["desire_state"]
+  if has(p, ("desire_pred",), ("meta.desirePrediction",), missing): f["meta.desirePrediction"] = p["desire_pred"].reshape(-1)
+  if (layout := meta_layout(p, missing)) is not None:
+    meta = p["meta"]
+    f["meta.engagedProb"] = meta[layout.engaged][0, ...]
+    f["meta.disengagePredictions.t"] = META_T_AXIS
+    for field, attr in DISENGAGE_FIELDS.items():
+      if (where := getattr(layout, attr)) is not None: f[f"meta.disengagePredictions.{field}"] = meta[where]
+      elif missing is not None: missing[f"meta.disengagePredictions.{field}"] = f"the {len(meta)}-entry meta layout has no such entries"
+    f["meta.hardBrakePredicted"] = state.hard_brake_predicted
+    f["confidence"] = state.confidence
+  f["meta.laneChangeState"] = state.lane_change_state
+  f["meta.laneChangeDirection"] = state.lane_change_direction
+
+def driving_model_data_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, missing: dict[str, str] | None = None) -> dict[str, Any]:
+  """drivingModelData's fields of one frame: the action, the plan's path as polynomials, the lane lines nearest the car."""
+  f: dict[str, Any] = {}
+  f["frameId"] = frame.frame_id
+  f["frameIdExtra"] = frame.frame_id_extra
+  f["frameDropPerc"] = frame.frame_drop_perc
+  f["modelExecutionTime"] = frame.model_execution_time
+  if state.action is not None:
+    f["action.desiredCurvature"] = state.action.desired_curvature
+    f["action.desiredAcceleration"] = state.action.desired_acceleration
+    f["action.shouldStop"] = state.action.should_stop
+  elif missing is not None: missing["action"] = "the model has no plan output"
+  if has(p, ("plan",), ("path",), missing):
+    f["path.xCoefficients"], f["path.yCoefficients"], f["path.zCoefficients"] = poly_path(p["plan"][:, Plan.POSITION]).T
+  if has(p, ("lane_lines",), ("laneLineMeta.leftY", "laneLineMeta.rightY"), missing):
+    f["laneLineMeta.leftY"], f["laneLineMeta.rightY"] = float(p["lane_lines"][1, 0, 0]), float(p["lane_lines"][2, 0, 0])
+  if has(p, ("lane_lines_prob",), ("laneLineMeta.leftProb", "laneLineMeta.rightProb"), missing):
+    f["laneLineMeta.leftProb"], f["laneLineMeta.rightProb"] = float(lane_line_probs(p)[1]), float(lane_line_probs(p)[2])
+  f["meta.laneChangeState"] = state.lane_change_state
+  f["meta.laneChangeDirection"] = state.lane_change_direction
   return f
 
-def camera_odometry_fields(p: dict[str, np.ndarray], cache: dict | None = None) -> Fields:
-  """cameraOdometry's fields: the pose heads' views (`cache` as for model_v2_fields)."""
-  f = Fields(p, cache)
-  f.part(("pose",), ("trans", "rot", "transStd", "rotStd"), lambda: {"trans": p["pose"][:3], "rot": p["pose"][3:],
-                                                                   "transStd": p["pose_std"][:3], "rotStd": p["pose_std"][3:]}, views=True)
-  f.part(("wide_from_device_euler",), ("wideFromDeviceEuler", "wideFromDeviceEulerStd"),
-         lambda: {"wideFromDeviceEuler": p["wide_from_device_euler"], "wideFromDeviceEulerStd": p["wide_from_device_euler_std"]}, views=True)
-  f.part(("road_transform",), ("roadTransformTrans", "roadTransformTransStd"),
-         lambda: {"roadTransformTrans": p["road_transform"][:3], "roadTransformTransStd": p["road_transform_std"][:3]}, views=True)
+def camera_odometry_fields(p: dict[str, np.ndarray], frame: FrameInfo, missing: dict[str, str] | None = None) -> dict[str, Any]:
+  """cameraOdometry's fields of one frame: the pose heads (openpilot's fill_pose_msg)."""
+  f: dict[str, Any] = {}
+  f["frameId"] = frame.frame_id
+  f["timestampEof"] = frame.timestamp_eof
+  if has(p, ("pose",), ("trans", "rot", "transStd", "rotStd"), missing):
+    f["trans"], f["rot"], f["transStd"], f["rotStd"] = p["pose"][:3], p["pose"][3:], p["pose_std"][:3], p["pose_std"][3:]
+  if has(p, ("wide_from_device_euler",), ("wideFromDeviceEuler", "wideFromDeviceEulerStd"), missing):
+    f["wideFromDeviceEuler"], f["wideFromDeviceEulerStd"] = p["wide_from_device_euler"], p["wide_from_device_euler_std"]
+  if has(p, ("road_transform",), ("roadTransformTrans", "roadTransformTransStd"), missing):
+    f["roadTransformTrans"], f["roadTransformTransStd"] = p["road_transform"][:3], p["road_transform_std"][:3]
   return f
+
+def frame_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, raw: np.ndarray | None = None,
+                 missing: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+  """The three messages' fields of one frame, by service (modeld makes modelV2's first and sends it before filling the others);
+  `missing` gets each field left default as "service.path"."""
+  gaps: dict[str, dict[str, str]] = {s: {} for s in SERVICES}
+  out = {"modelV2": model_v2_fields(p, state, frame, raw, gaps["modelV2"]),
+         "drivingModelData": driving_model_data_fields(p, state, frame, gaps["drivingModelData"]),
+         "cameraOdometry": camera_odometry_fields(p, frame, gaps["cameraOdometry"])}
+  if missing is not None: missing.update({f"{s}.{path}": why for s, g in gaps.items() for path, why in g.items()})
+  return out

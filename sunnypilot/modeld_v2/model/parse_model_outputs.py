@@ -90,9 +90,8 @@ class OutputParser:
 
   Every call writes one float32 buffer, laid out as [every head's means | every std | every binary head | every categorical head |
   hidden_state], with one gather from the output vector (its hypotheses' rows picked first), then the activations in place, one exp
-  over all three activated parts: elementwise, so each value is what a per-head call gives. The result is the same dict of the same views of that buffer on
-  every call: the next call overwrites them (copy what must outlive the frame). Fixed views let a message template gather its values
-  from `buffer` (message_template.py) and let fill_model_msg make the fields that are views of them once per parser."""
+  over all three activated parts: elementwise, so each value is what a per-head call gives. The result is the same dict of the same
+  views of that buffer on every call: the next call overwrites them (copy what must outlive the frame)."""
   def __init__(self, slices: dict[str, Sequence[int]]):
     self.raw = {name: (int(start), int(stop)) for name, (start, stop) in slices.items()}
     heads = []  # (name, start, shape of the result, hypotheses, selections, values per half)

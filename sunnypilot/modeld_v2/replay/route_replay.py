@@ -90,19 +90,20 @@ class BundleReference:
     return np.array(self.adapter.output_array(), np.float32)
 
 class ReferenceCheck:
-  """The reference fed what modeld is fed (frame_inputs.FrameInputs, modeld's input sequence, on the same log state, with a PublishState of
-  its own with the bundle's generation rules for the desire and the fed-back lat_planner_state), then its outputs turned into messages the
-  way modeld fills them; per head and per published field, the largest difference and where."""
+  """The reference fed what modeld is fed (frame_inputs.FrameInputs, modeld's input sequence, on the same log state, with a DrivingState of
+  its own with the bundle's generation rules for the desire and the fed-back lat_planner_state), then its outputs filled into messages by
+  the fill functions modeld uses, written through pycapnp (not modeld's byte templates); per head and per published field, the largest
+  difference and where."""
   def __init__(self, reference, metadata: dict, segment: Segment, args):
     from sunnypilot.modeld_v2.common.logs import Episodes
     from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
     from sunnypilot.modeld_v2.daemon.device_params import Delays
+    from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
     from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs
-    from sunnypilot.modeld_v2.daemon.publish_state import PublishState
     from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
+    from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
     self.reference, self.slices, self.segment = reference, metadata["output_slices"], segment
-    self.publish_state = PublishState(log=lambda s: None)
-    self.publish_state.rules = GENERATIONS[of_bundle(metadata)[0]]
+    self.state, self.parser = DrivingState(GENERATIONS[of_bundle(metadata)[0]]), OutputParser(self.slices)
     self.inputs = FrameInputs(BusInputs(Episodes(lambda s: None)), args.rhd, args.camera_offset)
     self.inputs.use_cameras(segment.sensor, main_wide=False)  # the replay serves the road camera as the main stream
     self.delays = Delays(args.lat_delay, args.long_delay, "route_replay's --lat-delay/--long-delay")
@@ -132,14 +133,17 @@ class ReferenceCheck:
     if self.error is not None: raise RouteError(f"the reference failed: {type(self.error).__name__}: {self.error}")
 
   def step(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None:
-    from sunnypilot.modeld_v2.daemon.messaging import new_message
-    from sunnypilot.modeld_v2.daemon.publish_state import SERVICES, FrameInfo
-    fed = self.inputs.step(state, self.delays, self.publish_state)  # lockstep: no frame drops, no prepare-only frames
+    from sunnypilot.modeld_v2.daemon.messaging import new_message, set_fields
+    from sunnypilot.modeld_v2.model.fill_model_msg import FrameInfo, frame_fields
+    fed = self.inputs.step(state, self.delays, self.state)  # lockstep: no frame drops, no prepare-only frames
     outputs = self.reference.step(road, wide, self.segment.frame, fed.host)
-    msgs = {s: new_message(s) for s in SERVICES}
     info = FrameInfo(cam.frame_id, cam.frame_id, cam.eof, cam.frame_id, 0.0, 0, 0.0, fed.calibrated, fed.lat_t, fed.long_t)
-    self.publish_state.fill(msgs, outputs, self.slices, info, fed.car, fed.lateral_active)
-    self.pending[cam.frame_id] = outputs.reshape(-1), {s: flatten(getattr(msgs[s], s).to_dict()) for s in SERVICES}
+    parsed = self.parser(outputs)
+    msgs = {}
+    for service, fields in frame_fields(parsed, self.state.update(parsed, info, fed.car, fed.lateral_active), info).items():
+      set_fields(getattr(msg := new_message(service), service), fields)
+      msgs[service] = flatten(getattr(msg, service).to_dict())
+    self.pending[cam.frame_id] = outputs.reshape(-1), msgs
 
   def compare(self, frame_id: int, published: dict[str, Any]) -> None:
     """modeld's messages for a frame (readers by service) against the reference's."""
