@@ -56,13 +56,6 @@ def test_roles_frame_skip_and_queues_of_every_generation(onnx_files, generation)
   assert (plan.generation, plan.generation_source) == (generation, "onnx"), "each stand-in's generation is derived from its inputs and heads"
   assert set(plan.specs) == set(plan.input_roles) and all(np.dtype(plan.specs[n][1]) == np.float32 for n in host), "host inputs are float32"
 
-def test_the_seeds_import_path_keeps_the_queue_names():
-  """sunnypilot's adapter imports the queue names from compile_modeld: they are input_queues' own."""
-  from sunnypilot.modeld_v2 import compile_modeld
-  from sunnypilot.modeld_v2.compile import input_queues
-  for name in ("POLICY_INPUTS", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues"):
-    assert getattr(compile_modeld, name) is getattr(input_queues, name), name
-
 def test_onnx_roles_name_each_input(onnx_files):
   plan = plan_model(**onnx_files["split_09"])
   assert plan.roles == {"vision": {"input_imgs": "road_image", "big_input_imgs": "wide_image"},

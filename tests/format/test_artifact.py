@@ -26,24 +26,6 @@ def test_conv_net_round_trip_is_bit_identical(tmp_bundle):
     assert same(jit(img=img), plain(img=img))
   assert part[0]["check"]["outputs"], "the self-check recorded the TinyJit replay's outputs"
 
-def test_seed_spelling_serialize_jit_gives_captures_json(tmp_bundle):
-  """The seed's compile_warp: two calls inside record_kernel_linear, serialize_jit -> (header JSON, blob), PlainJit(*part)."""
-  from sunnypilot.modeld_v2.compile.capture import record_kernel_linear
-  from sunnypilot.modeld_v2.helpers import PlainJit, serialize_jit
-  fn, make = conv_net()
-  run, inputs = TinyJit(fn, prune=True), make()
-  with record_kernel_linear() as recorded:
-    run(**inputs)
-    run(**inputs)
-  assert len(recorded) == 1 and not recorded.onetime
-  part = serialize_jit(run, recorded[0], inputs)
-  assert json.loads(json.dumps(part[0])) == part[0] and len(part[0]["calls"]) >= 2
-  assert part == capture(*conv_net()).part, "the seed's spelling and capture write the same part"
-  img = make()["img"]
-  assert same(run(img=img), PlainJit(*part)(img=img))
-  write_bundle(tmp_bundle, {"run": part}, {"metadata": {}})
-  assert same(run(img=img), Replay(*read_parts(tmp_bundle)[0]["run"])(img=img))
-
 def test_multi_output_returns_the_same_structure():
   rng = np.random.default_rng(1)
   fn = lambda a, b: {"sum": (a + b).contiguous(), "prod": (a * b).sum(axis=1), "neg": (-a).exp2()}

@@ -1,5 +1,4 @@
 import builtins
-import functools
 import os
 import shutil
 
@@ -9,7 +8,7 @@ import pytest
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.bundle import TensorSpec, read_parts, write_bundle
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
-from sunnypilot.modeld_v2.runtime.frame_fusion import FusedLayout, frame_part, fuse
+from sunnypilot.modeld_v2.runtime.frame_fusion import FusedLayout, fuse
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
 from sunnypilot.modeld_v2.runtime.loader import LoadedBundle, load_bundle, load_fused
 from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
@@ -24,14 +23,6 @@ def test_loaded_bundle_is_typed(native_artifacts):
   assert isinstance(model, LoadedBundle) and isinstance(model.run, Replay) and model.fused is None
   assert model.input_specs == head["input_specs"] and all(isinstance(s, TensorSpec) for s in model.input_specs.values())
   assert model.state_names == sorted(n for n in head["input_specs"] if f"next_{n}" in head["output_specs"])
-
-def test_the_seeds_load_model_is_indexed_as_its_dict(native_artifacts):
-  from sunnypilot.modeld_v2.helpers import load_model
-  model = load_model(os.path.join(native_artifacts, "model.bin"))
-  with pytest.raises(KeyError): model["fused"]  # the seed's dict keys only
-  seed = {"run": model.run, "input_specs": model.input_specs, "output_specs": model.output_specs, "metadata": model.metadata}  # its load_model's
-  for key in ("run", "input_specs", "output_specs", "metadata", "fused", "state_names", "other"):
-    assert (key in model) == (key in seed) and model.get(key) is seed.get(key) and model.get(key, "absent") is seed.get(key, "absent"), key
 
 def test_fused_layout_is_the_packed_host_buffer(native_artifacts):
   """The typed layout of a fused load against the packed host buffer's offsets, written out here from the model's own host inputs: `tfm`
@@ -52,26 +43,6 @@ def test_fused_layout_is_the_packed_host_buffer(native_artifacts):
     written = load_fused(model, os.path.join(native_artifacts, warp)).metadata["fused"]  # what fuse wrote: plain JSON, read back the same
     assert written == fused.to_json() and written["host_shapes"]["tfm"] == [2, 3, 3] and FusedLayout.from_json(written) == fused
   with pytest.raises(ArtifactError, match="layout is malformed"): FusedLayout.from_json({"warp": "w"})
-
-def test_seed_spelling_is_the_fused_load(native_artifacts):
-  from sunnypilot.modeld_v2.helpers import PlainJit, _Jit
-  from sunnypilot.modeld_v2.helpers import load_model as seed_load_model
-  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
-  seed = seed_load_model(model, cache=False, extend=functools.partial(frame_part, warp))
-  assert isinstance(seed["run"], PlainJit) and PlainJit is _Jit is Replay
-  fused = load_fused(model, warp)
-  assert seed["run"].part == fused.run.part and seed["input_specs"] == fused.input_specs and seed["output_specs"] == fused.output_specs
-  assert seed["metadata"] == fused.metadata and seed_load_model(model)["metadata"] == load_bundle(model).metadata
-  parts, extras = frame_part(warp, *read_parts(model))  # the seed's extension on its own: read the warp, fuse
-  assert parts["run"][0] == seed["run"].part and extras["metadata"]["fused"]["warp"] == "warp_split.bin"
-  with pytest.raises(TypeError, match="partial\\(frame_part"): seed_load_model(model, extend=lambda parts, extras: (parts, extras))
-
-def test_seed_adapter_names(native_artifacts):
-  from sunnypilot.modeld_v2.helpers import NativeTinygradAdapter
-  adapter = NativeTinygradAdapter(os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin"))
-  assert adapter.jits is adapter.bundle and adapter.run_model is adapter.bundle.run and adapter.input_queues is adapter.states
-  assert sorted(adapter.states) == adapter.bundle.state_names
-  assert adapter.output_slices == read_parts(os.path.join(native_artifacts, "model.bin"))[1]["metadata"]["output_slices"]
 
 def test_fuse_is_pure(native_artifacts, monkeypatch):
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
