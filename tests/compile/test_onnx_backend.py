@@ -2,7 +2,7 @@
 onnx wheel (each a model with input and expected output protobufs). Every case tinygrad's ONNX runner gets right eagerly is compiled with
 compile_onnx, and its bundle, replayed in one fresh process with the compiler disabled, must equal the eager result bit for bit.
 
-  python -m pytest tests/test_onnx_backend.py -q -s    # prints the counts and the reason for every case tinygrad gets wrong
+  python -m pytest tests/compile/test_onnx_backend.py -q -s    # prints the counts and the reason for every case tinygrad gets wrong
 """
 import collections
 import glob

@@ -55,9 +55,8 @@ def rot_from_euler(rpy) -> np.ndarray:
   return rz @ ry @ rx
 
 def camera_from_calib(device_from_calib_euler, intrinsics: np.ndarray) -> np.ndarray:
-  """Calibrated frame (forward, right, down metres: the frame of the model's plan, lane lines and leads) -> camera pixel, homogeneous: the
-  warp's camera side and the projection openpilot's UI draws the plan with (commaai/openpilot selfdrive/ui/onroad/augmented_road_view.py
-  @550a5978: intrinsics @ view_from_calib)."""
+  """Calibrated frame (forward, right, down metres) -> camera pixel, homogeneous: the warp's camera side and openpilot's UI projection
+  (commaai/openpilot selfdrive/ui/onroad/augmented_road_view.py @550a5978: intrinsics @ view_from_calib)."""
   return intrinsics @ VIEW_FROM_DEVICE @ rot_from_euler(device_from_calib_euler)
 
 def get_warp_matrix(device_from_calib_euler, intrinsics: np.ndarray, bigmodel_frame: bool = False) -> np.ndarray:

@@ -188,10 +188,8 @@ def difference(a: Any, b: Any) -> float:
 # *** modeld ***
 
 def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
-  """modeld's flags for a replay: the delays, traffic side and camera offset given to route_replay, raw outputs when the reference check
-  needs them. In lockstep modeld re-attaches to camerad only after FRAME_TIMEOUT_S without frames, not its 0.5 s: frames pause while the
-  reference catches up, and one sent while modeld re-attaches would never reach it (it logs only the first re-attachment of a pause, so
-  the loss could not be told from a slow frame)."""
+  """modeld's flags for a replay. In lockstep modeld re-attaches only after FRAME_TIMEOUT_S without frames: frames pause while the
+  reference catches up, and a frame sent while modeld re-attached would be lost unseen."""
   return (["--lat-delay", str(args.lat_delay), "--long-delay", str(args.long_delay), "--camera-offset", str(args.camera_offset)]
           + ["--rhd"] * args.rhd + ["--send-raw"] * send_raw + ["--reconnect-after", str(FRAME_TIMEOUT_S)] * (not args.realtime))
 

@@ -1,7 +1,7 @@
 """Every use of tinygrad internals (private attributes, functions patched at run time), for the pinned tinygrad 0.14.0.
 
 Everything else in the package uses tinygrad's public API (Tensor, TinyJit, Device, Buffer, UOp) plus this module. Each function names
-the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises each one, so a tinygrad bump that breaks one fails there.
+the 0.14.0 contract it relies on; tests/runtime/test_tinygrad_internals.py exercises each one, so a tinygrad bump that breaks one fails there.
 
 - `record_kernel_linear`: `tinygrad.engine.jit` calls its module globals `jit_lower(linear, held_bufs, input_buf_uops)` (returns the
   compiled, memory planned, graph split LINEAR) once per TinyJit capture, and `prune_linear(...)` -> `(kept, onetime)` with prune=True
@@ -28,7 +28,7 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
   `Device[d].graph(batch, input_uops=)` builds a runner (a `GraphRunner`) whose `uop_replace[node]` lists (argument, input slot) pairs,
   whose `var_vals_replace` / `launch_dims_replace` nodes are re-pointed at every launch, and, on CUDA (`CUDAGraph`), whose `updatable`
   lists the nodes the next launch re-points (only CUDA's runner has one: `repoint_only` is exercised on a GPU by
-  tests/test_tinygrad_internals.py, and on NULL only as far as its runner allows).
+  tests/runtime/test_tinygrad_internals.py, and on NULL only as far as its runner allows).
 - `time_call`: `tinygrad.engine.realize.ExecContext(input_uops=, update_stats=, wait=)`, `exec_copy(ctx, call, ast)` and
   `exec_kernel(ctx, call, ast)` -> device seconds per launch.
 - `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose `fxn` is the ctypes function taking each buffer as a
@@ -38,7 +38,7 @@ the 0.14.0 contract it relies on; tests/test_tinygrad_internals.py exercises eac
   NPY, an object with `va_addr` on CPU, CUDA and HCQ devices); allocators with `_as_buffer` map it into host memory; every
   allocator copies with `_copyin(handle, src)` and `_copyout(dest, handle)`, synchronously.
 - `cuda_driver`: `tinygrad.runtime.autogen.cuda` is ctypes bindings of the CUDA driver API, and a CUDA device's `context` its CUcontext
-  (exercised on a GPU by tests/test_cuda.py).
+  (exercised on a GPU by tests/runtime/test_cuda.py).
 """
 from __future__ import annotations
 
