@@ -23,10 +23,10 @@ from tinygrad import Device, Tensor, dtypes
 
 from benchmarks.bench import check_outputs, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.compat import PlainJit
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.format.bundle import write_bundle
 from sunnypilot.modeld_v2.format.part import Part
+from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
 
 def small_kernels(n: int = 13):
   """13 inputs, 13 tiny kernels: the shape of modeld's per-frame host work (desire, traffic convention, states, ...), kernels near free."""
@@ -51,11 +51,11 @@ Device[Device.DEFAULT]
 kind, path, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 inputs = {name: Tensor(np.zeros(shape, dtype)).realize() for name, (shape, dtype) in names.items()}
 from sunnypilot.modeld_v2.format.bundle import read_parts, tinygrad_version
-from sunnypilot.modeld_v2.compat import PlainJit
+from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
 tinygrad_version()  # both sides start with their code imported and tinygrad's metadata read
 t0 = time.perf_counter()
 if kind == "bundle":
-  run = PlainJit(*read_parts(path)[0]["run"])
+  run = Replay(*read_parts(path)[0]["run"])
 else:
   with open(path, "rb") as f: run = pickle.load(f)
 t1 = time.perf_counter()
@@ -88,7 +88,7 @@ def bench_case(name: str, make_case, calls: int, loads: int, tmp: str) -> dict:
   specs = {k: (list(v.shape), np.dtype(v.dtype.fmt).str) for k, v in inputs.items()}
   loads_b = [fresh_load("bundle", bundle, specs) for _ in range(loads)]
   loads_p = [fresh_load("pickle", pickled, specs) for _ in range(loads)]
-  plain, inputs = PlainJit(*part), make()
+  plain, inputs = Replay(*part), make()
   plain(**inputs)
   floor = lambda **_: plain.run_bound(wait=False)  # the same kernel calls on the bound inputs, no Python per input: the floor
   # interleaved, three rounds each, so drift on a shared machine hits both sides alike

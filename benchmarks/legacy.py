@@ -14,7 +14,6 @@ from tinygrad import Device, Tensor, TinyJit
 from sunnypilot.modeld_v2.format.bundle import next_name, state_names
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
-from sunnypilot.modeld_v2.runtime.model_runner import BaseModelAdapter
 
 def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | None = None) -> tuple[bytes, bytes, dict]:
   """Capture the legacy warp and model TinyJits as old modeld shipped them (host inputs uploaded inside the JIT), pickled. `onnx_paths`:
@@ -45,7 +44,7 @@ def capture_legacy(onnx_paths: dict[str, str], frame_spec: str, device: str | No
     legacy.run()
   return pickle.dumps(warp_jit), pickle.dumps(model_jit), specs
 
-class LegacyModelAdapter(BaseModelAdapter):
+class LegacyModelAdapter:
   """Old modeld: unpickle two TinyJits; each step copies both frames into a numpy buffer the warp JIT uploads, then runs the model JIT
   (tinygrad's `_prepare_jit_inputs` on every call)."""
   def __init__(self, warp_pickle: bytes, model_pickle: bytes, specs: dict, device: str | None = None):
