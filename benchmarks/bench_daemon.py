@@ -4,15 +4,15 @@
                                     [--frames 2000] [--json out/bench_daemon.json]
 
 Per bundle (one per --beams level) and rate (Hz; 0 = lockstep, each frame sent once the last one's modelV2 arrived: as fast as modeld
-goes), this process serves camerad's 18 rotating buffers per camera with camera_replay's CameraReplay (which also publishes the camera
+goes), this process serves camerad's 18 rotating buffers per camera with fake_camerad.FakeCamerad (which also publishes the camera
 states and, once a second, liveCalibration), publishes carState, carControl and driverMonitoringState before each frame as a car's bus
 would (not with --no-bus), and subscribes to modelV2; modeld runs as a separate process with --timings. Latency is from the frame's last
-VisionIPC send returning (CameraReplay.send) to modelV2 received here; a frame with no modelV2 is a drop. modeld's CPU time per frame comes
+VisionIPC send returning (FakeCamerad.send) to modelV2 received here; a frame with no modelV2 is a drop. modeld's CPU time per frame comes
 from /proc over the timed frames. modeld's own stamps split each published frame: VisionIPC delivery (send returned -> modeld's receive
 returned), inputs, copy, run, readback, parse+fill, serialize and send of modelV2, then the other two messages (made and sent after
 modelV2). modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback); "added in modeld"
 starts at modeld's receive. --modeld-core pins modeld to a core (modeld --core, as openpilot's modeld on a device); --publish-idle-ms
-sleeps before each in-process publish, as modeld idles between frames. camera_replay's own publish cost (copying both frames into
+sleeps before each in-process publish, as modeld idles between frames. fake_camerad's own publish cost (copying both frames into
 VisionIPC, the camera states) is reported apart. A last line times modeld's parse, fill and serialize (byte templates) in this process on
 the bundle's output layout (the parse/fill split modeld's stamps cannot make), and the pycapnp path the templates replaced. Times on a
 shared machine are noisy: read medians and p10.
@@ -97,14 +97,14 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
   frames; with `bus`, bus_traffic() published before each frame."""
   from benchmarks.car_bus import BUS_SERVICES, bus_traffic
   from sunnypilot.modeld_v2.daemon.messaging import pub_master
-  from sunnypilot.modeld_v2.replay.fake_camerad import CameraReplay, synthetic_frames
+  from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad, synthetic_frames
   from sunnypilot.modeld_v2.replay.route_replay import Modeld
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
   source = synthetic_frames(frame)
   timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
-  replay = CameraReplay(frame)
+  replay = FakeCamerad(frame)
   receiver = Receiver()
   traffic, bus_pm = (bus_traffic(), pub_master(list(BUS_SERVICES))) if bus else ({}, None)
   modeld = Modeld(artifacts, ["--timings", timings, *(["--core", str(core)] if core is not None else [])], echo=False)
@@ -146,7 +146,7 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
           "delivery_ms": percentiles([ms(stamps[f][0] - sent[f]) for f in own]),
           "bus_ms": percentiles([ms(receiver.arrived[f] - stamps[f][SENT]) for f in own]),
           **modeld_split([stamps[f] for f in own]),
-          "camera_replay_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
+          "fake_camerad_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
           "modeld_log_tail": modeld.lines[-3:]}
 
 def bundle_layout(model_path: str) -> tuple[dict[str, list[int]], int]:
@@ -266,12 +266,12 @@ def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
 def table(runs: list[dict]) -> str:
   q = lambda d, k="p50": "-" if not d else f"{d[k]:.2f}"
   lines = ["| BEAM | rate | frames | drops | achieved Hz | latency p10 | p50 | p95 | p99 | max | added p10 | added p50 | added p99 "
-           "| added in modeld p99 | model run p50 | modeld CPU ms/frame | camera_replay publish p50 |", "|---" * 17 + "|"]
+           "| added in modeld p99 | model run p50 | modeld CPU ms/frame | fake_camerad publish p50 |", "|---" * 17 + "|"]
   for r in runs:
     lines.append(f"| {r['beam']} | {rate_name(r['rate_hz'])} | {r['frames']} | {r['drops']} | {r['achieved_hz']:.1f} | {q(r['latency_ms'], 'p10')} "
                  f"| {q(r['latency_ms'])} | {q(r['latency_ms'], 'p95')} | {q(r['latency_ms'], 'p99')} | {q(r['latency_ms'], 'max')} "
                  f"| {q(r['added_ms'], 'p10')} | {q(r['added_ms'])} | {q(r['added_ms'], 'p99')} | {q(r['added_in_modeld_ms'], 'p99')} | {q(r['model_run_ms'])} "
-                 f"| {r['modeld_cpu_ms_per_frame']:.2f} | {q(r['camera_replay_publish_ms'])} |")
+                 f"| {r['modeld_cpu_ms_per_frame']:.2f} | {q(r['fake_camerad_publish_ms'])} |")
   lines += ["", "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
             "| BEAM | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus | the other two |", "|---" * 12 + "|"]
   for r in runs:

@@ -1,4 +1,4 @@
-"""modeld on real msgq/VisionIPC: a camerad stand-in (in this process, or camera_replay processes), modeld in a subprocess, a subscriber here."""
+"""modeld on real msgq/VisionIPC: a camerad stand-in (in this process, or fake_camerad processes), modeld in a subprocess, a subscriber here."""
 import os
 import shutil
 import signal
@@ -66,13 +66,13 @@ def frames_for(frame_id: int, frame=FRAME) -> tuple[np.ndarray, np.ndarray]:
   return rng.integers(0, 256, frame.size, dtype=np.uint8), rng.integers(0, 256, frame.size, dtype=np.uint8)
 
 class Daemon:
-  """modeld in a subprocess (its own OPENPILOT_PREFIX via the fixture), a camera replay and a subscriber in this process. Every modelV2
+  """modeld in a subprocess (its own OPENPILOT_PREFIX via the fixture), a camerad stand-in and a subscriber in this process. Every modelV2
   published is recorded, and every line modeld logs. `command`: what starts modeld, if not its module; `args`, `env`: added to its own."""
   def __init__(self, artifacts: str, frame=FRAME, args: tuple[str, ...] = (), env: dict | None = None,
                command: tuple[str, ...] = ("-m", "sunnypilot.modeld_v2.modeld")):
     from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
-    from sunnypilot.modeld_v2.replay.fake_camerad import CameraReplay
-    self.frame, self.replay = frame, CameraReplay(frame)
+    from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad
+    self.frame, self.replay = frame, FakeCamerad(frame)
     self.sm = sub_master(["modelV2", "cameraOdometry", "drivingModelData"])
     self.car = pub_master(["carState"])
     self.proc = subprocess.Popen([sys.executable, *command, "--artifacts", artifacts, "--send-raw", *args], cwd=ROOT,
@@ -124,9 +124,9 @@ class Daemon:
       self.receive(frame_id)
 
   def restart_camerad(self, frame) -> None:
-    from sunnypilot.modeld_v2.replay.fake_camerad import CameraReplay
+    from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad
     self.replay.close()  # camerad dies; its buffers go with it
-    self.frame, self.replay = frame, CameraReplay(frame)
+    self.frame, self.replay = frame, FakeCamerad(frame)
 
   def raw(self, frame_id: int) -> bytes: return bytes(self.messages[frame_id]["modelV2"][0].rawPredictions)
 
@@ -299,8 +299,8 @@ def test_camera_geometry_without_a_warp_waits(artifacts, tmp_path, openpilot_pre
   assert not set(daemon.published) & set(range(100, 120)), "nothing published while no warp fit the camera"
   assert sum("no warp bundle" in line for line in daemon.lines) == 1, "one clear line while waiting"
 
-def test_readme_order_camera_replay_first(artifacts):
-  """The README starts camera_replay, then modeld, under a fresh OPENPILOT_PREFIX whose folder does not exist yet."""
+def test_readme_order_fake_camerad_first(artifacts):
+  """The README starts fake_camerad, then modeld, under a fresh OPENPILOT_PREFIX whose folder does not exist yet."""
   prefix = f"sp_test_{uuid.uuid4().hex[:10]}"
   env = os.environ | {"OPENPILOT_PREFIX": prefix, "PYTHONUNBUFFERED": "1"}
   replay = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.replay.fake_camerad", "--camera", "1344x760"], cwd=ROOT, env=env,
@@ -309,7 +309,7 @@ def test_readme_order_camera_replay_first(artifacts):
     out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--max-frames", "5"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and "exiting after 5 published frames" in out.stderr, out.stderr
-    assert replay.poll() is None, f"camera_replay died ({replay.returncode})"
+    assert replay.poll() is None, f"fake_camerad died ({replay.returncode})"
   finally:
     replay.send_signal(signal.SIGTERM)
     code = replay.wait(timeout=20)

@@ -125,7 +125,7 @@ def test_modeld_keeps_running_through_an_unreadable_calibration(split_09, openpi
   for frame_id in range(10, 13):
     daemon.replay.pm.send("liveCalibration", calibration_cut_before_its_lists())
     daemon.exchange([frame_id])
-  daemon.exchange(range(13, 25))  # CameraReplay publishes a good calibration again at frame 20
+  daemon.exchange(range(13, 25))  # FakeCamerad publishes a good calibration again at frame 20
   assert daemon.stop() == 0 and daemon.published == list(range(25))
   assert [daemon.raw(i) for i in range(25)] == reference(split_09, list(range(25))), "the last good calibration throughout"
   lines = "".join(daemon.lines)
@@ -533,7 +533,7 @@ def test_refused_calibrations_never_make_the_frame_calibrated():
   assert all(frame([0.0, 0.01]).valid.values()), "a refused one after it keeps the last good calibration"
 
 def send_clocked(daemon: Daemon, frame_id: int, road_sof: int, wide_sof: int) -> None:
-  """A road + wide pair with the given start-of-frame times, a calibration every 20 frames (as camera_replay sends it)."""
+  """A road + wide pair with the given start-of-frame times, a calibration every 20 frames (as fake_camerad sends it)."""
   from sunnypilot.modeld_v2.daemon.camera_sync import VisionStreamType
   road, wide = frames_for(frame_id)
   daemon.replay.server.send(VisionStreamType.ROAD, road.tobytes(), frame_id, road_sof, road_sof + 20_000_000)

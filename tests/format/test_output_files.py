@@ -18,8 +18,7 @@ from sunnypilot.modeld_v2.compile import compile_onnx
 from sunnypilot.modeld_v2.format import bundle
 from sunnypilot.modeld_v2.format.bundle import write_bundle
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame, unpadded_frame
-from sunnypilot.modeld_v2.replay import fake_camerad as camera_replay
-from sunnypilot.modeld_v2.replay import synthetic_route
+from sunnypilot.modeld_v2.replay import fake_camerad, synthetic_route
 from sunnypilot.modeld_v2.tools import demo, inspect_bundle, preview, stand_in_models
 
 from conftest import ROOT, conv_net
@@ -193,7 +192,7 @@ def test_preview_png_is_written_atomically(tmp_path, monkeypatch):
   ("stand_in_models", stand_in_models, "write", ["--generation", "native", "--output", "{tmp}/m.onnx"]),
   ("preview", preview, "preview", ["--warp", "{tmp}/w.bin", "--output", "{tmp}/p.png"]),
   ("inspect_bundle", inspect_bundle, "describe", ["inspect", "{tmp}/w.bin"]),
-  ("camera_replay", camera_replay, "synthetic_frames", ["--frames", "1"]),
+  ("fake_camerad", fake_camerad, "synthetic_frames", ["--frames", "1"]),
   ("demo", demo, "build_artifacts", ["--out", "{tmp}/out", "--artifacts", "{tmp}/artifacts"]),
   ("compile_onnx", compile_onnx, "plan_inputs", ["--onnx", "{tmp}/m.onnx", "--output", "{tmp}/m.bin"]),
   ("synthetic_route", synthetic_route, "write_segment", ["{tmp}/route"]),
@@ -201,7 +200,7 @@ def test_preview_png_is_written_atomically(tmp_path, monkeypatch):
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch, name, module, work, argv):
   def interrupted(*args, **kwargs): raise KeyboardInterrupt
   monkeypatch.setattr(module, work, interrupted)
-  monkeypatch.setattr(signal, "signal", lambda *args: None)  # camera_replay's SIGINT handler stays out of the test process
+  monkeypatch.setattr(signal, "signal", lambda *args: None)  # fake_camerad's SIGINT handler stays out of the test process
   assert module.main([a.format(tmp=tmp_path) for a in argv]) == 130
   err = capsys.readouterr().err
   assert err.strip().splitlines()[-1] == f"{name}: interrupted" and "Traceback" not in err, err

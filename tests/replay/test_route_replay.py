@@ -204,8 +204,8 @@ def test_the_packaged_reference_matches_the_tests(tmp_path, generation):
     got = ours.step(road, wide, FRAME, host | {"tfm": m_inv, "desire": desire})
     np.testing.assert_array_equal(got, want, err_msg=f"{generation} step {step}")
 
-def test_camera_replay_serves_a_route(route, openpilot_prefix):
-  """camera_replay --route: the segment's decoded frames over VisionIPC, in camerad's layout, with the log's frame ids."""
+def test_fake_camerad_serves_a_route(route, openpilot_prefix):
+  """fake_camerad --route: the segment's decoded frames over VisionIPC, in camerad's layout, with the log's frame ids."""
   import time
 
   from msgq.visionipc import VisionIpcClient
@@ -214,7 +214,7 @@ def test_camera_replay_serves_a_route(route, openpilot_prefix):
   try:
     client, deadline = VisionIpcClient("camerad", 0, False), time.monotonic() + 60
     while not client.connect(False):
-      assert time.monotonic() < deadline and proc.poll() is None, "camera_replay did not start its VisionIPC server"
+      assert time.monotonic() < deadline and proc.poll() is None, "fake_camerad did not start its VisionIPC server"
       time.sleep(0.01)
     got = {}
     while len(got) < FRAMES and (buf := client.recv(3000)) is not None: got[client.frame_id] = np.array(buf.data[:FRAME.size])

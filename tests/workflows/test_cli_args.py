@@ -1,5 +1,5 @@
 """Every CLI argument is checked when the arguments are parsed: a bad value is one error line and exit 2, before anything is rendered,
-compiled or served (camera_replay and demo accepted `--hz -5` and `nan`, or failed with a traceback or only after compiling)."""
+compiled or served (fake_camerad and demo accepted `--hz -5` and `nan`, or failed with a traceback or only after compiling)."""
 import argparse
 
 import pytest
@@ -7,7 +7,7 @@ import pytest
 from sunnypilot.modeld_v2 import compile_modeld, compile_warp
 from sunnypilot.modeld_v2.common import cli
 from sunnypilot.modeld_v2.model.calibration import parse_camera_size
-from sunnypilot.modeld_v2.replay import fake_camerad as camera_replay
+from sunnypilot.modeld_v2.replay import fake_camerad
 from sunnypilot.modeld_v2.tools import demo, stand_in_models
 
 def forbidden(*args, **kwargs): raise AssertionError("work started before the arguments were checked")
@@ -21,9 +21,9 @@ def rejected(capsys, main, argv: list[str], message: str) -> None:
                                           (["--hz", "0"], "above 0 up to 1000, got '0'"), (["--hz", "-5"], "got '-5'"), (["--hz", "nan"], "got 'nan'"),
                                           (["--hz", "inf"], "got 'inf'"), (["--skip", "abc"], "comma-separated frame ids"), (["--skip", "1,-2"], "got '1,-2'"),
                                           (["--frames", "0"], "at least 1, got 0"), (["--start-delay", "nan"], "got 'nan'")])
-def test_camera_replay(capsys, monkeypatch, argv, message):
-  monkeypatch.setattr(camera_replay, "synthetic_frames", forbidden)
-  rejected(capsys, camera_replay.main, argv, message)
+def test_fake_camerad(capsys, monkeypatch, argv, message):
+  monkeypatch.setattr(fake_camerad, "synthetic_frames", forbidden)
+  rejected(capsys, fake_camerad.main, argv, message)
 
 def test_argument_types_accept_good_values():
   assert cli.finite_float(0, 1000, low_open=True)("0.5") == 0.5 and cli.finite_float(0, 10)("0") == 0.0

@@ -47,7 +47,7 @@ def video_frames(path: str, frame: NV12Frame) -> Iterator[tuple[np.ndarray, np.n
       buf = camerad_buffer(picture, frame)
       yield buf, buf
 
-class CameraReplay:
+class FakeCamerad:
   """The VisionIPC server and the camera state publishers; `send(frame_id, road, wide)` publishes one frame pair."""
   def __init__(self, frame: NV12Frame, wide: bool = True, rpy: tuple | None = DEFAULT_RPY):
     """`rpy`: the calibration published once a second (calibrationd's role); None when the caller publishes liveCalibration itself."""
@@ -93,11 +93,11 @@ def serve_route(parser: argparse.ArgumentParser, args) -> int:
   from sunnypilot.modeld_v2.daemon.messaging import has_service, pub_master
   from sunnypilot.modeld_v2.replay.route_segment import INPUT_SERVICES, EventFeed, FrameDecoder, RouteError, open_segment
   try: segment = open_segment(args.route)
-  except RouteError as e: parser.exit(2, f"camera_replay: error: {e}\n")
+  except RouteError as e: parser.exit(2, f"fake_camerad: error: {e}\n")
   for line in segment.warnings: log.warning(f"warning: {line}")
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
-  replay, decoder = CameraReplay(segment.frame, rpy=None), FrameDecoder(segment, args.frames)
+  replay, decoder = FakeCamerad(segment.frame, rpy=None), FrameDecoder(segment, args.frames)
   inputs, feed = pub_master([s for s in INPUT_SERVICES if has_service(s)]), EventFeed(segment.events)
   stop.wait(args.start_delay)
   log.info(f"serving {segment.name}: {len(segment.frames)} frames at {args.hz:g} Hz")
@@ -110,15 +110,15 @@ def serve_route(parser: argparse.ArgumentParser, args) -> int:
       replay.send(cam.frame_id, road, wide, sof=cam.sof, eof=cam.eof)
       next_t += 1 / args.hz
       stop.wait(max(0.0, next_t - time.monotonic()))
-  except RouteError as e: parser.exit(2, f"camera_replay: error: {e}\n")
+  except RouteError as e: parser.exit(2, f"fake_camerad: error: {e}\n")
   finally:
     decoder.close()
     replay.close()
   return 0
 
-@interruptible("camera_replay")
+@interruptible("fake_camerad")
 def main(argv: list[str] | None = None) -> int:
-  parser = cli_parser("camera_replay", __doc__)
+  parser = cli_parser("fake_camerad", __doc__)
   parser.add_argument("--camera", default="1928x1208", type=checked(parse_camera_size), help="sensor frame size: 1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--video", help="a video file to serve instead of synthetic road scenes (needs PyAV: pip install av)")
   parser.add_argument("--frames", type=positive_int, help="stop after this many frame ids (default: run until SIGINT/SIGTERM)")
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
   log.info(f"rendering frames for {frame.width}x{frame.height} ...")
   source = list(video_frames(args.video, frame)) if args.video else synthetic_frames(frame)
-  replay = CameraReplay(frame, wide=not args.no_wide)
+  replay = FakeCamerad(frame, wide=not args.no_wide)
   stop.wait(args.start_delay)
   next_t, frame_id = time.monotonic(), 0
   log.info(f"serving {len(source)} looped frames at {args.hz:g} Hz")

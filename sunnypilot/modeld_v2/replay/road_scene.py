@@ -1,6 +1,6 @@
 """Synthetic NV12 road scenes: a straight road with lane lines in perspective, as a camera at the device's height sees it.
 
-Used to preview the warp, feed the camera replay server, and run the demo without real camera footage.
+Used to preview the warp, feed the camerad stand-in, and run the demo without real camera footage.
 """
 from __future__ import annotations
 

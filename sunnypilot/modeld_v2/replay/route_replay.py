@@ -324,7 +324,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info, 
   from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
   from sunnypilot.modeld_v2.daemon.messaging import has_service, pub_master
   from sunnypilot.modeld_v2.format.bundle import read_bundle
-  from sunnypilot.modeld_v2.replay.fake_camerad import CameraReplay
+  from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad
   segment = open_segment(folder)
   for line in segment.warnings: report(f"warning: {line}")
   out = os.path.join(args.out, segment.name)
@@ -339,7 +339,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info, 
   report(f"{segment.name}: {len(frames)} frames {segment.frame.width}x{segment.frame.height} ({segment.sensor}), {len(segment.events)} input events "
          f"from {os.path.basename(segment.log_path)}, {'realtime 20 Hz' if args.realtime else 'lockstep'}"
          + (f", checked against {type(reference).__name__} (tolerance {tolerance:g})" if reference is not None else ""))
-  replay = CameraReplay(segment.frame, wide=True, rpy=None)
+  replay = FakeCamerad(segment.frame, wide=True, rpy=None)
   inputs = pub_master([s for s in INPUT_SERVICES if has_service(s)])
   published, decoder, modeld = Published(), FrameDecoder(segment), Modeld(args.artifacts, modeld_flags(args, send_raw=check is not None))
   state, result, calibrations = LogState(), Result(segment.name, files=[] if written is None else written), {}

@@ -1,4 +1,4 @@
-"""The demo: build the embedded default artifacts (again when their inputs or build settings changed), start a camera replay and modeld,
+"""The demo: build the embedded default artifacts (again when their inputs or build settings changed), start a camerad stand-in and modeld,
 run N frames, summarize.
 
   python -m sunnypilot.modeld_v2.tools.demo [--frames 100] [--camera 1928x1208] [--generation split_09] [--size tiny|full] [--onnx model.onnx]
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     codes = [p.wait(timeout=30) for p in procs]
     shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
   if not rows:
-    log(f"no modelV2 messages arrived (modeld exit {codes[0]}, camera_replay exit {codes[1]})")
+    log(f"no modelV2 messages arrived (modeld exit {codes[0]}, fake_camerad exit {codes[1]})")
     return 1
   ms = np.array([r["ms"] for r in rows])
   ids = [r["frameId"] for r in rows]
@@ -269,7 +269,7 @@ modeld_v2 demo on {Device.DEFAULT}, {camera_name} cameras, {describe_model(model
   last frame {last['frameId']}: plan x at 10 s {last['x_end']:.2f} m, lane line probs {np.round(last['lane_probs'], 2).tolist()},
     lead prob {last['lead_prob']:.2f}, desire state {last['desire_state']}, cameraOdometry trans {np.round(last['trans'], 3).tolist()}
   wrote {latency_png} and {preview_png} (what the model sees)
-  modeld exit code {codes[0]}, camera_replay exit code {codes[1]}""")
+  modeld exit code {codes[0]}, fake_camerad exit code {codes[1]}""")
   if not real: print(STAND_IN_BANNER)
   return 0 if codes[0] == 0 and len(rows) == args.frames else 1
 
