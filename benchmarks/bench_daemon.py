@@ -174,9 +174,13 @@ class PublishPath:
     from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
     from sunnypilot.modeld_v2.model import fill_model_msg
     from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
-    m = modules or {"DrivingState": DrivingState, "MessageBytes": MessageBytes, "fill_model_msg": fill_model_msg, "OutputParser": OutputParser}
+    from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
+    m = modules or {"DrivingState": DrivingState, "MessageBytes": MessageBytes, "fill_model_msg": fill_model_msg, "OutputParser": OutputParser,
+                    "ParsedReads": ParsedReads}
     self.old, self.parser, self.state, self.bytes = None, m["OutputParser"](slices), m["DrivingState"](), m["MessageBytes"]()
     self.fills = m["fill_model_msg"]
+    # what DrivingState.update reads: the parser's views (a tree from before ParsedReads: the parse's dict itself)
+    self.reads = m["ParsedReads"].of(self.parser.parsed) if m.get("ParsedReads") else None
     self.info = self.fills.FrameInfo
 
   def frame_info(self, i: int) -> Any: return self.info(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
@@ -185,7 +189,7 @@ class PublishPath:
 
   def fill(self, outputs: np.ndarray, parsed: dict, frame: Any, car: Any) -> dict:
     if self.old: return self.old.fill(None, outputs, self.slices, frame, car, False, parsed)
-    return self.fills.frame_fields(parsed, self.state.update(parsed, frame, car, False), frame)
+    return self.fills.frame_fields(parsed, self.state.update(self.reads or parsed, frame, car, False), frame)
 
   def serialize(self, values: dict, frame: Any, i: int) -> dict[str, bytes]:
     if self.old: return self.old.serialize(values, frame, log_mono_time=i)
@@ -204,6 +208,8 @@ def baseline_modules(root: str) -> Any:
       modules = {name: getattr(importlib.import_module(f"sunnypilot.modeld_v2.{path}"), name) for name, path in
                  (("DrivingState", "daemon.driving_state"), ("MessageBytes", "daemon.message_bytes"), ("OutputParser", "model.parse_model_outputs"))}
       modules["fill_model_msg"] = importlib.import_module("sunnypilot.modeld_v2.model.fill_model_msg")
+      if os.path.exists(os.path.join(root, "sunnypilot", "modeld_v2", "model", "parsed_reads.py")):
+        modules["ParsedReads"] = importlib.import_module("sunnypilot.modeld_v2.model.parsed_reads").ParsedReads
       where = modules["fill_model_msg"].__file__
     else:
       layered = os.path.isdir(os.path.join(root, "sunnypilot", "modeld_v2", "daemon"))

@@ -49,6 +49,7 @@ from sunnypilot.modeld_v2.model.constants import DT_MDL
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, camera_odometry_fields, driving_model_data_fields, model_v2_fields
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
+from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
@@ -139,6 +140,7 @@ class ModelD:
     self.bytes = MessageBytes(self.episodes.once)  # the messages' bytes, through a template per service
     self.send_raw = send_raw
     self.parser: OutputParser | None = None  # the loaded model's output parse
+    self.reads: ParsedReads | None = None  # what the driving state reads of the parse
     self.missing: dict[str, dict[str, str]] | None = None  # per service, the fields a model's first frame leaves default: said once
     self.inputs = FrameInputs(BusInputs(self.episodes), rhd, camera_offset)  # the bus state -> the model's host inputs, frame by frame
     self.camera = CameraSync(self.exit, self.episodes)
@@ -204,6 +206,7 @@ class ModelD:
       adapter.close()
       raise
     self.adapter, self.parser, self.missing = adapter, OutputParser(adapter.output_slices), {s: {} for s in SERVICES}
+    self.reads = ParsedReads.of(self.parser.parsed)  # views of the parser's buffer, refilled by each parse
     generation, source = of_bundle(adapter.metadata)
     self.state.rules = GENERATIONS[generation]
     self.episodes.once(f"generation {generation} ({source}): {self.state.rules.about}")
@@ -224,7 +227,7 @@ class ModelD:
   def published_finite(self, frame: FrameInfo, parsed: dict[str, np.ndarray]) -> FrameInfo:
     """`frame`, marked invalid when what was computed from finite outputs is not finite (outputs near float32's limits can make an
     infinite curvature or std): what is published is checked, not only what the model returned."""
-    if self.state.published_finite(self.parser.buffer, parsed):
+    if self.state.published_finite(self.parser.values, self.reads):
       if frame.outputs_finite: self.episodes.ended("published", "computed values finite again")
       return frame
     self.episodes.happened("published", f"frame {frame.frame_id}: values computed from the outputs are not finite (outputs near float32's limits): "
@@ -234,7 +237,7 @@ class ModelD:
   def publish(self, pm: Any, parsed: dict[str, np.ndarray], outputs: np.ndarray, frame: FrameInfo, fed: Any) -> tuple[int, int, int]:
     """One frame's three messages: the driving state advanced, then modelV2 filled, made and sent (what controls wait for) before the
     other two. The monotonic ns after modelV2 was filled, made and sent."""
-    state = self.state.update(parsed, frame, fed.car, fed.lateral_active)
+    state = self.state.update(self.reads, frame, fed.car, fed.lateral_active)
     frame, missing = self.published_finite(frame, parsed), self.missing or dict.fromkeys(SERVICES)
     valid = frame.valid
     fields = model_v2_fields(parsed, state, frame, outputs if self.send_raw else None, missing["modelV2"])

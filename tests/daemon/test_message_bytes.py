@@ -9,6 +9,7 @@ from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import log, new_message, set_fields
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, frame_fields
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
+from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 from sunnypilot.modeld_v2.tools.stand_in_models import NAMES
 from sunnypilot.modeld_v2.tools.stand_in_models import output_layout as layout
 
@@ -41,7 +42,7 @@ def test_template_bytes_decode_to_what_pycapnp_writes(generation, send_raw):
     outputs = (rng.standard_normal((1, width)) * 3).astype(np.float32)
     frame, car_state, active = info(i, rng), car(v_ego=float(rng.uniform(0, 35)), left=i % 17 > 12), bool(i % 3)
     parsed = parser(outputs)
-    fields = frame_fields(parsed, state.update(parsed, frame, car_state, active), frame, outputs if send_raw else None)
+    fields = frame_fields(parsed, state.update(ParsedReads.of(parsed), frame, car_state, active), frame, outputs if send_raw else None)
     for service in SERVICES:
       valid, mono = frame.valid[service], 10**12 + i
       assert decoded(seam.to_bytes(service, fields[service], valid, mono)) == decoded(pycapnp(service, fields[service], valid, mono)), \
@@ -60,7 +61,7 @@ def test_a_layout_change_mid_run_builds_a_new_template():
     slices = layouts[i // 4]
     outputs = rng.standard_normal((1, max(stop for _, stop in slices.values()))).astype(np.float32)
     parsed, frame = OutputParser(slices)(outputs), info(i, rng)
-    fields = frame_fields(parsed, state.update(parsed, frame, car(), True), frame)
+    fields = frame_fields(parsed, state.update(ParsedReads.of(parsed), frame, car(), True), frame)
     for service in SERVICES:
       assert decoded(seam.to_bytes(service, fields[service], True, i)) == decoded(pycapnp(service, fields[service], True, i)), f"frame {i} {service}"
     made.append(seam.templates["modelV2"])
