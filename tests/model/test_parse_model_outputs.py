@@ -20,7 +20,7 @@ from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser, parse_o
 from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 from sunnypilot.modeld_v2.tools.stand_in_models import NAMES, output_layout
 
-from openpilot_reference import T, X, car, openpilot_plan_t_idxs, sig
+from openpilot_reference import T, X, car, openpilot_plan_t_idxs, sig, varied_plan_x
 
 # openpilot's constants, written out
 DT = 0.05
@@ -542,17 +542,9 @@ def test_lane_line_times_equal_openpilots_loop_bit_for_bit():
   """plan_t_idxs (Python floats, the search carried on) writes what openpilot's loop writes, as float32, on plans that go back and
   forth, stand still (coincident points: NaN), end short of the distances, or land on a distance or just beside it."""
   from sunnypilot.modeld_v2.model.parse_model_outputs import plan_t_idxs
-  rng, x32 = np.random.default_rng(21), X.astype(np.float32)
+  rng = np.random.default_rng(21)
   for i in range(600):
-    kind = i % 4
-    if kind == 0: plan_x = (rng.standard_normal(33) * 60).astype(np.float32)
-    elif kind == 1: plan_x = np.cumsum(rng.uniform(0, 10, 33)).astype(np.float32)
-    elif kind == 2: plan_x = np.round(np.cumsum(rng.uniform(-2, 9, 33))).astype(np.float32)
-    else:  # on a distance or one float32 step beside it, sometimes the next point too (coincident: NaN where the search stops there)
-      plan_x = x32 * np.float32(rng.uniform(0.6, 1.4))
-      k = rng.integers(1, 32, 6)
-      plan_x[k] = np.nextafter(x32[k], x32[k] + np.float32(rng.choice([-1, 0, 1])), dtype=np.float32)
-      plan_x[k + 1] = np.where(rng.random(6) < 0.5, plan_x[k], plan_x[k + 1])
+    plan_x = varied_plan_x(rng, i)
     np.testing.assert_array_equal(plan_t_idxs(plan_x), np.array(openpilot_plan_t_idxs(plan_x), np.float32), err_msg=f"plan {i}")
 
 def test_fcw_history_compares_as_openpilots_float32_arrays():

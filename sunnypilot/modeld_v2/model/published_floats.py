@@ -21,6 +21,7 @@ from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, Frame
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
 from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 
+FLOAT_BLOCK = "message_floats"  # the model bundle's output that holds the block (beside `outputs`, the raw vector)
 LAYOUT_VERSION = 1  # what a block's values mean (the parse's rules, the sources' indexing): a bundle of another version parses on the host
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ def trace(slices: dict[str, Sequence[int]]) -> FloatLayout:
   plan_t = parser.derived.start + np.arange(IDX_N) if "plan_t" in parser.parsed else np.zeros(0, np.int64)
   return FloatLayout(tuple(layout), sources_all, published, reads, fcw, np.flatnonzero(np.isin(sources_all, plan_t)))
 
-def reference_block(parser: OutputParser, layout: FloatLayout) -> np.ndarray:
-  """The block the in-graph parse writes, from a host parse already called (`parser` of the same slices): the reference it is held to."""
+def reference_block(parser: OutputParser, layout: FloatLayout, outputs: np.ndarray) -> np.ndarray:
+  """The block the in-graph parse writes for the (1, N) `outputs`, by the host parse (`parser`, of the same slices as `layout`), non-finite
+  outputs read as 0 as modeld parses them: the reference the graph is held to."""
+  parser(np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0))
   return parser.buffer[layout.sources]
