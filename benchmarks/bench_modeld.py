@@ -3,9 +3,11 @@
   python -m benchmarks.bench_modeld [--sizes tiny,full] [--generations native,split_09,...] [--variants default,fuse-layers,beam2]
                                     [--steps 50] [--json out/bench_modeld.json]
 
-Variants: `default` (a realize point per Conv/MatMul/Gemm, no search), `fuse-layers` (tinygrad left to fuse across layers: the
-compiler's behaviour before layer boundaries), `beamN` (default, each kernel searched with BEAM=N; compile time includes the search,
-or a hit in tinygrad's search cache).
+Variants: `default` (a realize point per Conv/MatMul/Gemm, no search, the output parse in the graph), `fuse-layers` (tinygrad left to fuse
+across layers: the compiler's behaviour before layer boundaries), `beamN` (default, each kernel searched with BEAM=N; compile time includes
+the search, or a hit in tinygrad's search cache), `host-parse` (without the output parse in the graph: modeld parses on the host); `+`
+joins them (`beam2+host-parse`). A generation's variants are stepped in turns, one step each, so they share the machine's state: `default`
+against `host-parse` is the cost of the parse in the graph.
 """
 from __future__ import annotations
 
@@ -25,27 +27,40 @@ from sunnypilot.modeld_v2.format.bundle import next_name, state_names
 from sunnypilot.modeld_v2.runtime.loader import load_bundle
 from sunnypilot.modeld_v2.tools import stand_in_models
 
-def step_ms(path: str, steps: int) -> list[float]:
-  """Per-step times of the loaded bundle with states written in place, as modeld runs it."""
+def stepper(path: str):
+  """A step of the loaded bundle with states written in place, as modeld runs it: a function returning its time in ms."""
   model = load_bundle(path)
   rng = np.random.default_rng(0)
   tensor = lambda shape, dtype: Tensor(rng.integers(0, 256, shape).astype(dtype) if np.dtype(dtype) == np.uint8 else np.zeros(shape, dtype)).realize()
   inputs = {k: tensor(s, d) for k, (s, d, _) in model.input_specs.items()}
   states = {next_name(k): k for k in state_names(model.input_specs, model.output_specs)}
   outs = {k: inputs[states[k]] if k in states else tensor(s, d) for k, (s, d, _) in model.output_specs.items()}
-  times = []
-  for i in range(steps + 5):
+  def step() -> float:
     t = time.perf_counter()
     model.run(**inputs, output_buffers=outs)
     Device[Device.DEFAULT].synchronize()
-    if i >= 5: times.append((time.perf_counter() - t) * 1e3)
+    return (time.perf_counter() - t) * 1e3
+  return step
+
+def step_ms(paths: list[str], steps: int) -> list[list[float]]:
+  """Per-step times of each bundle, stepped in turns (each round starting at the next one) after 5 warm-up rounds."""
+  steppers, times = [stepper(p) for p in paths], [[] for _ in paths]
+  for i in range(steps + 5):
+    for k in range(len(paths)):
+      j = (i + k) % len(paths)
+      ms = steppers[j]()
+      if i >= 5: times[j].append(ms)
   return times
 
 def variant_options(name: str) -> dict:
-  if name == "default": return {}
-  if name == "fuse-layers": return {"fuse_layers": True}
-  if name.startswith("beam") and name[4:].isdigit(): return {"beam": int(name[4:])}
-  raise SystemExit(f"bench_modeld: unknown variant {name!r} (default, fuse-layers, beamN)")
+  options = {}
+  for part in name.split("+"):
+    if part == "default": continue
+    elif part == "fuse-layers": options["fuse_layers"] = True
+    elif part == "host-parse": options["host_parse"] = True
+    elif part.startswith("beam") and part[4:].isdigit(): options["beam"] = int(part[4:])
+    else: raise SystemExit(f"bench_modeld: unknown variant {name!r} (default, fuse-layers, host-parse, beamN, joined by +)")
+  return options
 
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("benchmarks.bench_modeld", __doc__)
@@ -60,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
   with tempfile.TemporaryDirectory() as tmp:
     for size in args.sizes.split(","):
       for generation in args.generations.split(","):
-        stand_in = stand_in_models.write(generation, size, os.path.join(tmp, f"{generation}.onnx"))
+        stand_in, built = stand_in_models.write(generation, size, os.path.join(tmp, f"{generation}.onnx")), {}
         for variant in args.variants.split(","):
           print(f"compiling {generation} {size} ({variant}) ...", file=sys.stderr, flush=True)
           out = os.path.join(tmp, f"{generation}_{variant}.bin")
-          summary = compile_model(out, **stand_in["files"], log=lambda s: None, **variant_options(variant))
-          times = step_ms(out, args.steps)
+          built[variant] = out, compile_model(out, **stand_in["files"], log=lambda s: None, **variant_options(variant))
+        for (variant, (out, summary)), times in zip(built.items(), step_ms([out for out, _ in built.values()], args.steps), strict=True):
           rows.append({"generation": generation, "variant": variant, "size": size, "device": Device.DEFAULT, "gflops": stand_in["flops"] / 1e9,
                        "mparams": stand_in["params"] / 1e6, "frame_skip": load_bundle(out).metadata["frame_skip"], "compile_s": summary["compile_s"],
                        "kernels": summary["kernels"], "bundle_mb": summary["bytes"] / 1e6, "step_ms_median": statistics.median(times),
