@@ -66,16 +66,17 @@ class HardBrake:
 
 class Confidence:
   """Every 2 s (frame ids divisible by 40) the per-2 s-slice disengage probabilities enter a rolling buffer of the last 5 updates; the
-  score averages, across those updates, the probability each gave for the slice that ends now."""
-  def __init__(self): self.buffer = np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32)
+  score averages, across those updates, the probability each gave for the slice that ends now; its color is kept between updates."""
+  def __init__(self): self.buffer, self.color = np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32), "green"
 
   def update(self, frame_id: int, gas: np.ndarray, brake: np.ndarray, steer: np.ndarray) -> str:
     if frame_id % (2 * MODEL_FREQ) == 0:
       any_disengage = 1 - (1 - brake) * (1 - gas) * (1 - steer)
       independent = np.r_[any_disengage[0], np.diff(any_disengage) / (1 - any_disengage[:-1])]  # P(first disengage in slice k)
       self.buffer = np.concatenate([self.buffer[DISENGAGE_WIDTH:], independent.astype(np.float32)])
-    score = self.score
-    return "green" if score < RYG_GREEN else "yellow" if score < RYG_YELLOW else "red"
+      score = self.score
+      self.color = "green" if score < RYG_GREEN else "yellow" if score < RYG_YELLOW else "red"
+    return self.color
 
   @property
   def score(self) -> float:
