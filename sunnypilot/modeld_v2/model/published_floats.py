@@ -58,6 +58,19 @@ class FloatLayout:
     return {"version": LAYOUT_VERSION, "fields": [list(f) for f in self.fields], "sources": self.sources.tolist(), "published": self.published,
             "reads": {k: [a, b, list(s)] for k, (a, b, s) in self.reads.items()}, "fcw": self.fcw, "unchecked": self.unchecked.tolist()}
 
+def check_recorded(recorded: Any, block_shape: Any) -> None:
+  """ValueError unless a bundle's recorded layout (FloatLayout.to_json) is well formed and its FLOAT_BLOCK output (`block_shape`) holds it:
+  checked when the bundle is read, so a crafted one cannot make modeld's views of the block run past it."""
+  if not isinstance(recorded, dict) or not {"version", "fields", "sources", "published", "reads", "fcw", "unchecked"} <= set(recorded):
+    raise ValueError(f"{FLOAT_BLOCK} is not a float block's layout")
+  sources, fields = recorded["sources"], recorded["fields"]
+  if not isinstance(sources, list) or not all(type(i) is int and i >= 0 for i in sources): raise ValueError(f"{FLOAT_BLOCK} sources are not indices")
+  if not isinstance(fields, list) or not all(isinstance(f, list) and len(f) == 3 and type(f[2]) is int and f[2] > 0 for f in fields):
+    raise ValueError(f"{FLOAT_BLOCK} fields are not [service, path, floats]")
+  if sum(f[2] for f in fields) != recorded["published"] or recorded["published"] > len(sources):
+    raise ValueError(f"{FLOAT_BLOCK} fields hold {sum(f[2] for f in fields)} floats, it publishes {recorded['published']} of {len(sources)}")
+  if list(block_shape or []) != [len(sources)]: raise ValueError(f"the {FLOAT_BLOCK} output is {block_shape}, its layout has {len(sources)} floats")
+
 def _labels(value: Any, buffer: np.ndarray) -> np.ndarray | None:
   """The buffer indices a field's value reads when the buffer holds its own indices, or None for a value that is no view of it."""
   if isinstance(value, np.ndarray) and np.shares_memory(value, buffer): return value.reshape(-1).astype(np.int64)
