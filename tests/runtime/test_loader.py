@@ -121,7 +121,7 @@ def test_a_streamed_load_runs_as_the_whole_file_read(native_artifacts):
   assert all(np.array_equal(a, b) for a, b in zip(*outputs))
 
 def test_verify_sees_the_declared_hash_before_the_blob_is_read(native_artifacts, monkeypatch):
-  """`verify(path, digest)` runs with the hash the preamble declares (sha256 of everything after it, written out here) before a byte of
+  """`verify(path, digest, size)` runs with the hash the preamble declares (sha256 of everything after it, written out here) before a byte of
   the blob is read; a verify that refuses ends the load there."""
   import hashlib
 
@@ -130,13 +130,13 @@ def test_verify_sees_the_declared_hash_before_the_blob_is_read(native_artifacts,
   seen, streamed = [], []
   real_stream = BundleFile.stream
   monkeypatch.setattr(BundleFile, "stream", lambda self, sinks=(): (streamed.append(self.path), real_stream(self, sinks))[1])
-  def verify(path: str, digest: str) -> None:
-    seen.append((path, digest, list(streamed)))
+  def verify(path: str, digest: str, size: int) -> None:
+    seen.append((path, digest, size, list(streamed)))
   load_fused(model, warp, verify=verify)
   data = {p: open(p, "rb").read() for p in (model, warp)}
-  assert seen == [(model, hashlib.sha256(data[model][PREAMBLE.size:]).hexdigest(), []),
-                  (warp, hashlib.sha256(data[warp][PREAMBLE.size:]).hexdigest(), [model])]
-  def refuse(path: str, digest: str) -> None: raise ArtifactError(f"{path}: refused")
+  assert seen == [(model, hashlib.sha256(data[model][PREAMBLE.size:]).hexdigest(), len(data[model]), []),
+                  (warp, hashlib.sha256(data[warp][PREAMBLE.size:]).hexdigest(), len(data[warp]), [model])]
+  def refuse(path: str, digest: str, size: int) -> None: raise ArtifactError(f"{path}: refused")
   streamed.clear()
   with pytest.raises(ArtifactError, match="refused"): load_fused(model, warp, verify=refuse)
   assert streamed == []

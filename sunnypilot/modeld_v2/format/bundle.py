@@ -126,8 +126,8 @@ Sink = tuple[int, int, Callable[[int, memoryview], None]]  # a blob range [start
 
 class BundleFile:
   """An open bundle file: its preamble and header read and checked against the file's size (a stray large file costs its first bytes),
-  its blob not read yet. `digest` is the content hash the preamble declares: what a signature signs and a manifest names, known before
-  a byte of the blob is read. `stream(sinks)` then reads the blob once, in order, CHUNK_BYTES at a time, hands each sink the bytes of its
+  its blob not read yet. `digest` is the content hash the preamble declares (and `size` the file's): what a signature signs and a manifest
+  names, known before a byte of the blob is read. `stream(sinks)` then reads the blob once, in order, CHUNK_BYTES at a time, hands each sink the bytes of its
   range and hashes everything on the way; the hash is checked before it returns. Errors name the file as `name` (default: `path`)."""
   def __init__(self, path: str, name: str | None = None):
     self.path, self.name = path, name or path
@@ -139,6 +139,9 @@ class BundleFile:
     except BaseException:
       self.close()
       raise
+
+  @property
+  def size(self) -> int: return PREAMBLE.size + len(self.header_bytes) + self.blob_len  # the file's: _read_head checked they agree
 
   def __enter__(self) -> BundleFile: return self
   def __exit__(self, *exc) -> None: self.close()
@@ -187,6 +190,13 @@ def content_digest(path: str) -> str:
   """The content hash (hex) a bundle's preamble declares, read with its header and nothing past it: what signatures sign and manifests
   name. Only a full read (read_bundle, BundleFile.stream) shows that the content matches it."""
   with BundleFile(path) as f: return f.digest.hex()
+
+def check_content(path: str) -> tuple[str, int]:
+  """(content hash hex, file size) of a bundle whose whole content was read, in bounded memory, and matched the hash its preamble declares:
+  what is signed, named in a manifest or installed."""
+  with BundleFile(path) as f:
+    f.stream()
+    return f.digest.hex(), f.size
 
 def check_provenance(prov: dict, device: str | None = None, path: str = "bundle", allow_device: bool = False) -> str:
   """Raise unless a bundle with provenance `prov` runs here; returns the device to load on."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
+from sunnypilot.modeld_v2.format.bundle import check_content
 
 MANIFEST_FORMAT, MANIFEST_VERSION = "spmv2-model-set", 1
 MANIFEST_NAME = "manifest.json"
@@ -93,6 +94,12 @@ def check_folder(manifest: Manifest, folder: str) -> None:
   named = {e.file for e in manifest.bundles}
   if stray := sorted(n for n in os.listdir(folder) if n.endswith(".bin") and n not in named):
     raise ArtifactError(f"{os.path.join(folder, stray[0])}: a bundle the manifest of {manifest.name} does not name")
+
+def entry_of(path: str, role: str) -> Entry:
+  """A bundle's manifest entry, after reading it whole (in bounded memory) and matching its content to its hash: only intact bundles are
+  named."""
+  digest, size = check_content(path)
+  return Entry(os.path.basename(path), role, digest, size)
 
 def write_manifest(path: str, name: str, entries: list[Entry]) -> Manifest:
   """Write a manifest atomically; returns it."""

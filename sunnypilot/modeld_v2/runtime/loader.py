@@ -53,17 +53,17 @@ def load_device(device: str | None = None) -> str:
     helpers.CACHELEVEL.value = 0
   return Device.canonicalize(device)
 
-Verify = Callable[[str, str], None]  # verify(path, content hash hex) before a byte of the blob is read; raises ArtifactError to refuse
+Verify = Callable[[str, str, int], None]  # verify(path, content hash hex, file size) before a byte of the blob is read; ArtifactError refuses
 SYNC_BYTES = 64 << 20  # on a device that stages each host copy in memory of its own until it completes (CUDA), wait for it this often
 
 def stream_parts(path: str, device: str, allow_device: bool = False, verify: Verify | None = None, wanted: tuple[str, ...] = ("run",)) \
     -> tuple[dict[str, tuple[Part, KeptBlob]], dict, dict[str, list]]:
   """`(parts, extras, bases)` of the `wanted` parts of a bundle file, streamed (see the module's docstring): each part's record and the
   blob of its kernel binaries, the typed extras, and per part its buffers on `device` holding their initial contents (Replay's `bases`).
-  Every check of read_parts, in its order; `verify(path, digest)` between the provenance and the first byte of the blob."""
+  Every check of read_parts, in its order; `verify(path, digest, size)` between the provenance and the first byte of the blob."""
   with BundleFile(path) as f:
     check_provenance(f.head["provenance"], device, path, allow_device)
-    if verify is not None: verify(path, f.digest.hex())
+    if verify is not None: verify(path, f.digest.hex(), f.size)
     if missing := [n for n in wanted if n not in f.head["parts"]]: raise ArtifactError(f"{path}: no part {missing[0]!r} (parts: {sorted(f.head['parts'])})")
     fill, blobs, bases, sinks = Fill(device), {}, {}, []
     for name in wanted:
