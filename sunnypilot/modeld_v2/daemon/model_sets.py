@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
-from sunnypilot.modeld_v2.format.bundle import read_header
+from sunnypilot.modeld_v2.format.bundle import BundleFile, read_header
 from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, Manifest, check_folder, plain_name, read_manifest
 from sunnypilot.modeld_v2.format.signature import TrustedKeys, check_signed
 
@@ -61,9 +61,9 @@ class Trust:
     if self.keys is None: return manifest, "unsigned (no trusted keys)"
     return manifest, f"manifest signed by {check_signed(path, 'manifest', digest, size, self.keys)}"
 
-  def bundle(self, path: str, digest: str, size: int) -> None:
-    """Refuse (ArtifactError, one line) a bundle that no trusted key signed, when there are keys."""
-    if self.keys is not None: check_signed(path, "bundle", digest, size, self.keys)
+  def bundle(self, path: str, digest: str, size: int) -> str:
+    """Refuse (ArtifactError, one line) a bundle that no trusted key signed, when there are keys; else who signed it."""
+    return "not checked (no trusted keys)" if self.keys is None else f"signed by {check_signed(path, 'bundle', digest, size, self.keys)}"
 
 @dataclass(frozen=True)
 class ModelSet:
@@ -80,14 +80,16 @@ class ModelSet:
     names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(self.folder, "*.bin")))
     return [os.path.join(self.folder, n) for n in names if role == folder_role(n)]
 
-  def verify(self, path: str, digest: str, size: int) -> None:
-    """The loader's hook (runtime/loader.Verify): refuse a bundle this set does not vouch for, before a byte of its blob is read."""
+  def verify(self, path: str, digest: str, size: int) -> str:
+    """The loader's hook (runtime/loader.Verify): refuse a bundle this set does not vouch for, before a byte of its blob is read. Returns
+    who vouched for it, for a person."""
     if self.manifest is None: return self.trust.bundle(path, digest, size)
     entry = self.manifest.entry(os.path.basename(path)) if os.path.dirname(os.path.abspath(path)) == os.path.abspath(self.folder) else None
     if entry is None: raise ArtifactError(f"{path}: not a bundle of set {self.name}")
     if (entry.sha256, entry.size) != (digest, size):
       raise ArtifactError(f"{path}: content hash {digest[:16]} ({size:,} bytes), the manifest of set {self.name} says {entry.sha256[:16]} "
                           f"({entry.size:,} bytes)")
+    return f"named as its {entry.role} by set {self.name}'s {self.vouched}"
 
   def __str__(self) -> str: return f"set {self.name} ({self.folder}, {self.vouched})"
 
@@ -113,6 +115,11 @@ def folder_roles(folder: str, given: dict[str, str] | None = None) -> dict[str, 
     roles[name] = role
   if unknown := sorted(set(given or {}) - set(roles)): raise ArtifactError(f"{os.path.join(folder, unknown[0])}: no such bundle")
   return roles
+
+def vouch_for(path: str, trust: Trust) -> str:
+  """Who vouches for the bundle at `path` as a daemon would decide it: the set of its folder (its signed manifest, or the bundle's own
+  signature). ArtifactError, one line, when nothing does."""
+  with BundleFile(path) as f: return open_set(DEFAULT_SET, os.path.dirname(os.path.abspath(path)), trust).verify(path, f.digest.hex(), f.size)
 
 def open_set(name: str, folder: str, trust: Trust) -> ModelSet:
   """The set in `folder`, opened as `name`: its manifest read, signature checked (with keys) and its folder matched to it. One line for

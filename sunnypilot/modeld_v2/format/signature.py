@@ -195,6 +195,25 @@ def check_signed(path: str, kind: str, sha256: str, size: int, trusted: TrustedK
     except InvalidSignature: raise ArtifactError(f"{sig}: the signature of trusted {trusted.describe(s.key_id)} does not verify (edited or forged)") from None
   return trusted.describe(known[0].key_id)
 
+def describe_signatures(path: str, sha256: str, size: int) -> list[str]:
+  """What `path.sig` says, for a person: whether it states this content, and per signature its key and whether it verifies with that key
+  (not whether the key is trusted: that is check_signed's, with a device's keys)."""
+  try: sigs = read_signatures(sig_path(path))
+  except ArtifactError as e: return [str(e)]
+  _, ed25519 = _crypto()
+  from cryptography.exceptions import InvalidSignature
+  signed = sigs.signed
+  same = (signed.sha256, signed.size) == (sha256, size)
+  lines = [f"{sig_path(path)}: a {signed.kind} {signed.name}, sha256 {signed.sha256[:16]}, {signed.size:,} bytes: "
+           f"{'this file' if same else 'NOT this file (another file, or this one changed after it was signed)'}"]
+  for s in sigs.signatures:
+    try:
+      ed25519.Ed25519PublicKey.from_public_bytes(s.public_key).verify(s.signature, signed.message())
+      ok = "verifies"
+    except InvalidSignature: ok = "DOES NOT VERIFY"
+    lines.append(f"signed by key {s.key_id}: {ok}")
+  return lines
+
 def sign(path: str, signed: Signed, private_key: Any) -> str:
   """Add a signature of `signed` by `private_key` to `path.sig`, written atomically: kept with the signatures of other keys already
   there when they sign the same statement, replacing them when they sign other content (the file changed). Returns the .sig's path."""

@@ -53,7 +53,7 @@ def load_device(device: str | None = None) -> str:
     helpers.CACHELEVEL.value = 0
   return Device.canonicalize(device)
 
-Verify = Callable[[str, str, int], None]  # verify(path, content hash hex, file size) before a byte of the blob is read; ArtifactError refuses
+Verify = Callable[[str, str, int], object]  # verify(path, content hash hex, file size) before a byte of the blob is read; ArtifactError refuses
 SYNC_BYTES = 64 << 20  # on a device that stages each host copy in memory of its own until it completes (CUDA), wait for it this often
 
 def stream_parts(path: str, device: str, allow_device: bool = False, verify: Verify | None = None, wanted: tuple[str, ...] = ("run",)) \
