@@ -121,14 +121,17 @@ def _read_head(f: BinaryIO, path: str) -> tuple[dict, bytes, bytes, int]:
                         "or not one bundle)")
   return head, data, digest, blob_len
 
-CHUNK_BYTES = 4 << 20  # a read holds this much of a bundle's blob at a time, besides what it keeps: hundreds of MB never sit in memory twice
+# a read holds this much of a bundle's blob at a time, besides what it keeps (hundreds of MB never sit in memory twice): at most CHUNK_BYTES
+# and a 64th of the blob (a 20 MB model adds 2%, not 20%), at least MIN_CHUNK_BYTES (each chunk is a read and, on CUDA, a staged copy)
+CHUNK_BYTES, MIN_CHUNK_BYTES, CHUNK_FRACTION = 4 << 20, 64 << 10, 64
 Sink = tuple[int, int, Callable[[int, memoryview], None]]  # a blob range [start, end) and write(offset inside the range, bytes)
 
 class BundleFile:
   """An open bundle file: its preamble and header read and checked against the file's size (a stray large file costs its first bytes),
   its blob not read yet. `digest` is the content hash the preamble declares (and `size` the file's): what a signature signs and a manifest
-  names, known before a byte of the blob is read. `stream(sinks)` then reads the blob once, in order, CHUNK_BYTES at a time, hands each sink the bytes of its
-  range and hashes everything on the way; the hash is checked before it returns. Errors name the file as `name` (default: `path`)."""
+  names, known before a byte of the blob is read. `stream(sinks)` then reads the blob once, in order, in chunks (CHUNK_BYTES at most),
+  hands each sink the bytes of its range and hashes everything on the way; the hash is checked before it returns. Errors name the file
+  as `name` (default: `path`)."""
   def __init__(self, path: str, name: str | None = None):
     self.path, self.name = path, name or path
     self.file = open_regular(path)
@@ -152,7 +155,8 @@ class BundleFile:
     an ArtifactError when the file is shorter or longer than its header says or its content is not what the preamble's hash says: what
     the sinks were given must then not be used."""
     order = sorted((s for s in sinks if s[0] < s[1]), key=lambda s: s[0])
-    content, chunk = hashlib.sha256(self.header_bytes), memoryview(bytearray(max(1, min(CHUNK_BYTES, self.blob_len))))
+    size = max(1, min(CHUNK_BYTES, self.blob_len, max(MIN_CHUNK_BYTES, self.blob_len // CHUNK_FRACTION)))
+    content, chunk = hashlib.sha256(self.header_bytes), memoryview(bytearray(size))
     pos, upcoming, active = 0, 0, []
     try:
       while pos < self.blob_len:
