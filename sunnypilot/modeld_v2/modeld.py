@@ -12,8 +12,14 @@ pushes. On that prepare-only frame the fused graph runs once with its `prepare_o
 Delays: on a device CarParams (read from openpilot's Params at start, waiting for it as openpilot's modeld does) give the longitudinal
 actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
 
+Model sets (daemon/model_sets.py): --artifacts is the default set; with --model-sets ROOT the set asked for (ROOT/active on a PC,
+sunnypilot's ModelManager_ActiveBundle parameter on a device) is loaded and warmed up by a thread beside the frames and takes over between
+two frames (daemon/model_switch.py); a set whose first 20 frames give non-finite outputs is dropped for the previous one; at start a set
+that fails falls back to the last that ran, then the default. With --trusted-keys every bundle must be signed (format/signature.py).
+
 This file is the frame loop, in the order things happen; the cameras (sync, geometry, reconnect) are camera_sync.py's, finding and
-checking the bundles artifacts.py's, the model's inputs from the bus state frame_inputs.py's.
+checking the bundles artifacts.py's, the sets and their switch model_sets.py's and model_switch.py's, the model's inputs from the bus
+state frame_inputs.py's.
 """
 from __future__ import annotations
 

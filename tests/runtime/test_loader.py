@@ -143,7 +143,7 @@ def test_verify_sees_the_declared_hash_before_the_blob_is_read(native_artifacts,
 
 def test_a_streamed_load_holds_no_copy_of_the_file(native_artifacts):
   """What a load allocates in Python (tracemalloc sees numpy and bytes, not the device's buffers) stays far below the model's weights:
-  they go straight from each 4 MiB chunk into the device's buffers, where a whole-file read holds them twice."""
+  they go straight from each chunk (at most 4 MiB) into the device's buffers, where a whole-file read holds them twice."""
   import tracemalloc
   model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
   load_fused(model, warp)  # first-time costs (imports, tinygrad's caches) out of the way
