@@ -213,12 +213,13 @@ class ModelD:
       if (candidate := self.switch.first(geometry)) is None: return False
     else:
       planes = self.switch.current.handle.planes if self.switch.current is not None else None
-      try: candidate = Candidate(self.model_set, self.prepare(self.model_set, geometry, planes), geometry)
-      except NoWarp: return False  # find_warp said what to build
-      except ArtifactError as e:
-        self.episodes.once(f"{e}; waiting: tried again when one of them changes")
-        return False
-      self.switch.reloaded(candidate)
+      try:
+        candidate = Candidate(self.model_set, self.prepare(self.model_set, geometry, planes), geometry)
+        self.switch.reloaded(candidate)
+      except ArtifactError as e:  # another set may fit these cameras: the others in fallback order, else wait for this one
+        if (candidate := self.switch.first(geometry, failed=self.model_set.name, why_failed=str(e))) is None:
+          if not isinstance(e, NoWarp): self.episodes.once(f"{e}; waiting: tried again when one of them changes")  # NoWarp: said already
+          return False
     self.use_prepared(candidate)
     log.info(f"loaded {candidate.model_set}: {os.path.basename(driving_model(candidate.model_set))} + {os.path.basename(candidate.handle.warp)} for "
              f"{geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms ({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")

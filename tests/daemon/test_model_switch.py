@@ -11,13 +11,15 @@ from sunnypilot.modeld_v2.daemon.model_sets import LAST_RAN_FILE, ModelSets, Tru
 from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, ModelSwitch
 
 class Loads:
-  """The daemon's side: `load` gives a handle (name, context) unless the set is in `fail`; a set in `hold` waits until released."""
+  """The daemon's side: `load` gives a handle (name, context) unless the set is in `fail` (ArtifactError) or `crash` (anything else, as a
+  driver's error); a set in `hold` waits until released."""
   def __init__(self):
-    self.loaded, self.closed, self.fail, self.hold = [], [], set(), {}
+    self.loaded, self.closed, self.fail, self.crash, self.hold = [], [], set(), set(), {}
 
   def load(self, model_set, context):
     if model_set.name in self.hold: self.hold[model_set.name].wait(10)
     if model_set.name in self.fail: raise ArtifactError(f"{model_set.name} is broken")
+    if model_set.name in self.crash: raise RuntimeError("the device is gone\nand a second line")
     self.loaded.append((model_set.name, context))
     return (model_set.name, context)
 
@@ -148,3 +150,18 @@ def test_the_device_request_is_the_model_managers_parameter():
   assert ActiveSetParam(Params(json.dumps({"ref": "abc"}).encode())).requested()[0] == "abc"
   assert ActiveSetParam(Params(None)).requested() == ("", None)
   assert ActiveSetParam(Params(b"\x08\x01capnp bytes")).requested()[0] == ""
+
+def test_a_load_that_raises_anything_falls_back_in_one_line(switch, caplog):
+  """A load that fails with something other than a bundle's error (a device error, say) is a failed set like any other: at start the next
+  set runs, later the running set runs on; the set is not tried again until asked for again."""
+  switch.loads.crash = {"a"}
+  ask(switch, "a")
+  assert switch.first("g").model_set.name == "default"
+  assert "cannot run set a: its load failed: RuntimeError: the device is gone; falling back to set default" in lines(caplog)
+  switch.context = "g"
+  switch.start()
+  switch.loads.crash = {"b"}
+  ask(switch, "b")
+  until(lambda: any("cannot switch to set b: its load failed: RuntimeError" in line for line in lines(caplog)))
+  for _ in range(3): switch.step()
+  assert switch.loads.loaded == [("default", "g")] and switch.ready is None

@@ -66,12 +66,15 @@ def model_id(folder) -> int: return int(content_digest(os.path.join(folder, "mod
 
 def published_id(daemon: Daemon, frame_id: int) -> int: return daemon.messages[frame_id]["modelV2"][0].locationMonoTimeDEPRECATED
 
-def exchange_until(daemon: Daemon, text: str, start: int, most: int = 400) -> int:
-  """Send frames one after the other (each waited for) until modeld said `text`; the next frame id."""
-  seen = len(daemon.lines)
+def exchange_until(daemon: Daemon, text: str | tuple[str, ...], start: int, most: int = 400, after: int | None = None) -> int:
+  """Send frames one after the other (each waited for) until modeld said `text` (or one of them; after line `after`, default: from now);
+  the next frame id."""
+  seen, texts = len(daemon.lines) if after is None else after, (text,) if isinstance(text, str) else text
+  said = lambda: any(t in line for line in daemon.lines[seen:] for t in texts)
+  if said(): return start
   for frame_id in range(start, start + most):
     daemon.exchange([frame_id])
-    if any(text in line for line in daemon.lines[seen:]): return frame_id + 1
+    if said(): return frame_id + 1
   raise AssertionError(f"modeld never said {text!r} in {most} frames: {''.join(daemon.lines[seen:])}")
 
 def test_a_switch_publishes_every_frame_and_the_new_set_starts_from_zero(artifacts, root, openpilot_prefix):
@@ -169,3 +172,22 @@ def test_with_trusted_keys_only_signed_sets_run(artifacts, root, tmp_path, openp
   assert daemon.stop() == 0
   assert published_id(daemon, end + 2) == model_id(root / "b") and daemon.published == list(range(end + 3))
   assert any("manifest signed by key" in line and "publisher.pem" in line for line in daemon.lines)
+
+def test_a_switch_while_the_camera_geometry_changes(artifacts, root, openpilot_prefix):
+  """Set b is asked for, and camerad comes back with 1928x1208 frames while it loads: b has no warp for them, the default has. Whichever
+  came first (b opened for the new frames, b loaded for the old ones and loaded again, or b running when the cameras changed: it falls
+  back), it is one line about b, and the default runs on the new cameras."""
+  from test_modeld import BIG_FRAME
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(5))
+  seen = len(daemon.lines)
+  (root / "active").write_text("b\n")
+  daemon.restart_camerad(BIG_FRAME)
+  daemon.wait_for_line("camera geometry changed to 1928x1208", after=seen)
+  end = exchange_until(daemon, ("b cannot run on these cameras", "cannot switch to set b"), 100, after=seen)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0
+  ids = {published_id(daemon, i) for i in range(100, end + 5) if i in daemon.messages}
+  assert ids == {model_id(artifacts)} and daemon.published[-5:] == list(range(end, end + 5))
+  lines = [line for line in daemon.lines[seen:] if "cannot switch to set b" in line or "b cannot run on these cameras" in line]
+  assert len(lines) == 1 and "none of its warps fits 1928x1208" in lines[0], lines

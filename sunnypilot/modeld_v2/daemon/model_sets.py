@@ -164,7 +164,7 @@ class ModelSets:
 
   def record_ran(self, name: str) -> None:
     """Remember `name` as the last set that ran (the fallback at the next start); a failure to write is logged, never raised."""
-    if self.root is None or self.read_name(LAST_RAN_FILE) == name: return
+    if self.root is None or not os.path.isdir(self.root) or self.read_name(LAST_RAN_FILE) == name: return
     try:
       with replaced_atomically(os.path.join(self.root, LAST_RAN_FILE)) as (tmp,), open(tmp, "x") as f: f.write(name + "\n")
     except (OSError, ArtifactError) as e: log.warning(f"cannot record {name} as the last set that ran: {e}")

@@ -66,6 +66,10 @@ class ActiveSetParam:
 
   def __str__(self) -> str: return f"the parameter {self.KEY}"
 
+def why(e: Exception) -> str:
+  """An error as one line: an ArtifactError's message is one already; anything else is a failure of the load itself, named by its type."""
+  return str(e) if isinstance(e, ArtifactError) else f"its load failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
 @dataclass(frozen=True)
 class Candidate(Generic[T]):
   """A set loaded by the daemon's `load`: its handle (modeld: a warmed-up model and warp) and what it was loaded for (modeld: the camera
@@ -107,16 +111,20 @@ class ModelSwitch(Generic[T]):
 
   # *** the daemon's frame thread ***
 
-  def first(self, context: Any) -> Candidate[T] | None:
+  def first(self, context: Any, failed: str | None = None, why_failed: str = "") -> Candidate[T] | None:
     """Load the first set that loads for `context`, in order: the one asked for, the last that ran, the default; a line for each that
-    fails. None when none does (the daemon waits, and calls `first` again later)."""
+    fails. None when none does (the daemon waits, and calls `first` again later). `failed`: the running set, which could not be loaded
+    for `context` (another camera geometry) for `why_failed`: the others are tried, and it is not tried again until asked for again."""
     self.request = self.trigger.requested()
-    order = self.sets.fallbacks(self.request[0])
+    order = [n for n in self.sets.fallbacks(self.request[0]) if n != failed]
+    if failed is not None:
+      self.failed[failed] = why_failed
+      if order: self.report(f"set {failed} cannot run on these cameras: {why_failed}; falling back to set {order[0]}")
     for i, name in enumerate(order):
       try: candidate = Candidate(model_set := self.sets.open(name), self.load(model_set, context), context)
-      except ArtifactError as e:
-        self.failed[name] = str(e)
-        self.report(f"cannot run set {name}: {e}{f'; falling back to set {order[i + 1]}' if i + 1 < len(order) else ''}")
+      except Exception as e:  # whatever a set's load raises, the next set is tried (a bundle for another device once left a car without one)
+        self.failed[name] = why(e)
+        self.report(f"cannot run set {name}: {why(e)}{f'; falling back to set {order[i + 1]}' if i + 1 < len(order) else ''}")
         continue
       self.current, self.confirmed, self.probation, self.fallbacks = candidate, False, self.probation_frames, order[i + 1:]
       return candidate
@@ -241,11 +249,11 @@ class ModelSwitch(Generic[T]):
     context, interval, self.again = self.context, sys.getswitchinterval(), None
     sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
     try: candidate = Candidate(model_set := self.sets.open(name), self.load(model_set, context), context)
-    except ArtifactError as e:
-      self.failed[name] = str(e)
+    except Exception as e:  # whatever a set's load raises, the running set runs on, and the set is not tried again until asked for again
+      self.failed[name] = why(e)
       if name in self.fallbacks: self.fallbacks.remove(name)
       running = f"set {self.current.model_set.name} keeps running" if self.current is not None else "no set runs"
-      log.warning(f"cannot switch to set {name}: {e}; {running}")
+      log.warning(f"cannot switch to set {name}: {why(e)}; {running}")
       return
     finally: sys.setswitchinterval(interval)
     self._read_request()

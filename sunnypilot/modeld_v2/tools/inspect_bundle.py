@@ -91,10 +91,13 @@ def describe_manifest(path: str) -> str:
   lines += [f"  signature: {line}" for line in describe_signatures(path, digest, size)]
   return "\n".join(lines)
 
-def is_bundle(path: str) -> bool:
+def is_manifest(path: str) -> bool:
+  """Whether `path` is a file that is not a bundle (read as a manifest); a file that cannot be read is left to the bundle reader's error."""
   from sunnypilot.modeld_v2.common.files import open_regular
   from sunnypilot.modeld_v2.format.bundle import MAGIC
-  with open_regular(path) as f: return f.read(len(MAGIC)) == MAGIC
+  try:
+    with open_regular(path) as f: return f.read(len(MAGIC)) != MAGIC
+  except ArtifactError: return False
 
 def verify_signature(path: str, trust) -> bool:
   """A PASS or FAIL line: whether a bundle is vouched for as modeld decides it with these keys (model_sets.Trust; its own signature, or
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     from sunnypilot.modeld_v2.daemon.model_sets import Trust
     trust = Trust.from_folder(args.trusted_keys) if args.trusted_keys else None
-    if args.command != "profile" and not is_bundle(args.bundle):  # a model set's manifest
+    if args.command != "profile" and is_manifest(args.bundle):
       if args.command == "inspect":
         print(describe_manifest(args.bundle))
         return 0
