@@ -11,7 +11,8 @@ how far its peak RSS rose above where it started, against the bundle's size:
   streamed   runtime/loader.load_fused: the blob read once in chunks of at most 4 MiB, weights written straight into the device's buffers
   whole      what loads did before: read_parts of each file whole into memory (hashed), fused, the replay filling its buffers from that copy
 The signature check (signed here with a fresh key): check_signed on the hash the preamble declares (what a daemon does before a byte of
-the blob is read), and the full content hash check a load then does while it streams (check_content alone).
+the blob is read; the first in a fresh process imports what it needs), and the full content hash check a load then does while it streams
+(check_content alone).
 """
 from __future__ import annotations
 
@@ -51,12 +52,14 @@ path, keys = sys.argv[1:3]
 from sunnypilot.modeld_v2.format.bundle import BundleFile, check_content
 from sunnypilot.modeld_v2.format.signature import TrustedKeys, check_signed
 trusted = TrustedKeys.load(keys)
-t = time.perf_counter()
-with BundleFile(path) as f: check_signed(path, 'bundle', f.digest.hex(), f.size, trusted)
-t_signature = time.perf_counter() - t
+times = []
+for _ in range(2):  # the first in a fresh process, then again
+  t = time.perf_counter()
+  with BundleFile(path) as f: check_signed(path, 'bundle', f.digest.hex(), f.size, trusted)
+  times.append(time.perf_counter() - t)
 t = time.perf_counter()
 check_content(path)
-print(json.dumps({'signature_s': t_signature, 'content_s': time.perf_counter() - t}))
+print(json.dumps({'first_signature_s': times[0], 'signature_s': times[1], 'content_s': time.perf_counter() - t}))
 """
 
 KINDS = {"streamed": "streamed (load_fused)", "whole": "whole-file read (read_parts + fuse + replay)"}
@@ -107,7 +110,7 @@ def bench_size(workdir: str, size: str, loads: int, log) -> dict:
   return {"size": size, "bundle_bytes": os.path.getsize(model) + os.path.getsize(warp), "model_bytes": os.path.getsize(model), "loads": loads,
           "load": {kind: {"s": med(rows, "s"), "peak_rise_bytes": med(rows, "peak_rise"), "after_rise_bytes": med(rows, "after_rise")}
                    for kind, rows in runs.items()},
-          "verify": {"signature_s": med(verify, "signature_s"), "content_s": med(verify, "content_s")}}
+          "verify": {key: med(verify, key) for key in ("first_signature_s", "signature_s", "content_s")}}
 
 def table(results: list[dict], device: str) -> str:
   lines = [f"load of model + 1928x1208 split warp on {device}, fresh processes, median of {results[0]['loads']} (interleaved); peak RSS rise "
@@ -118,10 +121,12 @@ def table(results: list[dict], device: str) -> str:
     for kind, v in r["load"].items():
       lines.append(f"| {r['size']} | {mb:.0f} | {KINDS[kind]} | {v['s']:.2f} | {v['peak_rise_bytes'] / 1e6:.0f} | "
                    f"{v['peak_rise_bytes'] / r['bundle_bytes']:.2f} | {v['after_rise_bytes'] / 1e6:.0f} |")
-  lines += ["", "| stand-in | model MB | signature check (header + Ed25519) ms | content hash check s | GB/s |", "|---|---|---|---|---|"]
+  lines += ["", "| stand-in | model MB | signature check (header + Ed25519) ms: first in a process / again | content hash check s | GB/s |",
+            "|---|---|---|---|---|"]
   for r in results:
     v, model_bytes = r["verify"], r["model_bytes"]
-    lines.append(f"| {r['size']} | {model_bytes / 1e6:.0f} | {v['signature_s'] * 1e3:.2f} | {v['content_s']:.2f} | {model_bytes / v['content_s'] / 1e9:.2f} |")
+    lines.append(f"| {r['size']} | {model_bytes / 1e6:.0f} | {v['first_signature_s'] * 1e3:.2f} / {v['signature_s'] * 1e3:.2f} | {v['content_s']:.2f} | "
+                 f"{model_bytes / v['content_s'] / 1e9:.2f} |")
   return "\n".join(lines)
 
 def main(argv: list[str] | None = None) -> int:
