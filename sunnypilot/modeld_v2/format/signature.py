@@ -77,10 +77,11 @@ def load_public_key(path: str) -> Any:
   return key
 
 def generate_key(path: str) -> tuple[str, str]:
-  """A new key pair: the private key at `path` (readable by its owner only), the public one at `<path stem>.pub.pem`. Neither may exist
-  yet (a key is never overwritten). Returns (private path, public path)."""
+  """A new key pair: the private key at `path` (readable by its owner only), the public one at `<path stem>.pub.pem`, their folder made
+  when missing. Neither may exist yet (a key is never overwritten). Returns (private path, public path)."""
   serialization, ed25519 = _crypto()
   public_path = public_key_path(path)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   for p in (path, public_path):
     if os.path.lexists(p): raise ArtifactError(f"{p} exists: a key is never overwritten")
   key = ed25519.Ed25519PrivateKey.generate()

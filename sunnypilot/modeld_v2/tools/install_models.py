@@ -87,7 +87,7 @@ def download(source: str, dest: str, size: int) -> None:
   stream, total, resumed = open_source(source, have)
   if not resumed: have = 0
   if total is not None and total != size: raise ArtifactError(f"{source}: {total:,} bytes, the manifest says {size:,}")
-  log.info(f"downloading {source}: {size:,} bytes" + (f", resuming at {have:,}" if have else ""))
+  log.info(f"{'downloading' if is_url(source) else 'copying'} {source}: {size:,} bytes" + (f", resuming at {have:,}" if have else ""))
   start, last = time.monotonic(), time.monotonic()
   with stream, open(dest, "ab" if have else "wb") as out:
     while piece := stream.read(min(PIECE_BYTES, size - have + 1)):
