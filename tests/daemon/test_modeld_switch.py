@@ -191,3 +191,23 @@ def test_a_switch_while_the_camera_geometry_changes(artifacts, root, openpilot_p
   assert ids == {model_id(artifacts)} and daemon.published[-5:] == list(range(end, end + 5))
   lines = [line for line in daemon.lines[seen:] if "cannot switch to set b" in line or "b cannot run on these cameras" in line]
   assert len(lines) == 1 and "none of its warps fits 1928x1208" in lines[0], lines
+
+def test_bad_trusted_keys_and_model_sets_are_one_line_at_start(artifacts, tmp_path):
+  """A --trusted-keys folder holding a file that is not a public key (text, a private key), none at all, or --model-sets naming a file:
+  exit 2 with one line, before waiting for camerad."""
+  keys = tmp_path / "keys"
+  keys.mkdir()
+  (keys / "notes.pem").write_text("not a key\n")
+  private, _ = generate_key(str(tmp_path / "publisher.pem"))
+  (tmp_path / "file").write_text("")
+  cases = [(("--trusted-keys", str(keys)), "notes.pem: not an Ed25519 public key"), (("--trusted-keys", str(tmp_path / "none")), "no such folder"),
+           (("--model-sets", str(tmp_path / "file")), "is a file, not a folder")]
+  for flags, message in cases:
+    out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, *flags], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, (flags, out.stderr)
+  os.remove(keys / "notes.pem")
+  shutil.copy(private, keys / "oops.pem")
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--trusted-keys", str(keys)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and "oops.pem: holds a private key" in out.stderr and out.stderr.count("\n") == 1, out.stderr
