@@ -46,7 +46,8 @@ from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 LOG_NAME, VIDEO_NAME, PLOT_NAME, CHECK_NAME = "modeld_rlog.zst", "overlay.mp4", "plots.png", "check.json"
 TOLERANCE = {"float32": 1e-3, "float16": 1e-2}  # per output dtype of the reference: float16 rounding alone reaches 1e-3 on values near 1
-NOT_COMPARED = ("modelExecutionTime", "rawPredictions")  # timing, and the raw vector compared head by head
+# timing, the raw vector (compared head by head), and which model ran (modeld's bundle identity: the reference runs the ONNX)
+NOT_COMPARED = ("modelExecutionTime", "rawPredictions", "locationMonoTimeDEPRECATED")
 MODELD_START_S, FRAME_TIMEOUT_S = 600.0, 60.0  # modeld's first start fuses and caches the bundle; a frame takes milliseconds
 
 log = logging.getLogger(__name__)
