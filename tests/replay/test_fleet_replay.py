@@ -72,7 +72,7 @@ def local_ray():
   """A local Ray instance of 2 CPUs for the module, its files in a folder of its own (removed after), with no token written to ~/.ray;
   its processes are gone after."""
   import ray
-  temp = tempfile.mkdtemp(prefix="ray")  # short: Ray's socket paths live under it
+  temp, sigterm = tempfile.mkdtemp(prefix="ray"), signal.getsignal(signal.SIGTERM)  # short: Ray's socket paths live under it
   with pytest.MonkeyPatch.context() as mp:
     mp.setenv("RAY_AUTH_MODE", "disabled")
     mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
@@ -81,6 +81,7 @@ def local_ray():
     try: yield
     finally:
       ray.shutdown()
+      signal.signal(signal.SIGTERM, sigterm)  # ray.init put its own
       left = wait_gone(lambda: [pid for pid, (_, argv) in processes().items() if any(temp in a for a in argv)])
       shutil.rmtree(temp, ignore_errors=True)
       assert not left, f"Ray processes left: {left}"

@@ -86,15 +86,17 @@ def run_jobs(folders: list[str], flags: list[str], jobs: int, report: FleetRepor
   replays running are told to stop (each stops its modeld and says what it wrote) and waited for, and no segment starts after that."""
   attempts, pending, running = Attempts(report), list(folders), {}
   records = tempfile.mkdtemp(prefix="route_replay_records_")
+  env = child_env()  # each replay's OpenMP/BLAS threads sized to its share of the cores, as Ray sizes a task's: left at every core, N
+  env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))  # replays on N cores ran 15-20% slower (2 cores, N = 2)
   try:
     while pending or running:
       while pending and len(running) < jobs:
         folder = pending.pop(0)
-        path = os.path.join(records, f"{len(os.listdir(records))}_{uuid.uuid4().hex[:8]}.json")
-        running[subprocess.Popen(replay_command(folder, flags, path), env=child_env())] = folder, path
+        path = os.path.join(records, f"{uuid.uuid4().hex}.json")
+        running[subprocess.Popen(replay_command(folder, flags, path), env=env)] = folder, path, time.monotonic()
       for proc in [p for p in running if p.poll() is not None]:
-        folder, path = running.pop(proc)
-        if attempts.settle(folder, outcome(folder, proc.returncode, path)): pending.append(folder)
+        folder, path, t0 = running.pop(proc)
+        if attempts.settle(folder, outcome(folder, proc.returncode, path) | {"wall_s": time.monotonic() - t0}): pending.append(folder)
       time.sleep(0.1)
   except KeyboardInterrupt:
     for proc in running: proc.send_signal(signal.SIGTERM)  # a Ctrl-C at the terminal reached them already; a SIGTERM to this process did not
@@ -141,14 +143,14 @@ def replay_task(folder: str, flags: list[str], shipped: list, node_flags: list[s
   local = [os.path.join(copy, a) if k % 2 else a for k, a in enumerate(node_flags)]
   with tempfile.TemporaryDirectory(prefix="task_", dir=copy) as tmp:  # in the run's folder: a killed worker's goes with it at the end
     with open(output := os.path.join(tmp, "output.log"), "w") as out:
-      record_path = os.path.join(tmp, "record.json")
+      record_path, t0 = os.path.join(tmp, "record.json"), time.monotonic()
       proc = subprocess.Popen(replay_command(folder, flags + local, record_path), stdout=out, stderr=subprocess.STDOUT, env=child_env())
       try: proc.wait()
       except KeyboardInterrupt:  # ray.cancel: stop the replay, then end as cancelled
         stop(proc)
         raise
     with open(output) as f: lines = [line.strip() for line in f if line.strip()]
-    return outcome(folder, proc.returncode, record_path, lines[-1] if lines else "") | {"node": socket.gethostname()}
+    return outcome(folder, proc.returncode, record_path, lines[-1] if lines else "") | {"node": socket.gethostname(), "wall_s": time.monotonic() - t0}
 
 def remove_node_copy(run: str) -> None: shutil.rmtree(node_folder(run), ignore_errors=True)
 
@@ -181,6 +183,9 @@ def run_ray(folders: list[str], flags: list[str], args, report: FleetReport) -> 
   waited for."""
   import ray
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+  from sunnypilot.modeld_v2.replay.route_replay import on_interrupt
+  on_interrupt()  # ray.init put its own SIGTERM handler (sys.exit) in place of the one that stops the replays
   attempts, run = Attempts(report), uuid.uuid4().hex[:12]
   files, node_flags = shipped_files(args)
   shipped = [ray.put(files)]  # in a list: a task fetches it only when its node has no copy yet
@@ -188,7 +193,7 @@ def run_ray(folders: list[str], flags: list[str], args, report: FleetReport) -> 
   task = ray.remote(replay_task).options(num_cpus=args.replay_cpus, max_retries=0)  # a lost replay is retried here, once, and said so
   submit = lambda folder: task.remote(os.path.abspath(folder), flags, shipped, node_flags, run)
   refs = {submit(folder): folder for folder in folders}
-  log.info(f"{len(folders)} segments as Ray tasks of {args.replay_cpus:g} CPU(s) on {len(ray.nodes())} node(s), "
+  log.info(f"{len(folders)} segments as Ray tasks of {args.replay_cpus:g} CPU(s) on {sum(n['Alive'] for n in ray.nodes())} node(s), "
            f"{ray.cluster_resources().get('CPU', 0):g} CPUs")
   try:
     while refs:

@@ -109,7 +109,7 @@ class FleetReport:
             "tolerance": next((r["check"]["tolerance"] for r in checked), None), "frames": frames, "seconds": seconds,
             "frames_per_s": frames / seconds if seconds else 0.0, "heads": heads,
             "per_segment": [{"segment": r["segment"], "status": r["status"], "reason": r["reason"], "frames": r["sent"], "seconds": r["seconds"],
-                             "max": segment_max(r), "attempts": r.get("attempts", 1), "node": r.get("node")} for r in records]}
+                             "max": segment_max(r), "attempts": r.get("attempts", 1), "node": r.get("node"), "wall_s": r.get("wall_s")} for r in records]}
 
   def write(self, interrupted: bool = False) -> str:
     """fleet.json and fleet.png in OUT (each written whole or not at all); returns the summary line."""
