@@ -150,6 +150,7 @@ def test_ray_replays_a_fleet_with_a_bad_segment(drive, native_artifacts, local_r
     assert fleet_head["max"] == max(maxes) and fleet_head["mean"] == pytest.approx(sum(c["heads"][head]["mean"] for c in checks) / 2)
     assert [p["max"] for p in fleet_head["peak_segments"]] == sorted(maxes, reverse=True)
   assert got["frames"] == 2 * FRAMES and got["frames_per_s"] > 0 and got["executor"] == "ray" and all(s["node"] for s in got["per_segment"])
+  assert all(s["task_started"] <= s["started"] < s["ended"] <= s["task_ended"] and s["wall_s"] > 0 for s in got["per_segment"]), got["per_segment"]
   assert "3/3 segments done" in err and "fleet (ray): 3/3 segments: 2 passed, 0 failed, 1 errors; 24 frames" in stdout.strip().splitlines()[-1]
   assert (out / "fleet.png").read_bytes()[:4] == b"\x89PNG"
   assert node_copies() == copies, "each node's copy of the artifacts is removed at the end"

@@ -53,6 +53,11 @@ def stop(proc: subprocess.Popen) -> None:
     proc.kill()
     proc.wait()
 
+def timed(started: float, **more: float) -> dict:
+  """When a replay process started and ended (seconds since the epoch, as its executor saw them) and its wall time."""
+  ended = time.time()
+  return {"started": started, "ended": ended, "wall_s": ended - started, **more}
+
 def outcome(folder: str, returncode: int, record_path: str, last_line: str = "") -> dict:
   """The record the replay wrote, or what its exit says when it wrote none (killed by a signal, or stopped by one it did not expect:
   lost, which a retry may get past)."""
@@ -93,10 +98,10 @@ def run_jobs(folders: list[str], flags: list[str], jobs: int, report: FleetRepor
       while pending and len(running) < jobs:
         folder = pending.pop(0)
         path = os.path.join(records, f"{uuid.uuid4().hex}.json")
-        running[subprocess.Popen(replay_command(folder, flags, path), env=env)] = folder, path, time.monotonic()
+        running[subprocess.Popen(replay_command(folder, flags, path), env=env)] = folder, path, time.time()
       for proc in [p for p in running if p.poll() is not None]:
-        folder, path, t0 = running.pop(proc)
-        if attempts.settle(folder, outcome(folder, proc.returncode, path) | {"wall_s": time.monotonic() - t0}): pending.append(folder)
+        folder, path, started = running.pop(proc)
+        if attempts.settle(folder, outcome(folder, proc.returncode, path) | timed(started)): pending.append(folder)
       time.sleep(0.1)
   except KeyboardInterrupt:
     for proc in running: proc.send_signal(signal.SIGTERM)  # a Ctrl-C at the terminal reached them already; a SIGTERM to this process did not
@@ -139,18 +144,21 @@ def node_copy(shipped: list, run: str) -> str:
 
 def replay_task(folder: str, flags: list[str], shipped: list, node_flags: list[str], run: str) -> dict:
   """A Ray task: one segment replayed by a route_replay process on this node, its output kept for the error line; the record."""
+  task_started = time.time()
   copy = node_copy(shipped, run)
   local = [os.path.join(copy, a) if k % 2 else a for k, a in enumerate(node_flags)]
   with tempfile.TemporaryDirectory(prefix="task_", dir=copy) as tmp:  # in the run's folder: a killed worker's goes with it at the end
     with open(output := os.path.join(tmp, "output.log"), "w") as out:
-      record_path, t0 = os.path.join(tmp, "record.json"), time.monotonic()
+      record_path, started = os.path.join(tmp, "record.json"), time.time()
       proc = subprocess.Popen(replay_command(folder, flags + local, record_path), stdout=out, stderr=subprocess.STDOUT, env=child_env())
       try: proc.wait()
       except KeyboardInterrupt:  # ray.cancel: stop the replay, then end as cancelled
         stop(proc)
         raise
+      times = timed(started, task_started=task_started)
     with open(output) as f: lines = [line.strip() for line in f if line.strip()]
-    return outcome(folder, proc.returncode, record_path, lines[-1] if lines else "") | {"node": socket.gethostname(), "wall_s": time.monotonic() - t0}
+    record = outcome(folder, proc.returncode, record_path, lines[-1] if lines else "")
+  return record | times | {"node": socket.gethostname(), "task_ended": time.time()}
 
 def remove_node_copy(run: str) -> None: shutil.rmtree(node_folder(run), ignore_errors=True)
 

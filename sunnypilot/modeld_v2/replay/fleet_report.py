@@ -20,6 +20,7 @@ from typing import Any
 
 FLEET_JSON, FLEET_PNG = "fleet.json", "fleet.png"
 PEAKS, WORST_NAMED = 3, 8  # segments listed per head where it peaks; segments named on the picture
+TIMES = ("wall_s", "started", "ended", "task_started", "task_ended")  # the replay process's (and Ray task's) times, seconds since the epoch
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class FleetReport:
             "tolerance": next((r["check"]["tolerance"] for r in checked), None), "frames": frames, "seconds": seconds,
             "frames_per_s": frames / seconds if seconds else 0.0, "heads": heads,
             "per_segment": [{"segment": r["segment"], "status": r["status"], "reason": r["reason"], "frames": r["sent"], "seconds": r["seconds"],
-                             "max": segment_max(r), "attempts": r.get("attempts", 1), "node": r.get("node"), "wall_s": r.get("wall_s")} for r in records]}
+                             "max": segment_max(r), "attempts": r.get("attempts", 1), "node": r.get("node")} | {k: r.get(k) for k in TIMES} for r in records]}
 
   def write(self, interrupted: bool = False) -> str:
     """fleet.json and fleet.png in OUT (each written whole or not at all); returns the summary line."""
