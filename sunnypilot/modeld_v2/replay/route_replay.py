@@ -439,11 +439,12 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--frames", default=":", help="the frames drawn in overlay.mp4 and plots.png, a:b (default: all)")
   p.add_argument("--no-pictures", action="store_true", help="skip overlay.mp4 and plots.png")
   p.add_argument("--jobs", type=positive_int, default=1, help="segments replayed at once, each in its own process with its own modeld and msgq prefix")
-  p.add_argument("--ray", nargs="?", const="local", type=checked(ray_address), help="each segment a Ray task: on a local Ray instance started for "
-                 "the run, or on the cluster at ADDRESS (auto: the one `ray start` joined this machine to; or the head's HOST:PORT); needs the fleet extra")
-  p.add_argument("--replay-cpus", type=finite_float(0, 4096, low_open=True), default=1.0, help="with --ray: the CPUs a replay reserves (default 1), "
-                 "so a node runs at most its CPUs / this many at once")
-  p.add_argument("--result", help="write this segment's record (status, reason, frames, seconds, the check) as JSON here: how --jobs and --ray "
+  p.add_argument("--ray", nargs="?", const="local", type=checked(ray_address), metavar="ADDRESS", help="each segment a Ray task: on a local Ray "
+                 "instance started for the run, or on the cluster at ADDRESS (auto: the one `ray start` joined this machine to; or the head's HOST:PORT); "
+                 "needs the fleet extra")
+  p.add_argument("--replay-cpus", type=finite_float(0, 4096, low_open=True), default=1.0, metavar="N", help="with --ray: the CPUs a replay reserves "
+                 "(default 1), so a node runs at most its CPUs / N at once")
+  p.add_argument("--result", metavar="FILE", help="write this segment's record (status, reason, frames, seconds, the check) as JSON here: how --jobs and --ray "
                  "collect their fleet report")
   p.add_argument("--rhd", action="store_true", help="passed to modeld (else driverMonitoringState.isRHD decides)")
   p.add_argument("--lat-delay", type=checked(parse_delay), default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
