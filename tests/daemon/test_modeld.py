@@ -476,6 +476,7 @@ def test_the_graph_parse_publishes_what_the_host_parse_does(artifacts, native_ar
   frames: each says once how it parses, and publishes the same fields of all three messages with the same values (floats within 1e-6
   relative: the graph's float32 arithmetic), the same raw outputs, and once both are calibrated the same valid flags."""
   from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.format.bundle import content_digest
   from sunnypilot.modeld_v2.replay.route_replay import flatten
   host = tmp_path_factory.mktemp("host_parse")
   compile_model(str(host / "model.bin"), onnx=os.path.join(native_artifacts, "native.onnx"), log=lambda s: None, host_parse=True)
@@ -495,6 +496,9 @@ def test_the_graph_parse_publishes_what_the_host_parse_does(artifacts, native_ar
       assert graph.keys() == hosted.keys() and (valid == host_valid or i < 21), f"frame {i} {service}"  # calibrated by frame 21 in both
       for path, value in graph.items():
         if path == "modelExecutionTime": continue  # the time each took
+        if path == "locationMonoTimeDEPRECATED":  # which bundle ran: each its own
+          assert (value, hosted[path]) == tuple(int(content_digest(os.path.join(f, "model.bin"))[:16], 16) for f in (artifacts, host))
+          continue
         if isinstance(value, float) or (isinstance(value, list) and value and isinstance(value[0], float)):
           np.testing.assert_allclose(value, hosted[path], rtol=1e-6, atol=1e-37, err_msg=f"frame {i} {service}.{path}")
         else: assert value == hosted[path], f"frame {i} {service}.{path}"

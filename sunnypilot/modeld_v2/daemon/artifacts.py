@@ -1,6 +1,6 @@
-"""Finding and checking the daemon's artifacts: the model bundle and the warp bundles in an --artifacts folder. Every header field that
-discovery, the live frame match and fusion read is checked before use (by the bundle reader's rules, then against the model): a stale or
-crafted file is skipped with one line, never a crash when the camera connects."""
+"""Finding and checking modeld's artifacts: the driving model and the warp bundles of a model set (an --artifacts folder, or any set
+model_sets opens). Every header field that discovery, the live frame match and fusion read is checked before use (by the bundle reader's
+rules, then against the model): a stale or crafted file is skipped with one line, never a crash when the camera connects."""
 from __future__ import annotations
 
 import glob
@@ -10,12 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
-from sunnypilot.modeld_v2.format.bundle import check_metadata, check_provenance, read_bundle, read_header
+from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, DRIVING_MODEL, MODEL_NAME, WARP, ModelSet, Trust, open_set
+from sunnypilot.modeld_v2.format.bundle import BundleFile, check_metadata, check_provenance, read_bundle, read_header
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame, parse_frame
 
 log = logging.getLogger(__name__)
-
-MODEL_NAME = "model.bin"  # the driving model in an artifacts folder; every other *.bin is looked at as a warp
 
 def spec_shape(spec: Any) -> list | None:
   """The shape of a header's tensor spec ([shape, dtype, device]), or None if it is not one."""
@@ -29,12 +28,13 @@ def file_key(path: str) -> tuple[int, int, int] | None:
   return st.st_ino, st.st_size, st.st_mtime_ns
 
 def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning,
-                 new_img: list | None = None) -> list[tuple[str, dict]]:
-  """(path, metadata) of every warp bundle in `artifacts` this process can load for a model taking `new_img` planes (any, if None); each
-  unreadable, foreign, unfit or other kind of bundle is skipped with a line. Only headers are read until a file says it is a warp (a stray
-  large file costs its first bytes), then the warp whole (its hash)."""
+                 new_img: list | None = None, paths: list[str] | None = None) -> list[tuple[str, dict]]:
+  """(path, metadata) of every warp bundle in `artifacts` (or of `paths`: a set's warps) this process can load for a model taking `new_img`
+  planes (any, if None); each unreadable, foreign, unfit or other kind of bundle is skipped with a line. Only headers are read until a
+  file says it is a warp (a stray large file costs its first bytes), then the warp whole (its hash)."""
   out = []
-  for path in sorted(p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != MODEL_NAME):
+  candidates = paths if paths is not None else [p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != MODEL_NAME]
+  for path in sorted(candidates):
     if not os.path.isfile(path):  # a FIFO or device would block or never end the read
       report(f"skipping {path}: not a regular file")
       continue
@@ -67,12 +67,12 @@ def warp_command(frame: NV12Frame) -> str:
   return f"python -m sunnypilot.modeld_v2.compile_warp --frame {spec} --warp-to 512x256 --split-frames --output ..."
 
 def find_warp(artifacts: str, main: NV12Frame, extra: NV12Frame | None, device: str | None = None, report: Callable[[str], None] = log.warning,
-              new_img: list | None = None, refused: set[str] | frozenset[str] = frozenset()) -> str | None:
-  """The warp bundle in `artifacts` built for the live `main` buffer layout (and fitting in the `extra` stream's buffers, if one is used)
-  and a model taking `new_img` planes, split-frames first, none of `refused` (warps that failed to load with this model as the files are
-  now); None, with a line saying what to build or why the ones there are not used, if none."""
+              new_img: list | None = None, refused: set[str] | frozenset[str] = frozenset(), paths: list[str] | None = None) -> str | None:
+  """The warp bundle in `artifacts` (among `paths`, if given) built for the live `main` buffer layout (and fitting in the `extra` stream's
+  buffers, if one is used) and a model taking `new_img` planes, split-frames first, none of `refused` (warps that failed to load with this
+  model as the files are now); None, with a line saying what to build or why the ones there are not used, if none."""
   matches, seen = [], []
-  for path, meta in warp_bundles(artifacts, device, report, new_img):
+  for path, meta in warp_bundles(artifacts, device, report, new_img, paths):
     frame = parse_frame(meta["frame"])
     seen.append(meta["frame"])
     if (frame.width, frame.height, frame.stride, frame.uv_offset) == (main.width, main.height, main.stride, main.uv_offset) \
@@ -87,17 +87,33 @@ def find_warp(artifacts: str, main: NV12Frame, extra: NV12Frame | None, device: 
          f"bytes); have {seen}. Waiting; build one: {warp_command(main)}")
   return None
 
-def check_artifacts(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning) -> list | None:
-  """Before waiting for camerad: the model's new_img planes (what its warp must make; None if it takes none), read once here so the daemon
-  never reads the model's header again. ArtifactError with the folder's problem in one line: no model for this device, no warp at all."""
-  model = os.path.join(artifacts, MODEL_NAME)
+def driving_model(model_set: ModelSet) -> str:
+  """The path of a set's one driving model (a folder without a manifest: its model.bin, there or not); one line when it has none or several."""
+  if model_set.manifest is None: return os.path.join(model_set.folder, MODEL_NAME)
+  if len(models := model_set.files(DRIVING_MODEL)) != 1:
+    raise ArtifactError(f"{model_set}: {'no' if not models else f'{len(models)}'} driving model bundles ({MODEL_NAME}, or role {DRIVING_MODEL} in "
+                        "its manifest): build one with compile_modeld")
+  return models[0]
+
+def check_driving_set(model_set: ModelSet, device: str | None = None, report: Callable[[str], None] = log.warning) -> list | None:
+  """The model's new_img planes (what its warp must make; None if it takes none), from its header alone (the load checks the rest) and
+  after the set vouched for it (its signature, or its manifest's hash). ArtifactError with the set's problem in one line: no model for
+  this device, no warp at all."""
+  model = driving_model(model_set)
+  if not os.path.isfile(model): raise ArtifactError(f"{model} not found (build it with compile_modeld)")
+  with BundleFile(model) as f:
+    check_provenance(f.head["provenance"], device, model)
+    if f.head["extras"].get("metadata", {}).get("kind") != "model": raise ArtifactError(f"{model} is not a driving model bundle")
+    model_set.verify(model, f.digest.hex(), f.size)
+  if not warp_bundles(model_set.folder, device, report, planes := model_planes(f.head), model_set.files(WARP)):
+    raise ArtifactError(f"no warp bundle for this device and model in {model_set.folder} (build one with compile_warp --split-frames)")
+  return planes
+
+def check_artifacts(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning, trust: Trust | None = None) -> list | None:
+  """Before waiting for camerad: check_driving_set of the --artifacts folder (the default set), read once here so the daemon never reads
+  the model's header again. ArtifactError with the folder's problem in one line: not a folder, no model for this device, no warp at all,
+  a manifest that lies, a bundle the trusted keys do not vouch for."""
   if not os.path.isdir(artifacts):
     raise ArtifactError(f"--artifacts {artifacts}: {'is a file, not a folder' if os.path.exists(artifacts) else 'no such folder'} (it holds "
                         f"{MODEL_NAME} and warp bundles)")
-  if not os.path.isfile(model): raise ArtifactError(f"{model} not found (build it with compile_modeld)")
-  head, _ = read_bundle(model)
-  check_provenance(head["provenance"], device, model)
-  if head["extras"].get("metadata", {}).get("kind") != "model": raise ArtifactError(f"{model} is not a driving model bundle")
-  if not warp_bundles(artifacts, device, report, planes := model_planes(head)):
-    raise ArtifactError(f"no warp bundle for this device and model in {artifacts} (build one with compile_warp --split-frames)")
-  return planes
+  return check_driving_set(open_set(DEFAULT_SET, artifacts, trust or Trust()), device, report)

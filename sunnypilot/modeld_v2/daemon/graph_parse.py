@@ -33,6 +33,12 @@ def bundle_layout(metadata: dict, slices: dict[str, list[int]], report: Callable
   report(f"the output parse runs in the model's graph: each frame's {len(layout.sources)} floats are copied into the messages")
   return layout
 
+def graph_parse_of(adapter: Any, report: Callable[[str], None]) -> GraphParse | None:
+  """The in-graph parse modeld publishes for a loaded model (a ModelRunner: its metadata, output_slices and output_array), or None when
+  its outputs are parsed on the host (bundle_layout says why)."""
+  layout = bundle_layout(adapter.metadata, adapter.output_slices, report)
+  return None if layout is None else GraphParse(layout, adapter.output_array(FLOAT_BLOCK))
+
 class GraphParse:
   """A model's in-graph parse, published: `block` is the array its readback refills every run (the same one each frame); `reads`, the
   driving state's views of it; `writers`, one per service once the host-parsed first frame has built the byte templates."""
@@ -48,11 +54,17 @@ class GraphParse:
     """This frame's block floats that must be finite (all but the lane lines' times, NaN past the plan by openpilot's rule)."""
     return self.block[self.checked]
 
-  def bind(self, message_bytes: MessageBytes, host: dict[str, dict[str, Any]]) -> None:
+  def unbind(self) -> None:
+    """Publish through the host parse until the next bind: a model that frames run on again (a switch, or back from one) builds its
+    templates anew on its first frame."""
+    self.writers = None
+
+  def bind(self, message_bytes: MessageBytes, host: dict[str, dict[str, Any]]) -> bool:
     """After a frame published through the fill functions: block writers on the templates it built, for these host fields (a frame's
-    host_fields); none, and the host parse goes on, when a template cannot take the block."""
+    host_fields); False (said by message_bytes) when a template cannot take the block: then the host parse goes on."""
     writers = {service: message_bytes.block_writer(service, self.floats[service], host[service]) for service in SERVICES}
     self.writers = writers if all(w is not None for w in writers.values()) else None
+    return self.writers is not None
 
   def bytes_of(self, service: str, host: dict[str, Any], valid: bool, log_mono_time: int) -> bytes:
     """`service`'s Event bytes: this frame's block floats and host fields (its host_fields, the keys the writer was bound with)."""
