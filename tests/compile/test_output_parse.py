@@ -50,7 +50,7 @@ def crafted_slices(generation: str) -> dict[str, list[int]]:
 
 def crafted_outputs(rng, parser: OutputParser, width: int, frame: int) -> np.ndarray:
   """Outputs of many kinds, by frame: noise of growing scale, a plan that goes forward or back and forth (the lane lines' times), tied
-  hypothesis logits, non-finite values, values near float32's limits."""
+  hypothesis logits, non-finite values (among them a selection logit), values near float32's limits."""
   vec = (rng.standard_normal(width) * (1, 5, 30)[frame % 3]).astype(np.float32)
   x = varied_plan_x(rng, frame)
   rows = [h.rows for h in parser.hypotheses if h.means == parser.spans["plan"]]
@@ -58,6 +58,10 @@ def crafted_outputs(rng, parser: OutputParser, width: int, frame: int) -> np.nda
   if frame % 5 == 1:
     for h in parser.hypotheses: vec[h.logits] = 1.5  # every hypothesis tied: the last one is picked
   if frame % 7 == 2: vec[rng.integers(0, width, width // 20)] = rng.choice([np.nan, np.inf, -np.inf], width // 20)
+  if frame % 7 == 4:  # a non-finite selection logit reads as 0, the largest here: its hypothesis is picked, for the plan's path too
+    for h in parser.hypotheses:
+      vec[h.logits] = -1.0 - np.arange(len(h.logits))[:, None]  # hypothesis 0 the most likely, unless one is NaN (by frame: 0, 1, 2)
+      vec[h.logits[frame // 7 % len(h.logits)]] = np.nan
   if frame % 11 == 3:
     with np.errstate(over="ignore"): vec = np.clip(vec * np.float32(1e37), -3e38, 3e38).astype(np.float32)
   return vec[None]

@@ -116,7 +116,7 @@ class _Sources:
     rows = lambda start: vec[start:start + span.stop - span.start].reshape(IDX_N, -1)[:, Plan.POSITION]
     position = rows(first)
     if hyp is not None:
-      pick = last_argmax([vec[int(hyp.logits[h, 0])] for h in range(len(hyp.rows))])
+      pick = last_argmax([finite(vec[int(hyp.logits[h, 0])]) for h in range(len(hyp.rows))])  # as the block picks: non-finite reads as 0
       for h in range(1, len(hyp.rows)): position = (pick == h).where(rows(first + h * hyp.stride), position)
     position = finite(position)
     if parser.plan_plus: position = position + finite(rows(int(parser.gather[parser.spans["planplus"].start])))
