@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("benchmarks.bench_modeld", __doc__)
   parser.add_argument("--sizes", default="tiny,full")
   parser.add_argument("--generations", default=",".join(stand_in_models.NAMES), help="stand-in generations, comma separated")
-  parser.add_argument("--variants", default="default", help="compile variants per generation, comma separated: default, fuse-layers, host-parse, beamN, joined by +")
+  parser.add_argument("--variants", default="default",
+                      help="compile variants per generation, comma separated: default, fuse-layers, host-parse, beamN, joined by +")
   parser.add_argument("--steps", type=int, default=50)
   parser.add_argument("--camera", metavar="WxH", help="step each bundle as a frame: fused with a --split-frames warp for this camera size")
   parser.add_argument("--json")
