@@ -2,6 +2,7 @@
 any work; writes are atomic and all-or-nothing; temporary files go on every exit path (an error, a full disk, Ctrl-C), and those of
 killed runs are removed by the next run."""
 import errno
+import itertools
 import os
 import shutil
 import signal
@@ -205,13 +206,30 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch, name, mo
   err = capsys.readouterr().err
   assert err.strip().splitlines()[-1] == f"{name}: interrupted" and "Traceback" not in err, err
 
+# compile_warp with its capture held until stdin closes: the SIGINT lands inside the capture however slowly this process reads the child's
+# stderr (on a loaded machine the real capture, ~2 s, could finish before the signal was sent, and the compile exit 0)
+HELD_CAPTURE = """
+import sys
+from sunnypilot.modeld_v2.compile import capture
+real = capture.capture_part
+def held(*args, **kwargs):
+  print("capture held", file=sys.stderr, flush=True)
+  sys.stdin.read()
+  return real(*args, **kwargs)
+capture.capture_part = held
+from sunnypilot.modeld_v2 import compile_warp
+sys.exit(compile_warp.main(sys.argv[1:]))
+"""
+
 def test_sigint_during_a_compile(tmp_path):
   """A real SIGINT while compile_warp captures: one line, exit 130, no output and no temporary file."""
-  proc = subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.compile_warp", "--frame", FRAME, "--warp-to", "512x256", "--output",
-                           str(tmp_path / "w.bin")], cwd=ROOT, stderr=subprocess.PIPE, text=True)
-  assert "capturing the warp" in proc.stderr.readline()
+  proc = subprocess.Popen([sys.executable, "-c", HELD_CAPTURE, "--frame", FRAME, "--warp-to", "512x256", "--output", str(tmp_path / "w.bin")],
+                          cwd=ROOT, stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  before = [line.strip() for line in itertools.takewhile(lambda line: line.strip() != "capture held", iter(proc.stderr.readline, ""))]
+  assert any("capturing the warp" in line for line in before) and proc.poll() is None, before  # EOF instead of the mark: the child ended
   proc.send_signal(signal.SIGINT)
   err = proc.stderr.read()
+  proc.stdin.close()
   assert proc.wait(timeout=60) == 130 and err.strip().splitlines() == ["compile_warp: interrupted"], err
   assert os.listdir(tmp_path) == []
 

@@ -32,7 +32,7 @@ def test_cuda_round_trip_replays_through_a_graph():
     assert jit(img=img).numpy().tobytes() == plain(img=img).numpy().tobytes()
 
 @pytest.mark.parametrize("instances", [36, 3], ids=["a graph instance per buffer pair", "instances re-pointed past the cap"])
-def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, instances):
+def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, request, instances):
   from sunnypilot.modeld_v2.runtime import kernel_replay as replay
   from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
   monkeypatch.setattr(replay, "MAX_GRAPH_INSTANCES", instances)
@@ -42,6 +42,8 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, 
   compile_warp(frame.spec, "512x256", str(tmp_path / "w.bin"), split_frames=True)
   registered = ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"))
   uploaded = ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False)
+  request.addfinalizer(registered.close)
+  request.addfinalizer(uploaded.close)
   assert registered.in_place and registered.registered_camera_buffers == 0 and not uploaded.in_place
   rng = np.random.default_rng(0)
   bufs = [{k: CameraBuffer(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")} for _ in range(5)]
@@ -61,7 +63,7 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, 
   assert registered.registered_camera_buffers == 0 and registered.frame_feed.camera_tensors == {}
   assert registered.replay.graph_instances <= batches, "the instances built on camera buffers go with them"
 
-def test_closing_one_runner_leaves_the_camera_buffers_another_reads(tmp_path):
+def test_closing_one_runner_leaves_the_camera_buffers_another_reads(tmp_path, request):
   """The switch's case: the next model maps the same camera buffers, the previous one closes; the next keeps reading them in place."""
   from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
   frame = camerad_frame(1344, 760)
@@ -72,6 +74,7 @@ def test_closing_one_runner_leaves_the_camera_buffers_another_reads(tmp_path):
   bufs = {k: CameraBuffer(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")}
   runners = [ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin")) for _ in range(2)]
   runners.append(ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False))
+  for r in runners: request.addfinalizer(r.close)
   for r in runners:
     r.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
     r.copy_frames(bufs)

@@ -45,3 +45,24 @@ def test_a_registration_made_elsewhere_is_taken_over_and_a_new_size_registered_a
   regs.release(0x20000)
   assert driver.ranges == {}
   with pytest.raises(KeyError): regs.release(0x20000)
+
+def test_an_owner_collected_without_unmap_all_lets_go_and_keeps_its_arrays_until_then():
+  """A runner dropped without close() (a failed load, a test's leftover) must not leave registrations of pages that are freed: the next
+  allocation at that address would be handed the stale device pointer (on the H200: a later runner's outputs read back as zeros)."""
+  import gc
+  import weakref
+
+  from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
+  driver = Driver()
+  regs = HostRegistrations(driver, None)
+  owner = CudaHostRegistration("CPU", regs)
+  array = host_pages(4096)
+  alive = weakref.ref(array)
+  owner.mapped_tensor(array)
+  owner.map(0x40000, 4096)  # a camera buffer someone else owns
+  del array
+  gc.collect()
+  assert alive() is not None, "a registered array lives as long as its registration"
+  del owner
+  gc.collect()
+  assert driver.ranges == {} and alive() is None, "collected: every registration released, then the array freed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -63,12 +64,22 @@ def host_registrations(device: str) -> HostRegistrations:
   if key not in _REGISTRATIONS: _REGISTRATIONS[key] = HostRegistrations(cuda, context)
   return _REGISTRATIONS[key]
 
+def _release(dev: Any, registrations: HostRegistrations, registered: list[int], held: list[np.ndarray]) -> None:
+  if registered: dev.synchronize()  # no kernel of this owner may still be reading them
+  for ptr in registered: registrations.release(ptr)
+  registered.clear()
+  held.clear()
+
 class CudaHostRegistration:
   """Host ranges one owner (camera buffers, the host inputs, the outputs) has registered with the CUDA driver: each mapped once, all let
-  go together by unmap_all(); memory another owner also maps stays registered until that one lets go too."""
+  go together by unmap_all(), or when the owner is collected without it; memory another owner also maps stays registered until that one
+  lets go too. Arrays it maps itself (mapped_tensor) live as long as their registration: pages freed while registered would leave a device
+  pointer to pages the driver still pins, which the next allocation at that address would be handed (the counts are keyed by address)."""
   def __init__(self, device: str, registrations: HostRegistrations | None = None):
-    self.dev, self.registered = Device[device], []
+    self.dev, self.registered, self.held = Device[device], [], []
     self.registrations = registrations or host_registrations(device)
+    self._finalizer = weakref.finalize(self, _release, self.dev, self.registrations, self.registered, self.held)
+    self._finalizer.atexit = False  # at exit the process' registrations go with its CUDA context
 
   def map(self, ptr: int, length: int) -> int:
     """The device pointer of host memory [ptr, ptr+length), which stays valid until unmap_all()."""
@@ -77,12 +88,12 @@ class CudaHostRegistration:
     return dptr
 
   def unmap_all(self) -> None:
-    self.dev.synchronize()  # no kernel of this owner may still be reading them
-    for ptr in self.registered: self.registrations.release(ptr)
-    self.registered.clear()
+    _release(self.dev, self.registrations, self.registered, self.held)
 
   def mapped_tensor(self, array: np.ndarray) -> Tensor:
-    """A device tensor over a page-aligned host array (registered here): kernels read and write the array itself."""
+    """A device tensor over a page-aligned host array (registered here, and kept alive with its registration): kernels read and write the
+    array itself."""
+    self.held.append(array)
     return Tensor.from_blob(self.map(array.ctypes.data, array.nbytes), (array.size,), dtype=array.dtype.name, device=self.dev.device)
 
 def host_pages(count: int, dtype: Any = np.uint8) -> np.ndarray:
