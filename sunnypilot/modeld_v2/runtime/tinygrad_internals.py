@@ -257,18 +257,25 @@ def time_call(call: UOp, input_uops: tuple[UOp, ...], device: str) -> float:
   return time.perf_counter() - start
 
 class CpuEntry(NamedTuple):
-  """A compiled PROGRAM loaded on CPU: `fxn` (a ctypes function of c_uint64 pointers) and the argument index of its core_id, if it has
-  one. `runtime` owns the loaded code: `fxn` is valid while this is kept."""
+  """A compiled PROGRAM loaded on CPU: the same code as two ctypes functions of c_uint64 pointers, `fxn` keeping the GIL and `releasing`
+  letting it go for the call, and the argument index of its core_id, if it has one. `runtime` owns the loaded code: both are valid while
+  this is kept."""
   runtime: Any
   fxn: Any
   core_id: int | None
+  releasing: Any
 
 def cpu_entry(program: UOp, device: str) -> CpuEntry:
   """Load a compiled PROGRAM on CPU for direct ctypes calls. CPUProgram's `fxn` is a CFUNCTYPE at `addr`, which releases the GIL on every
-  call; the entry calls the same code as a PYFUNCTYPE, which keeps it: a frame's kernels then run back to back while another thread
-  (the model switch loading the next set) runs Python, instead of each kernel's return waiting for the GIL to come back."""
+  call. The frame thread calls the same code as a PYFUNCTYPE, which keeps it: a frame's kernels then run back to back while another
+  thread (the model switch loading the next set) runs Python, instead of each kernel's return waiting for the GIL to come back. A
+  thread beside the frames (warming up the next set) calls the CFUNCTYPE: the frame thread runs during each of its kernels."""
   runtime = Device[device].runtime(program.to_elf())
-  return CpuEntry(runtime, ctypes.PYFUNCTYPE(None)(runtime.addr), runtime.runtimevars.get("core_id"))
+  return CpuEntry(runtime, ctypes.PYFUNCTYPE(None)(runtime.addr), runtime.runtimevars.get("core_id"), ctypes.CFUNCTYPE(None)(runtime.addr))
+
+def keeps_gil(fxn: Any) -> bool:
+  """Whether a ctypes foreign function keeps the GIL while it runs (a PYFUNCTYPE), rather than releasing it (CFUNCTYPE)."""
+  return bool(fxn._flags_ & ctypes._FUNCFLAG_PYTHONAPI)
 
 def cuda_driver(device: str) -> tuple[Any, Any]:
   """tinygrad's bindings of the CUDA driver API and `device`'s CUcontext, for registering host memory with the driver."""
