@@ -136,6 +136,26 @@ def test_non_finite_outputs_in_the_first_frames_go_back_to_the_previous_set(arti
   assert (root / LAST_RAN_FILE).read_text() == "default\n", "a set that failed is never the last that ran"
   assert sum("gave non-finite outputs" in line for line in daemon.lines) == 1
 
+def test_a_camerad_restart_on_the_same_cameras_keeps_the_set_to_fall_back_to(artifacts, root, openpilot_prefix):
+  """b is switched to after the default passed, and camerad restarts with the same cameras while b is in its first frames: only camera
+  buffers went, so the default stays kept to fall back to (a reconnect once closed it). inf, switched to then, fails its first frame:
+  back to the default."""
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))  # the default passes its first 20 frames
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "switched to set b", 25)  # b has run at most one frame of its 20
+  seen = len(daemon.lines)
+  daemon.restart_camerad(daemon.frame)
+  daemon.wait_for_line("reconnected to camerad", after=seen)
+  (root / "active").write_text("inf\n")
+  daemon.wait_for_line("switched to set inf", after=seen)  # between two frames, none sent
+  end = exchange_until(daemon, ("dropped, back to set", "no other set to fall back to", ": loading set"), end, after=seen)
+  daemon.exchange(range(end, end + 3))
+  assert daemon.stop() == 0
+  said = "".join(daemon.lines[seen:])
+  assert "set inf gave non-finite outputs in its first frames: dropped, back to set default" in said, said
+  assert {published_id(daemon, i) for i in range(end, end + 3)} == {model_id(artifacts)}
+
 def test_start_falls_back_to_the_last_set_that_ran(artifacts, root, openpilot_prefix):
   """The set asked for fails its warm-up (NaN outputs on zero frames): modeld starts on the last set that ran, saying so in one line."""
   (root / "active").write_text("nan\n")
