@@ -273,7 +273,8 @@ class ModelD:
     planes = planes or model_planes(read_header(model_path))
     report = self.episodes.once if waiting else log.warning
     refused = {w for w, keys in self.refused.items() if keys == (file_key(model_path), file_key(w))} if waiting else set()
-    warp = find_warp(model_set.folder, geometry.main, geometry.extra, report=report, new_img=planes, refused=refused, paths=model_set.files(WARP))
+    warp = find_warp(model_set.folder, geometry.main, geometry.extra, report=report, new_img=planes, refused=refused, paths=model_set.files(WARP),
+                     verify=model_set.verify)  # with trusted keys, an unsigned warp is never picked over a signed one
     if warp is None: raise NoWarp(f"none of its warps fits {geometry} (said above)")
     keys, digests = (file_key(model_path), file_key(warp)), {}  # keys before the read: a file fixed while it was read is tried again
     def verify(path: str, digest: str, size: int) -> None:

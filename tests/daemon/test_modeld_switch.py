@@ -254,3 +254,27 @@ def test_bad_trusted_keys_and_model_sets_are_one_line_at_start(artifacts, tmp_pa
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--trusted-keys", str(keys)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 2 and "oops.pem: holds a private key" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+def test_with_trusted_keys_an_unsigned_warp_is_never_picked(artifacts, tmp_path):
+  """The default folder, signed bundle by bundle, and an unsigned copy of its warp that sorts first (warp_a_split.bin): modeld picked the
+  unsigned one, the load refused it, and the set failed to start. Now the unsigned warp is skipped with a line and the signed one loads."""
+  from test_modeld import FRAME
+
+  from sunnypilot.modeld_v2 import modeld
+  from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
+  from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, Trust
+  os.makedirs(tmp_path / "trusted")
+  publisher, public = generate_key(str(tmp_path / "publisher.pem"))
+  shutil.copy(public, tmp_path / "trusted" / "publisher.pem")
+  default = tmp_path / "default"
+  os.makedirs(default)
+  for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(artifacts, name), default / name)
+  sign_bundles(default, publisher)
+  shutil.copy(default / "warp_split.bin", default / "warp_a_split.bin")
+  daemon = modeld.ModelD(str(default), trust=Trust.from_folder(str(tmp_path / "trusted")))
+  lines = []
+  daemon.episodes.log = lines.append
+  prepared = daemon.prepare(daemon.sets.open(DEFAULT_SET), Geometry((0,), FRAME, None))
+  try: assert os.path.basename(prepared.warp) == "warp_split.bin"
+  finally: prepared.adapter.close()
+  assert sum("warp_a_split.bin" in line and "skipping" in line for line in lines) == 1, lines
