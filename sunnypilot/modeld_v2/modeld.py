@@ -188,6 +188,7 @@ class ModelD:
     self.status = Status(status_every_s)
     self.sets = ModelSets(artifacts, model_sets, trust or Trust())
     self.core: int | None = None  # the core the frame thread is pinned to, if any: the switch thread keeps off it
+    self.unloaded: tuple[ModelSet, list | None] | None = None  # the set that ran and its model's planes, when no set runs since a reload failed
     from sunnypilot.modeld_v2.daemon.device_params import device_params
     self.params = device_params()  # openpilot's Params on a device, else None
     trigger = ActiveSetFile(self.sets) if self.params is None else ActiveSetParam(self.params)
@@ -238,10 +239,12 @@ class ModelD:
       return True
     planes = self.running_set.planes if self.running_set is not None else None
     running = self.switch.new_context(geometry)  # closes the sets loaded for the old geometry; the switch thread loads for this one now
-    self.geometry = geometry
+    if running is None and self.unloaded is not None: running, planes = self.unloaded  # its reload failed: it is the one tried again
+    self.geometry, self.unloaded = geometry, None
     try: sensor_for_size(geometry.main.width, geometry.main.height)
     except ValueError as e:
       self.episodes.once(f"{e}: waiting for a known camera")
+      if running is not None: self.unloaded = running, planes
       return False
     t = time.perf_counter()
     if running is None:
@@ -252,6 +255,7 @@ class ModelD:
         self.switch.reloaded(candidate)
       except ArtifactError as e:  # another set may fit these cameras: the others in fallback order, else wait for this one
         if (candidate := self.switch.first(geometry, failed=running.name, why_failed=str(e))) is None:
+          self.unloaded = running, planes  # the next load tries it again first, its model's header not read again (the pair refused stays so)
           if not isinstance(e, NoWarp): self.episodes.once(f"{e}; waiting: tried again when one of them changes")  # NoWarp: said already
           return False
     self.use_prepared(candidate)
@@ -320,7 +324,7 @@ class ModelD:
   def use_prepared(self, candidate: Candidate[Prepared]) -> None:
     """Run frames with `candidate` from the next one on: its host inputs, its output layout and its generation's rules, and the
     intrinsics of its sensor's cameras."""
-    prepared = candidate.handle
+    prepared, self.unloaded = candidate.handle, None
     self.parser, self.missing = OutputParser(prepared.adapter.output_slices), {s: {} for s in SERVICES}
     self.reads = ParsedReads.of(self.parser.parsed)  # views of the parser's buffer, refilled by each parse
     self.graph = prepared.graph
