@@ -80,6 +80,7 @@ class StubModel:
     return self.block
   def reset_states(self) -> None: pass
   def close(self) -> None: pass
+  def hold_gil(self, hold: bool) -> None: pass
 
 class StubbedModelD(ModelD):
   """ModelD with a StubCamera in place of camerad's streams and a StubModel run as modeld runs a loaded set (ModelD.use_prepared)."""
@@ -90,7 +91,9 @@ class StubbedModelD(ModelD):
   def load(self) -> bool:
     stub = Prepared(self.model, HostInputs(self.model.numpy_inputs, self.episodes.once), STUB_SENSOR, "stub", "0" * 64, None,
                     graph_parse_of(self.model, self.episodes.once))
-    self.use_prepared(Candidate(ModelSet(DEFAULT_SET, "", None, Trust(), "a stub"), stub, None))
+    candidate = Candidate(ModelSet(DEFAULT_SET, "", None, Trust(), "a stub"), stub, None)
+    self.switch.reloaded(candidate)  # the switch holds what runs
+    self.use_prepared(candidate)
     return True
 
 def run_stubbed(slices: dict[str, list[int]], width: int, generation: str, frames: int, idle_s: float, spin_s: float = 0.0,

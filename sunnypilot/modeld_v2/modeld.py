@@ -173,7 +173,6 @@ class ModelD:
     self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
-    self.adapter: Any = None
     self.geometry: Geometry | None = None
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
     self.state = DrivingState()  # what crosses frames besides the model's states: the input side reads it, the output side advances it
@@ -187,12 +186,36 @@ class ModelD:
     self.camera = CameraSync(self.exit, self.episodes)
     self.refused: dict[str, tuple] = {}  # warp -> (model's, warp's file_key) when the pair failed to load: tried again once either changes
     self.status = Status(status_every_s)
-    self.host_inputs: HostInputs | None = None  # the loaded model's host inputs, written each frame
     self.sets = ModelSets(artifacts, model_sets, trust or Trust())
-    self.switch: ModelSwitch[Prepared] = ModelSwitch(self.sets, ActiveSetFile(self.sets), self.prepare, self.discard, report=self.episodes.once)
-    self.model_set: ModelSet | None = None  # the set frames run on
-    self.model_id = 0  # which model runs, published in every modelV2 (Prepared.model_id)
     self.core: int | None = None  # the core the frame thread is pinned to, if any: the switch thread keeps off it
+    self.unloaded: tuple[ModelSet, list | None] | None = None  # the set that ran and its model's planes, when no set runs since a reload failed
+    from sunnypilot.modeld_v2.daemon.device_params import device_params
+    self.params = device_params()  # openpilot's Params on a device, else None
+    trigger = ActiveSetFile(self.sets) if self.params is None else ActiveSetParam(self.params)
+    # what frames run on is the switch's `current`, and only there (adapter, host_inputs, model_set and model_id below read it)
+    self.switch: ModelSwitch[Prepared] = ModelSwitch(self.sets, trigger, self.prepare, self.discard, thread_setup=lambda: config_background(self.core),
+                                                     report=self.episodes.once)
+
+  @property
+  def running_set(self) -> Prepared | None:
+    """The loaded set frames run on (the switch's current handle), or None."""
+    return self.switch.current.handle if self.switch.current is not None else None
+
+  @property
+  def adapter(self) -> Any: return self.running_set.adapter if self.running_set is not None else None
+
+  @property
+  def host_inputs(self) -> HostInputs | None:
+    """The running model's host inputs, written each frame."""
+    return self.running_set.host_inputs if self.running_set is not None else None
+
+  @property
+  def model_set(self) -> ModelSet | None: return self.switch.current.model_set if self.switch.current is not None else None
+
+  @property
+  def model_id(self) -> int:
+    """Which model runs, published in every modelV2 (Prepared.model_id); 0 when none does."""
+    return self.running_set.model_id if self.running_set is not None else 0
 
   def load(self) -> bool:
     """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait).
@@ -211,27 +234,28 @@ class ModelD:
     except ValueError as e:
       self.episodes.once(f"{e}: waiting for another camera geometry")
       return False
-    self.switch.forget_previous()  # loaded for camera buffers that are gone
-    if geometry == self.geometry and self.adapter is not None:
-      self.adapter.drop_camera_buffers()
+    if geometry == self.geometry and self.adapter is not None:  # camerad restarted: only its buffers are gone, the sets loaded stay
+      for prepared in self.switch.handles(): prepared.adapter.drop_camera_buffers()
       return True
-    if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
-    self.adapter, self.geometry = None, geometry
-    self.switch.context = geometry  # what the switch thread loads sets for from now on
+    planes = self.running_set.planes if self.running_set is not None else None
+    running = self.switch.new_context(geometry)  # closes the sets loaded for the old geometry; the switch thread loads for this one now
+    if running is None and self.unloaded is not None: running, planes = self.unloaded  # its reload failed: it is the one tried again
+    self.geometry, self.unloaded = geometry, None
     try: sensor_for_size(geometry.main.width, geometry.main.height)
     except ValueError as e:
       self.episodes.once(f"{e}: waiting for a known camera")
+      if running is not None: self.unloaded = running, planes
       return False
     t = time.perf_counter()
-    if self.model_set is None:
+    if running is None:
       if (candidate := self.switch.first(geometry)) is None: return False
     else:
-      planes = self.switch.current.handle.planes if self.switch.current is not None else None
       try:
-        candidate = Candidate(self.model_set, self.prepare(self.model_set, geometry, planes), geometry)
+        candidate = Candidate(running, self.prepare(running, geometry, planes), geometry)
         self.switch.reloaded(candidate)
       except ArtifactError as e:  # another set may fit these cameras: the others in fallback order, else wait for this one
-        if (candidate := self.switch.first(geometry, failed=self.model_set.name, why_failed=str(e))) is None:
+        if (candidate := self.switch.first(geometry, failed=running.name, why_failed=str(e))) is None:
+          self.unloaded = running, planes  # the next load tries it again first, its model's header not read again (the pair refused stays so)
           if not isinstance(e, NoWarp): self.episodes.once(f"{e}; waiting: tried again when one of them changes")  # NoWarp: said already
           return False
     self.use_prepared(candidate)
@@ -253,7 +277,8 @@ class ModelD:
     planes = planes or model_planes(read_header(model_path))
     report = self.episodes.once if waiting else log.warning
     refused = {w for w, keys in self.refused.items() if keys == (file_key(model_path), file_key(w))} if waiting else set()
-    warp = find_warp(model_set.folder, geometry.main, geometry.extra, report=report, new_img=planes, refused=refused, paths=model_set.files(WARP))
+    warp = find_warp(model_set.folder, geometry.main, geometry.extra, report=report, new_img=planes, refused=refused, paths=model_set.files(WARP),
+                     verify=model_set.verify)  # with trusted keys, an unsigned warp is never picked over a signed one
     if warp is None: raise NoWarp(f"none of its warps fits {geometry} (said above)")
     keys, digests = (file_key(model_path), file_key(warp)), {}  # keys before the read: a file fixed while it was read is tried again
     def verify(path: str, digest: str, size: int) -> None:
@@ -262,12 +287,13 @@ class ModelD:
     try:
       adapter = ModelRunner(model_path, warp, verify=verify)
       notes: list[str] = []
-      try: prepared = Prepared(adapter, HostInputs(adapter.numpy_inputs, report), sensor, warp, digests[model_path], planes,
-                               graph_parse_of(adapter, notes.append), "".join(notes))
-      except ArtifactError:
-        adapter.close()  # a later load for the same geometry must not find a half-bound one
+      try:
+        prepared = Prepared(adapter, HostInputs(adapter.numpy_inputs, report), sensor, warp, digests[model_path], planes,
+                            graph_parse_of(adapter, notes.append), "".join(notes))
+        self.warm_up(prepared)
+      except BaseException:  # whatever failed (a bundle's fault, a device error in the warm-up, Ctrl-C), the adapter goes with it
+        adapter.close()
         raise
-      self.warm_up(prepared)
     except ArtifactError as e:
       if waiting: self.refused[warp] = keys
       raise ArtifactError(f"cannot load {model_path} with {warp}: {e}") from None
@@ -280,24 +306,25 @@ class ModelD:
     adapter = prepared.adapter
     adapter.numpy_inputs[HOST_TRANSFORM][:] = warp_matrices(cameras_of(prepared.sensor, self.camera.main_wide), DEFAULT_RPY)
     zeros = np.zeros(adapter.warp_frame_size, np.uint8)
-    for _ in range(3):
-      adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
-      adapter.run()
-    finite = bool(np.isfinite(adapter.output_array()).all())
+    adapter.hold_gil(False)  # on the switch thread, beside the frames: each kernel call lets the frame thread run
+    try:
+      for _ in range(3):
+        adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
+        adapter.run()
+      finite = bool(np.isfinite(adapter.output_array()).all())
+    finally: adapter.hold_gil(True)  # frames: a frame's kernels back to back
     adapter.reset_warmup_buffers()
-    if not finite:
-      adapter.close()
-      raise ArtifactError("its outputs on zero frames are not finite")
+    if not finite: raise ArtifactError("its outputs on zero frames are not finite")
 
   def discard(self, prepared: Prepared) -> None:
-    """A loaded set no frame runs on any more (dropped, or replaced after the next one passed its first frames)."""
+    """A loaded set no frame runs on any more (dropped, replaced after the next one passed its first frames, or loaded for cameras that
+    are gone): the switch closes it, on its thread while frames run."""
     prepared.adapter.close()
 
   def use_prepared(self, candidate: Candidate[Prepared]) -> None:
     """Run frames with `candidate` from the next one on: its host inputs, its output layout and its generation's rules, and the
     intrinsics of its sensor's cameras."""
-    prepared = candidate.handle
-    self.adapter, self.host_inputs, self.model_set, self.model_id = prepared.adapter, prepared.host_inputs, candidate.model_set, prepared.model_id
+    prepared, self.unloaded = candidate.handle, None
     self.parser, self.missing = OutputParser(prepared.adapter.output_slices), {s: {} for s in SERVICES}
     self.reads = ParsedReads.of(self.parser.parsed)  # views of the parser's buffer, refilled by each parse
     self.graph = prepared.graph
@@ -420,15 +447,13 @@ class ModelD:
     return False
 
   def run(self, max_frames: int | None = None, core: int | None = None) -> int:
-    from sunnypilot.modeld_v2.daemon.device_params import camera_offset, device_params, on_device, read_car_params
+    from sunnypilot.modeld_v2.daemon.device_params import camera_offset, on_device, read_car_params
     from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
-    params = device_params()
+    params = self.params
     device = on_device()
     self.core = DEVICE_CORE if core is None and device else core
     log.info(config_realtime(self.core, realtime=device))
     log.info(f"signatures: {self.sets.trust.describe()}")
-    if params is not None: self.switch.trigger = ActiveSetParam(params)
-    self.switch.thread_setup = lambda: config_background(self.core)
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))

@@ -8,13 +8,14 @@ import pytest
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.daemon.model_sets import LAST_RAN_FILE, ModelSets, Trust
-from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, ModelSwitch
+from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, Candidate, ModelSwitch
 
 class Loads:
   """The daemon's side: `load` gives a handle (name, context) unless the set is in `fail` (ArtifactError) or `crash` (anything else, as a
   driver's error); a set in `hold` waits until released."""
   def __init__(self):
     self.loaded, self.closed, self.fail, self.crash, self.hold = [], [], set(), set(), {}
+    self.closed_on: list[str] = []  # the thread each close ran on
 
   def load(self, model_set, context):
     if model_set.name in self.hold: self.hold[model_set.name].wait(10)
@@ -23,7 +24,9 @@ class Loads:
     self.loaded.append((model_set.name, context))
     return (model_set.name, context)
 
-  def close(self, handle): self.closed.append(handle)
+  def close(self, handle):
+    self.closed.append(handle)
+    self.closed_on.append(threading.current_thread().name)
 
 def until(condition, timeout: float = 10) -> None:
   deadline = time.monotonic() + timeout
@@ -54,6 +57,11 @@ def change_over(switch) -> str:
 
 def lines(caplog) -> list[str]: return [r.getMessage() for r in caplog.records]
 
+def paused(switch) -> None:
+  """Stop the switch thread, so that the test plays it with step() alone (two threads in step would race)."""
+  switch.stop(timeout=10)
+  assert not switch.thread.is_alive()
+
 def test_start_falls_back_from_the_asked_set_to_the_last_that_ran_to_the_default(switch, caplog):
   switch.loads.fail = {"a", "b"}
   ask(switch, "a")
@@ -72,7 +80,9 @@ def test_a_switch_keeps_the_previous_set_until_the_new_one_passed(switch, caplog
   ask(switch, "a")
   assert change_over(switch) == "a" and switch.previous.model_set.name == "default" and switch.loads.closed == []
   for _ in range(3): assert switch.frame_ran(True) is None
-  assert switch.loads.closed == [("default", "g")] and switch.previous is None
+  assert switch.previous is None
+  until(lambda: switch.loads.closed == [("default", "g")])
+  assert switch.loads.closed_on == ["model_switch"], "closed by the switch thread, off the frames' path"
   until(lambda: switch.sets.read_name(LAST_RAN_FILE) == "a")
   assert switch.loads.loaded == [("default", "g"), ("a", "g")]
 
@@ -85,10 +95,13 @@ def test_non_finite_outputs_on_probation_go_back_and_are_not_tried_again_until_a
   change_over(switch)
   switch.frame_ran(True)
   back = switch.frame_ran(False)
-  assert back.model_set.name == "default" and switch.current is back and switch.loads.closed == [("a", "g")]
+  assert back.model_set.name == "default" and switch.current is back
   assert "set a gave non-finite outputs in its first frames: dropped, back to set default" in lines(caplog)
+  until(lambda: switch.loads.closed == [("a", "g")])
+  paused(switch)
   for _ in range(3): switch.step()  # a failed set is not loaded again while the request stands
   assert switch.ready is None and switch.loads.loaded.count(("a", "g")) == 1
+  switch.start()
   ask(switch, "a")  # asked for again: tried again
   assert change_over(switch) == "a"
 
@@ -99,7 +112,8 @@ def test_a_failing_start_set_is_replaced_by_the_next_fallback_in_the_background(
   switch.start()
   assert switch.frame_ran(False) is None  # no set to go back to: the frames keep running on a while the next one loads
   assert "set a gave non-finite outputs in its first frames: loading set default in the background" in lines(caplog)
-  assert change_over(switch) == "default" and switch.loads.closed == [("a", "g")]
+  assert change_over(switch) == "default"
+  until(lambda: switch.loads.closed == [("a", "g")])
 
 def test_two_requests_in_quick_succession_end_on_the_last(switch, caplog):
   switch.first("g")
@@ -133,12 +147,33 @@ def test_a_set_loaded_for_a_camera_that_is_gone_is_loaded_again(switch, caplog):
   switch.start()
   ask(switch, "a")
   until(lambda: switch.ready is not None)
-  switch.context = "g2"  # the camera geometry changed while it loaded
+  assert switch.new_context("g2").name == "default"  # the camera geometry changed while it loaded: the running set goes with it
+  assert switch.loads.closed == [("default", "g1")] and switch.current is None
   candidate = switch.take()
   assert candidate.context == "g1"
   switch.retry(candidate)
+  reload(switch, "default", "g2")  # the daemon loads the running set again for the new cameras
   until(lambda: switch.ready is not None)
-  assert switch.take().context == "g2" and ("a", "g1") in switch.loads.closed
+  assert switch.take().context == "g2"
+  until(lambda: ("a", "g1") in switch.loads.closed)
+
+def reload(switch, name: str, context) -> None:
+  """The daemon's side of a context change: the set that ran loaded again for `context`, then `reloaded`."""
+  switch.reloaded(Candidate(model_set := switch.sets.open(name), switch.loads.load(model_set, context), context))
+
+def test_nothing_loads_beside_the_daemon_reloading_the_running_set_for_new_cameras(switch):
+  """Between new_context and reloaded no set runs: the thread must not load the set asked for then (a second copy of the one the daemon
+  is loading, which would then replace it and keep it as the fallback)."""
+  switch.first("g1")  # no thread: the test plays it with step()
+  assert switch.new_context("g2").name == "default"
+  switch.step()
+  assert switch.ready is None and switch.loads.loaded == [("default", "g1")]
+  reload(switch, "default", "g2")
+  for _ in range(3): switch.step()
+  assert switch.ready is None and switch.loads.loaded == [("default", "g1"), ("default", "g2")]
+  ask(switch, "a")  # the thread loads for the new cameras from now on
+  switch.step()
+  assert switch.take().context == "g2"
 
 def test_the_device_request_is_the_model_managers_parameter():
   class Params:
@@ -163,5 +198,57 @@ def test_a_load_that_raises_anything_falls_back_in_one_line(switch, caplog):
   switch.loads.crash = {"b"}
   ask(switch, "b")
   until(lambda: any("cannot switch to set b: its load failed: RuntimeError" in line for line in lines(caplog)))
+  paused(switch)
   for _ in range(3): switch.step()
   assert switch.loads.loaded == [("default", "g")] and switch.ready is None
+
+def test_a_set_switched_to_before_the_running_one_passed_still_has_sets_to_fall_back_to(switch, caplog):
+  """The default has run one of its first frames when b is asked for: nothing passed is kept to go back to, so b's fallbacks are the
+  start's order without b (the last that ran, the default); b failing its first frames loads the next of them in the background."""
+  (switch.root / LAST_RAN_FILE).write_text("a\n")
+  ask(switch, "c")
+  switch.loads.fail = {"c"}
+  switch.first("g")  # c fails: the last that ran, a, runs, on probation
+  switch.frame_ran(True)
+  switch.loads.fail = set()
+  switch.start()
+  ask(switch, "b")
+  assert change_over(switch) == "b" and switch.previous is None
+  assert switch.fallbacks == ["a", "default"]
+  until(lambda: switch.loads.closed == [("a", "g")])  # a had not passed: not kept
+  assert switch.frame_ran(False) is None
+  assert "set b gave non-finite outputs in its first frames: loading set a in the background" in lines(caplog)
+  assert change_over(switch) == "a"
+  assert switch.frame_ran(False) is None  # a fails too: the next is the default (c failed at start, b just now)
+  assert "set a gave non-finite outputs in its first frames: loading set default in the background" in lines(caplog)
+  assert change_over(switch) == "default"
+  for _ in range(3): switch.frame_ran(True)
+  until(lambda: switch.sets.read_name(LAST_RAN_FILE) == "default")
+
+def test_a_new_context_closes_every_handle_once_and_none_is_run_again(switch, caplog):
+  """The cameras change (modeld: another geometry): the running set, which passed, and nothing else loads for the new cameras. A set
+  then switched to keeps nothing to go back to, so its failure never returns to the handle closed with the old cameras."""
+  switch.first("g1")
+  for _ in range(3): switch.frame_ran(True)
+  assert switch.new_context("g2").name == "default"
+  assert switch.loads.closed == [("default", "g1")] and switch.current is None and switch.handles() == []
+  switch.loads.fail = {"default"}
+  assert switch.first("g2", failed="default", why_failed="no warp fits") is None
+  switch.start()
+  ask(switch, "b")
+  assert change_over(switch) == "b" and switch.previous is None
+  assert switch.frame_ran(False) is None, "no closed set to go back to"
+  assert "set b gave non-finite outputs in its first frames: no other set to fall back to" in lines(caplog), "the default failed on g2"
+  assert switch.current.model_set.name == "b" and switch.loads.closed.count(("default", "g1")) == 1
+
+def test_closes_after_the_thread_stopped_happen_at_once(switch):
+  """Without the thread (before start, after stop) a handle let go is closed by the caller: none is left waiting."""
+  switch.first("g")
+  switch.start()
+  ask(switch, "a")
+  change_over(switch)
+  until(lambda: switch.loads.closed == [("default", "g")])  # it had not passed: closed by the thread
+  switch.stop(timeout=10)
+  assert switch.frame_ran(False) is None
+  switch.release(("x", "g"))
+  assert switch.loads.closed[-1] == ("x", "g") and switch.to_close == []

@@ -620,3 +620,23 @@ def test_a_status_line_says_frames_drops_and_execution_time(artifacts, openpilot
   line = re.search(r"status: (\d+) frames published, (\d+) in the last [\d.]+ s, 0 dropped, modelExecutionTime p50 [\d.]+ ms", second)
   total, recent = map(int, line.groups())
   assert 0 < recent <= total < frame_id, (second, frame_id)
+
+def test_a_load_that_fails_with_any_exception_closes_its_adapter(artifacts, monkeypatch):
+  """prepare() closed the adapter it made only on an ArtifactError: a device error in the warm-up (or Ctrl-C) left it loaded, its memory
+  (and on CUDA its host registrations) held by nothing that would close it. Now whatever is raised closes it, and is raised as it was."""
+  from sunnypilot.modeld_v2 import modeld
+  from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
+  from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET
+  from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+  made, closed, close = [], [], ModelRunner.close
+  def closing(self) -> None:
+    closed.append(self)
+    close(self)
+  def broken(self, prepared) -> None:
+    made.append(prepared.adapter)
+    raise RuntimeError("CUDA error 700 in the warm-up")
+  monkeypatch.setattr(ModelRunner, "close", closing)
+  monkeypatch.setattr(modeld.ModelD, "warm_up", broken)
+  daemon = modeld.ModelD(artifacts)
+  with pytest.raises(RuntimeError, match="CUDA error 700"): daemon.prepare(daemon.sets.open(DEFAULT_SET), Geometry((0,), FRAME, None))
+  assert len(made) == 1 and closed == made

@@ -136,6 +136,26 @@ def test_non_finite_outputs_in_the_first_frames_go_back_to_the_previous_set(arti
   assert (root / LAST_RAN_FILE).read_text() == "default\n", "a set that failed is never the last that ran"
   assert sum("gave non-finite outputs" in line for line in daemon.lines) == 1
 
+def test_a_camerad_restart_on_the_same_cameras_keeps_the_set_to_fall_back_to(artifacts, root, openpilot_prefix):
+  """b is switched to after the default passed, and camerad restarts with the same cameras while b is in its first frames: only camera
+  buffers went, so the default stays kept to fall back to (a reconnect once closed it). inf, switched to then, fails its first frame:
+  back to the default."""
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))  # the default passes its first 20 frames
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "switched to set b", 25)  # b has run at most one frame of its 20
+  seen = len(daemon.lines)
+  daemon.restart_camerad(daemon.frame)
+  daemon.wait_for_line("reconnected to camerad", after=seen)
+  (root / "active").write_text("inf\n")
+  daemon.wait_for_line("switched to set inf", after=seen)  # between two frames, none sent
+  end = exchange_until(daemon, ("dropped, back to set", "no other set to fall back to", ": loading set"), end, after=seen)
+  daemon.exchange(range(end, end + 3))
+  assert daemon.stop() == 0
+  said = "".join(daemon.lines[seen:])
+  assert "set inf gave non-finite outputs in its first frames: dropped, back to set default" in said, said
+  assert {published_id(daemon, i) for i in range(end, end + 3)} == {model_id(artifacts)}
+
 def test_start_falls_back_to_the_last_set_that_ran(artifacts, root, openpilot_prefix):
   """The set asked for fails its warm-up (NaN outputs on zero frames): modeld starts on the last set that ran, saying so in one line."""
   (root / "active").write_text("nan\n")
@@ -234,3 +254,27 @@ def test_bad_trusted_keys_and_model_sets_are_one_line_at_start(artifacts, tmp_pa
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--trusted-keys", str(keys)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 2 and "oops.pem: holds a private key" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+def test_with_trusted_keys_an_unsigned_warp_is_never_picked(artifacts, tmp_path):
+  """The default folder, signed bundle by bundle, and an unsigned copy of its warp that sorts first (warp_a_split.bin): modeld picked the
+  unsigned one, the load refused it, and the set failed to start. Now the unsigned warp is skipped with a line and the signed one loads."""
+  from test_modeld import FRAME
+
+  from sunnypilot.modeld_v2 import modeld
+  from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
+  from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, Trust
+  os.makedirs(tmp_path / "trusted")
+  publisher, public = generate_key(str(tmp_path / "publisher.pem"))
+  shutil.copy(public, tmp_path / "trusted" / "publisher.pem")
+  default = tmp_path / "default"
+  os.makedirs(default)
+  for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(artifacts, name), default / name)
+  sign_bundles(default, publisher)
+  shutil.copy(default / "warp_split.bin", default / "warp_a_split.bin")
+  daemon = modeld.ModelD(str(default), trust=Trust.from_folder(str(tmp_path / "trusted")))
+  lines = []
+  daemon.episodes.log = lines.append
+  prepared = daemon.prepare(daemon.sets.open(DEFAULT_SET), Geometry((0,), FRAME, None))
+  try: assert os.path.basename(prepared.warp) == "warp_split.bin"
+  finally: prepared.adapter.close()
+  assert sum("warp_a_split.bin" in line and "skipping" in line for line in lines) == 1, lines

@@ -1,4 +1,5 @@
 """CUDA: the generic replay path (graph batches) and camera buffers registered with the driver. Skipped where no CUDA device exists."""
+import threading
 
 import numpy as np
 import pytest
@@ -84,3 +85,34 @@ def test_closing_one_runner_leaves_the_camera_buffers_another_reads(tmp_path, re
     r.run()
   assert runners[1].output_array().tobytes() == runners[2].output_array().tobytes(), "the camera buffers stayed registered for the other runner"
   runners[1].close()
+
+def test_a_copy_in_stages_nothing_another_threads_synchronize_frees():
+  """tinygrad's CUDA copy-in staged each copy in pinned memory freed by the device's next synchronize, from any thread: a load on the model
+  switch's thread racing the frame thread's readback synchronize wrote (or copied from) freed memory. copy_in is the driver's synchronous
+  copy now: nothing is left on tinygrad's list of staged copies (ops_cuda's CUDADevice.pending_copyin), the caller's memory may be reused at
+  once, and the bytes arrive while another thread synchronizes all along."""
+  from tinygrad.device import Buffer
+  from tinygrad.dtype import dtypes
+
+  from sunnypilot.modeld_v2.runtime.tinygrad_internals import copy_in, copy_out, stages_copies
+  device, size = Device["CUDA"], 1 << 20
+  buf, out = Buffer("CUDA", size, dtypes.uint8).allocate(), np.empty(size, np.uint8)
+  assert not stages_copies(buf)
+  data = np.full(size, 7, np.uint8)
+  copy_in(buf, memoryview(data))
+  assert device.pending_copyin == [], "nothing staged for a synchronize to free"
+  stop = threading.Event()
+  def frame_thread() -> None:
+    while not stop.is_set(): device.synchronize()
+  thread = threading.Thread(target=frame_thread)
+  thread.start()
+  try:
+    for i in range(64):
+      data = np.full(size, i, np.uint8)
+      copy_in(buf, memoryview(data))
+      data[:] = 255  # the caller's memory, reused as soon as copy_in returned
+      copy_out(buf, memoryview(out))
+      assert (out == i).all(), f"copy {i} arrived damaged"
+  finally:
+    stop.set()
+    thread.join()

@@ -170,3 +170,42 @@ def test_from_a_folder_and_an_installed_name_is_never_replaced(published, tmp_pa
   assert code == 2 and "not a folder" in err
   code, err = run(capsys, tmp_path / "nothing.json", "--model-sets", root)
   assert code == 2 and "no such manifest" in err
+
+@pytest.mark.parametrize("name", ["default", "active", "last_ran"])
+def test_a_set_named_as_the_folders_own_files_is_refused(published, tmp_path, capsys, name):
+  """`default` is the --artifacts folder (a set installed under it never runs), `active` and `last_ran` are the folder's flag files:
+  such a set is refused in one line, nothing written."""
+  assert sign_bundle.main(["--key", str(tmp_path / "publisher.pem"), "--manifest", str(published), "--name", name]) == 0
+  capsys.readouterr()
+  root = tmp_path / "sets"
+  code, err = run(capsys, published / MANIFEST_NAME, "--model-sets", root, "--trusted-keys", tmp_path / "trusted")
+  assert code == 2 and err.count("error:") == 1 and f"the set name '{name}' is reserved" in err, err
+  assert not (root / name).exists() and not (root / ".partial" / name).exists()
+
+def test_links_in_the_model_sets_folder_are_never_followed(published, tmp_path, capsys):
+  """A link planted where a partial download resumes made the install append the bundle to the file it points to; one where the installed
+  set's manifest is made a foreign manifest read as the set's. Both are refused in one line, the file pointed to untouched."""
+  root, victim = tmp_path / "sets", tmp_path / "victim"
+  victim.write_bytes(b"precious")
+  staging = root / ".partial" / "first"
+  staging.mkdir(parents=True)
+  shutil.copy(published / MANIFEST_NAME, staging / MANIFEST_NAME)  # the same version of the set: its partial files resume
+  os.symlink(victim, staging / "model.bin.part")
+  code, err = run(capsys, published / MANIFEST_NAME, "--model-sets", root, "--trusted-keys", tmp_path / "trusted")
+  assert code == 2 and err.count("error:") == 1 and "model.bin.part is a symbolic link" in err, err
+  assert victim.read_bytes() == b"precious" and not (root / "first").exists()
+  shutil.rmtree(root)
+  (root / "first").mkdir(parents=True)
+  shutil.copy(published / MANIFEST_NAME, victim)
+  os.symlink(victim, root / "first" / MANIFEST_NAME)
+  code, err = run(capsys, published / MANIFEST_NAME, "--model-sets", root, "--trusted-keys", tmp_path / "trusted")
+  assert code == 2 and "holds another set named first" in err, err
+
+def test_an_installed_manifest_is_read_only_as_far_as_the_new_one(published, tmp_path, capsys):
+  """The installed set's manifest.json was read whole to compare: a huge file there (here 1 TiB, sparse) was read into memory. Now at
+  most one byte more than the new manifest is read."""
+  root = tmp_path / "sets"
+  (root / "first").mkdir(parents=True)
+  with open(root / "first" / MANIFEST_NAME, "wb") as f: f.truncate(1 << 40)
+  code, err = run(capsys, published / MANIFEST_NAME, "--model-sets", root, "--trusted-keys", tmp_path / "trusted")
+  assert code == 2 and "holds another set named first" in err, err

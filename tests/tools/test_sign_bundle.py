@@ -27,7 +27,7 @@ def error(capsys) -> str:
   assert err.count("\n") == 1 and "Traceback" not in err, err
   return err
 
-def test_sign_bundles_then_inspect_and_verify_them(folder, tmp_path, capsys):
+def test_sign_bundles_then_inspect_and_verify_them(folder, tmp_path, capsys, monkeypatch):
   key, trusted = keys(tmp_path, capsys)
   model = str(folder / "model.bin")
   assert sign_bundle.main(["--key", key, model, str(folder / "warp_split.bin")]) == 0
@@ -44,9 +44,13 @@ def test_sign_bundles_then_inspect_and_verify_them(folder, tmp_path, capsys):
   assert sign_bundle.main(["--generate-key", str(tmp_path / "other.pem")]) == 0
   shutil.copy(tmp_path / "other.pub.pem", os.path.join(trusted, "other.pem"))
   capsys.readouterr()
+  from sunnypilot.modeld_v2.compile import capture
+  def never(*args): raise AssertionError("the kernels of a bundle no trusted key signed were run")
+  monkeypatch.setattr(capture, "verify_part", never)
   assert inspect_bundle.main(["verify", model, "--trusted-keys", trusted]) == 1
   out = capsys.readouterr().out
-  assert "FAIL signature:" in out and "none of them trusted" in out and "NOT SIGNED" in out
+  assert "FAIL signature:" in out and "none of them trusted" in out and "NOT SIGNED" in out and "kernels were not run" in out
+  assert " run:" not in out, "no replay line after the signature failed"
 
 def test_a_manifest_signed_names_its_folder_and_verifies_every_hash(folder, tmp_path, capsys):
   key, trusted = keys(tmp_path, capsys)

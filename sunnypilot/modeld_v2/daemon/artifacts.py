@@ -28,10 +28,11 @@ def file_key(path: str) -> tuple[int, int, int] | None:
   return st.st_ino, st.st_size, st.st_mtime_ns
 
 def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[str], None] = log.warning,
-                 new_img: list | None = None, paths: list[str] | None = None) -> list[tuple[str, dict]]:
+                 new_img: list | None = None, paths: list[str] | None = None, verify: Callable[[str, str, int], Any] | None = None) -> list[tuple[str, dict]]:
   """(path, metadata) of every warp bundle in `artifacts` (or of `paths`: a set's warps) this process can load for a model taking `new_img`
-  planes (any, if None); each unreadable, foreign, unfit or other kind of bundle is skipped with a line. Only headers are read until a
-  file says it is a warp (a stray large file costs its first bytes), then the warp whole (its hash)."""
+  planes (any, if None) and, with `verify` (ModelSet.verify), one its set vouches for (with trusted keys: signed); each unreadable, foreign,
+  unfit, unvouched or other kind of bundle is skipped with a line. Only headers are read until a file says it is a warp and is vouched for
+  (a stray large file costs its first bytes), then the warp whole (its hash). The load verifies the warp it reads again."""
   out = []
   candidates = paths if paths is not None else [p for p in glob.glob(os.path.join(artifacts, "*.bin")) if os.path.basename(p) != MODEL_NAME]
   for path in sorted(candidates):
@@ -42,6 +43,8 @@ def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[st
       if (kind := read_header(path)["extras"].get("metadata", {}).get("kind")) != "warp":
         report(f"skipping {path}: a {kind or 'plain'} bundle, not a warp (only {MODEL_NAME} is read as the model)")
         continue
+      if verify is not None:
+        with BundleFile(path) as f: verify(path, f.digest.hex(), f.size)
       head, _ = read_bundle(path)
       if (meta := head["extras"].get("metadata", {})).get("kind") != "warp":  # replaced since its header was read
         report(f"skipping {path}: no longer a warp bundle (replaced while it was read)")
@@ -67,12 +70,14 @@ def warp_command(frame: NV12Frame) -> str:
   return f"python -m sunnypilot.modeld_v2.compile_warp --frame {spec} --warp-to 512x256 --split-frames --output ..."
 
 def find_warp(artifacts: str, main: NV12Frame, extra: NV12Frame | None, device: str | None = None, report: Callable[[str], None] = log.warning,
-              new_img: list | None = None, refused: set[str] | frozenset[str] = frozenset(), paths: list[str] | None = None) -> str | None:
+              new_img: list | None = None, refused: set[str] | frozenset[str] = frozenset(), paths: list[str] | None = None,
+              verify: Callable[[str, str, int], Any] | None = None) -> str | None:
   """The warp bundle in `artifacts` (among `paths`, if given) built for the live `main` buffer layout (and fitting in the `extra` stream's
   buffers, if one is used) and a model taking `new_img` planes, split-frames first, none of `refused` (warps that failed to load with this
-  model as the files are now); None, with a line saying what to build or why the ones there are not used, if none."""
+  model as the files are now), each vouched for by `verify` (see warp_bundles); None, with a line saying what to build or why the ones
+  there are not used, if none."""
   matches, seen = [], []
-  for path, meta in warp_bundles(artifacts, device, report, new_img, paths):
+  for path, meta in warp_bundles(artifacts, device, report, new_img, paths, verify):
     frame = parse_frame(meta["frame"])
     seen.append(meta["frame"])
     if (frame.width, frame.height, frame.stride, frame.uv_offset) == (main.width, main.height, main.stride, main.uv_offset) \
@@ -105,7 +110,7 @@ def check_driving_set(model_set: ModelSet, device: str | None = None, report: Ca
     check_provenance(f.head["provenance"], device, model)
     if f.head["extras"].get("metadata", {}).get("kind") != "model": raise ArtifactError(f"{model} is not a driving model bundle")
     model_set.verify(model, f.digest.hex(), f.size)
-  if not warp_bundles(model_set.folder, device, report, planes := model_planes(f.head), model_set.files(WARP)):
+  if not warp_bundles(model_set.folder, device, report, planes := model_planes(f.head), model_set.files(WARP), model_set.verify):
     raise ArtifactError(f"no warp bundle for this device and model in {model_set.folder} (build one with compile_warp --split-frames)")
   return planes
 

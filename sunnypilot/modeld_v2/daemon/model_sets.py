@@ -36,6 +36,14 @@ ROLES = {DRIVING_MODEL: "modeld's driving model", WARP: "modeld's camera warps, 
 MODEL_NAME, DM_MODEL_NAME, DM_WARP_PREFIX = "model.bin", "dmonitoring_model.bin", "dm_warp_"
 DEFAULT_SET = "default"
 ACTIVE_FILE, LAST_RAN_FILE = "active", "last_ran"
+RESERVED_NAMES = (DEFAULT_SET, ACTIVE_FILE, LAST_RAN_FILE)  # a model sets folder's own names: no installed set may take one
+
+def installable_name(name: str, where: str) -> str:
+  """`name` if a set may be installed under it in a model sets folder: a plain name (never hidden: the folder's work files are) that is
+  none of RESERVED_NAMES (the default set is the --artifacts folder, `active` and `last_ran` the folder's flag files); else one line."""
+  plain_name(name, "the set name", where)
+  if name in RESERVED_NAMES: raise ArtifactError(f"{where}: the set name {name!r} is reserved in a model sets folder ({', '.join(RESERVED_NAMES)})")
+  return name
 # on a comma device: installed sets on the data partition (beside sunnypilot's model manager's /data/models), trusted keys in the software
 # checkout (updated with the software, never by what a download writes)
 DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS = "/data/models/modeld_v2", "/data/openpilot/sunnypilot/modeld_v2/trusted_keys"

@@ -1,7 +1,7 @@
 """Switching model sets while a daemon runs frames: the request (a trigger), the load in a background thread, the changeover between two
 frames, the probation of a new set's first frames, and the fallbacks. Nothing here knows modeld: a daemon gives `load(model_set,
-context) -> handle` (read, verify, load and warm up; ArtifactError when it cannot), `close(handle)`, and its frame thread calls `take`,
-`changed_over` and `frame_ran` (see ModelSwitch). dmonitoringmodeld uses the same class with its own load.
+context) -> handle` (read, verify, load and warm up; ArtifactError when it cannot) and `close(handle)`, and its frame thread calls the
+rest in the order ModelSwitch's docstring gives. dmonitoringmodeld uses the same class with its own load.
 
 The request: on a comma device the parameter sunnypilot's model manager writes for the active bundle (`ActiveSetParam`); on a PC a flag
 file, ROOT/active (`ActiveSetFile`). Both name a set (model_sets.ModelSets); empty means the default. The thread looks every POLL_S.
@@ -81,33 +81,58 @@ class Candidate(Generic[T]):
 class ModelSwitch(Generic[T]):
   """The sets a daemon runs on, and the thread that loads the next one.
 
-  The daemon's frame thread: `first(context)` loads the first set that loads (the one asked for, the last that ran, the default), then
-  `start()` starts the thread; between two frames `take()` gives a set the thread loaded, if any, and once frames run on it the daemon
-  calls `changed_over(candidate)`; each frame on a set in probation it calls `frame_ran(finite)`, which gives back the previous set to
-  change back to when the new one's outputs were not finite; `reloaded(candidate)` after loading the running set again itself (another
-  camera geometry); `retry(candidate)` for a candidate loaded for a context that is gone. Every failure is one line, and none touches the
-  running set."""
+  The daemon gives `load(model_set, context) -> handle` (read, verify, load and warm up a set for `context`, what a handle is loaded for:
+  modeld's camera geometry; it raises when it cannot, and an ArtifactError's message is the line said) and `close(handle)`. Its frame
+  thread calls everything here but `step` (the thread's), in this order:
+
+    switch = ModelSwitch(sets, trigger, load, close, thread_setup=...)
+    switch.first(context)          at start: the first set that loads (the one asked for, the last that ran, the default); None: none
+                                   did (wait, and call it again later)
+    switch.start()                 the thread: it watches `trigger`, loads the set asked for beside the frames, closes what was let go
+    each frame:
+      if switch.ready is not None:                     between two frames (one attribute read when nothing is ready)
+        candidate = switch.take()
+        if candidate.context is the live one: run frames on it from now on, then switch.changed_over(candidate)
+        else: switch.retry(candidate)                  (loaded for a context that is gone: loaded again)
+      run the frame on switch.current.handle
+      if switch.probation and (back := switch.frame_ran(finite)) is not None: run on `back` from the next frame, its state reset
+    the context comes back the same (camerad reconnected): each of switch.handles() drops what it held of the old one (camera buffers)
+    another context: model_set = switch.new_context(context) closes every handle (loaded for the old one); load model_set for the new
+      one, then switch.reloaded(candidate), or, when it cannot, switch.first(context, failed=model_set.name, why_failed=...)
+    switch.stop()                  at exit
+
+  `current` is what frames run on, and this object its one owner: a daemon reads what runs from it and keeps no handle of its own. A
+  handle the frame thread lets go (an outgoing set, a failed one) is closed by the thread, off the frames' path. Every field both
+  threads change is changed under `lock`, which neither holds across a load, a close, a log line or a read of the trigger: the frame
+  thread never waits on the loading. Every failure is one line, and none touches the running set."""
   def __init__(self, sets: ModelSets, trigger: Any, load: Callable[[ModelSet, Any], T], close: Callable[[T], None],
                probation_frames: int = PROBATION_FRAMES, poll_s: float = POLL_S, thread_setup: Callable[[], str] | None = None,
                report: Callable[[str], None] = log.warning):
     self.sets, self.trigger, self.load, self.close, self.report = sets, trigger, load, close, report  # report: `first`'s lines (once each)
     self.probation_frames, self.poll_s, self.thread_setup = probation_frames, poll_s, thread_setup
+    # the frame thread's (the thread reads `current` and `context`)
     self.current: Candidate[T] | None = None  # what frames run on
-    self.confirmed = False  # whether `current` passed its first frames
+    self.confirmed = False  # whether `current` passed its first frames (kept while a context change reloads it)
     self.probation = 0  # frames `current` has left to pass
     self.previous: Candidate[T] | None = None  # the last set that passed, kept while `current` is on probation
-    self.context: Any = None  # what loads are for now (the daemon sets it: modeld's camera geometry)
+    self.context: Any = None  # what loads are for now (modeld's camera geometry)
+    # changed by both threads, under `lock`
     self.ready: Candidate[T] | None = None  # loaded by the thread, for the frame thread to take
     self.request: tuple[str, Any] = ("", None)  # the trigger's last (name, stamp)
     self.failed: dict[str, str] = {}  # set name -> why, until it is asked for again
-    self.fallbacks: list[str] = []  # at start: the sets still to try when the running one fails its first frames
+    self.fallbacks: list[str] = []  # the sets to load when the running one fails its first frames with none kept to go back to
     self.again: str | None = None  # a set to load again for the new context
     self.to_record: str | None = None  # a set that passed, for the thread to record as the last that ran
+    self.to_close: list[T] = []  # handles let go by the frame thread, for the thread to close
     self.lock, self.wake, self.stop_event = threading.Lock(), threading.Event(), threading.Event()
     self.thread: threading.Thread | None = None
 
   @property
   def requested(self) -> str: return self.request[0] or DEFAULT_SET
+
+  def handles(self) -> list[T]:
+    """The handles loaded for the context now: the running set's and the one kept to fall back to."""
+    return [c.handle for c in (self.current, self.previous) if c is not None]
 
   # *** the daemon's frame thread ***
 
@@ -115,33 +140,41 @@ class ModelSwitch(Generic[T]):
     """Load the first set that loads for `context`, in order: the one asked for, the last that ran, the default; a line for each that
     fails. None when none does (the daemon waits, and calls `first` again later). `failed`: the running set, which could not be loaded
     for `context` (another camera geometry) for `why_failed`: the others are tried, and it is not tried again until asked for again."""
-    self.request = self.trigger.requested()
-    order = [n for n in self.sets.fallbacks(self.request[0]) if n != failed]
-    if failed is not None:
-      self.failed[failed] = why_failed
-      if order: self.report(f"set {failed} cannot run on these cameras: {why_failed}; falling back to set {order[0]}")
+    request = self.trigger.requested()
+    order = [n for n in self.sets.fallbacks(request[0]) if n != failed]
+    with self.lock:
+      self.request, self.context = request, context
+      if failed is not None: self.failed[failed] = why_failed
+    if failed is not None and order: self.report(f"set {failed} cannot run on these cameras: {why_failed}; falling back to set {order[0]}")
     for i, name in enumerate(order):
       try: candidate = Candidate(model_set := self.sets.open(name), self.load(model_set, context), context)
       except Exception as e:  # whatever a set's load raises, the next set is tried (a bundle for another device once left a car without one)
-        self.failed[name] = why(e)
+        with self.lock: self.failed[name] = why(e)
         self.report(f"cannot run set {name}: {why(e)}{f'; falling back to set {order[i + 1]}' if i + 1 < len(order) else ''}")
         continue
-      self.current, self.confirmed, self.probation, self.fallbacks = candidate, False, self.probation_frames, order[i + 1:]
+      with self.lock: self.current, self.confirmed, self.probation, self.fallbacks = candidate, False, self.probation_frames, order[i + 1:]
       return candidate
     return None
 
-  def reloaded(self, candidate: Candidate[T]) -> None:
-    """The daemon loaded the running set again itself (for another camera geometry): frames run on `candidate` now. A previous set kept
-    to fall back to was loaded for the old one: it is closed (no fallback until the running set has passed its first frames)."""
-    self.current = candidate
-    self.forget_previous()
+  def new_context(self, context: Any) -> ModelSet | None:
+    """What loads are for changed (modeld: camerad came back with another camera geometry): the running set and the one kept to fall
+    back to were loaded for the old one and are closed here (no frame runs on them while the daemon reloads). Returns the set that ran,
+    for the daemon to load again for `context` (then `reloaded`), or None when none ran. Until then the thread loads nothing: with no
+    set running it would load the one asked for, a second copy of the set the daemon is loading."""
+    with self.lock:
+      running, previous, self.current, self.previous = self.current, self.previous, None, None
+      self.context = context if running is None else None
+    if previous is not None:
+      log.warning(f"set {previous.model_set.name}, kept to fall back to, was loaded for cameras that are gone: closed")
+      self.close(previous.handle)
+    if running is None: return None
+    self.close(running.handle)
+    return running.model_set
 
-  def forget_previous(self) -> None:
-    """Close the previous set kept to fall back to (what it was loaded for is gone: camerad restarted or changed geometry)."""
-    if self.previous is not None:
-      log.warning(f"set {self.previous.model_set.name}, kept to fall back to, was loaded for cameras that are gone: closed")
-      self.close(self.previous.handle)
-      self.previous = None
+  def reloaded(self, candidate: Candidate[T]) -> None:
+    """The daemon loaded the set that ran again itself (after `new_context`): frames run on `candidate` now, as far through its first
+    frames as before. The thread loads for its context from now on."""
+    with self.lock: self.current, self.context = candidate, candidate.context
 
   def take(self) -> Candidate[T] | None:
     """A set the thread loaded and warmed up, to change over to now (between two frames), or None: one attribute read when there is none."""
@@ -152,19 +185,24 @@ class ModelSwitch(Generic[T]):
   def retry(self, candidate: Candidate[T]) -> None:
     """`candidate` was loaded for a context that is gone (the camera geometry changed while it loaded): load it again for the new one."""
     log.warning(f"the camera geometry changed while set {candidate.model_set.name} loaded: loading it again for the new one")
-    self.close(candidate.handle)
-    self.again = candidate.model_set.name
-    self.wake.set()
+    with self.lock: self.again = candidate.model_set.name
+    self.release(candidate.handle)
 
   def changed_over(self, candidate: Candidate[T]) -> None:
     """Frames run on `candidate` from now on. The outgoing set stays loaded as the fallback when it had passed its first frames (the one
-    kept before is closed); one that had not is closed."""
-    outgoing, confirmed = self.current, self.confirmed
-    self.current, self.confirmed, self.probation, self.fallbacks = candidate, False, self.probation_frames, []
-    if outgoing is not None and confirmed:
-      if self.previous is not None: self.close(self.previous.handle)
-      self.previous = outgoing
-    elif outgoing is not None: self.close(outgoing.handle)
+    kept before is closed); one that had not is closed, and a set kept before stays the fallback. With none kept, the sets to fall back
+    to are the start's order (the one asked for, the last that ran, the default) without this one."""
+    name = candidate.model_set.name
+    order = [n for n in self.sets.fallbacks(self.request[0]) if n != name]
+    with self.lock:
+      outgoing, confirmed, let_go = self.current, self.confirmed, []
+      if outgoing is not None and confirmed:
+        if self.previous is not None: let_go.append(self.previous.handle)
+        self.previous = outgoing
+      elif outgoing is not None: let_go.append(outgoing.handle)
+      self.current, self.confirmed, self.probation = candidate, False, self.probation_frames
+      self.fallbacks = [] if self.previous is not None else order
+    for handle in let_go: self.release(handle)
     kept = f"; set {self.previous.model_set.name} kept until it has run {self.probation_frames} frames" if self.previous is not None else ""
     log.info(f"switched to {candidate.model_set} between two frames: its recurrent state and queues start from zero{kept}")
     self.wake.set()
@@ -172,48 +210,67 @@ class ModelSwitch(Generic[T]):
   def frame_ran(self, finite: bool) -> Candidate[T] | None:
     """One frame ran on the current set. While it is on probation: after `probation_frames` finite ones it has passed (the previous set
     is closed and it is recorded as the last that ran); a non-finite one drops it. Returns the set to change back to then (the daemon
-    runs on it from the next frame, its recurrent state reset), else None."""
+    runs on it from the next frame, its recurrent state reset), else None (the thread loads the next fallback, if any, meanwhile)."""
     if self.probation == 0 or self.current is None: return None
     name = self.current.model_set.name
     if finite:
       self.probation -= 1
       if self.probation == 0:
-        if self.previous is not None: self.close(self.previous.handle)
-        self.previous, self.confirmed, self.fallbacks, self.to_record = None, True, [], name
+        with self.lock:
+          previous, self.previous, self.confirmed, self.fallbacks, self.to_record = self.previous, None, True, [], name
+        if previous is not None: self.release(previous.handle)
         self.wake.set()
         log.info(f"set {name} passed its first {self.probation_frames} frames: the set to fall back to from now on")
       return None
-    self.failed[name], self.probation = "non-finite outputs in its first frames", 0
-    if self.previous is not None:
-      failed, back, self.previous = self.current, self.previous, None
-      self.close(failed.handle)
-      self.current, self.confirmed = back, True
+    with self.lock:
+      self.failed[name], self.probation, back = "non-finite outputs in its first frames", 0, self.previous
+      if back is not None: dropped, self.previous, self.current, self.confirmed = self.current, None, back, True
+      next_set = self.next_fallback()
+    if back is not None:
+      self.release(dropped.handle)
       log.warning(f"set {name} gave non-finite outputs in its first frames: dropped, back to set {back.model_set.name}")
       return back
     log.warning(f"set {name} gave non-finite outputs in its first frames"
-                + (f": loading set {self.fallbacks[0]} in the background" if self.fallbacks else ": no other set to fall back to"))
+                + (f": loading set {next_set} in the background" if next_set else ": no other set to fall back to"))
     self.wake.set()
     return None
+
+  def release(self, handle: T) -> None:
+    """Let go of a handle no frame runs on: closed by the thread while it runs (a close may wait for the device), else here."""
+    if self.thread is not None and self.thread.is_alive() and not self.stop_event.is_set():
+      with self.lock: self.to_close.append(handle)
+      self.wake.set()
+    else: self.close(handle)
 
   # *** the thread ***
 
   def start(self) -> None:
-    """Start the thread that watches the request and loads sets."""
+    """Start the thread that watches the request, loads sets and closes what was let go."""
+    self.stop_event.clear()
     self.thread = threading.Thread(target=self._watch, name="model_switch", daemon=True)
     self.thread.start()
 
   def stop(self, timeout: float = 0.5) -> None:
+    """End the thread (a load under way is left to finish on its own after `timeout`); what was let go and not closed yet is closed here."""
     self.stop_event.set()
     self.wake.set()
     if self.thread is not None: self.thread.join(timeout)
+    self.close_let_go()
+
+  def close_let_go(self) -> None:
+    with self.lock: handles, self.to_close = self.to_close, []
+    for handle in handles:
+      try: self.close(handle)
+      except Exception as e: log.error(f"model switch: closing a set failed: {type(e).__name__}: {e}")
 
   def _watch(self) -> None:
     if self.thread_setup is not None: log.info(f"model switch thread: {self.thread_setup()}")
     while not self.stop_event.is_set():
       self.wake.wait(self.poll_s)
       self.wake.clear()
-      if self.to_record is not None:
-        name, self.to_record = self.to_record, None
+      self.close_let_go()
+      with self.lock: name, self.to_record = self.to_record, None
+      if name is not None:
         self.sets.record_ran(name)
         self.collect()
       try: self.step()
@@ -229,38 +286,54 @@ class ModelSwitch(Generic[T]):
     gc.freeze()
     log.info(f"model switch: {found} objects in reference cycles freed in {(time.perf_counter() - t) * 1e3:.0f} ms")
 
-  def _read_request(self) -> None:
-    if (request := self.trigger.requested()) != self.request:
-      self.request = request
-      self.failed.pop(self.requested, None)  # asked for again: tried again
-      log.info(f"set {self.requested} asked for by {self.trigger}")
+  def _read_request(self, request: tuple[str, Any]) -> bool:
+    """Take the trigger's `request` (under the lock); whether it is a new one (a set asked for again is tried again)."""
+    if request == self.request: return False
+    self.request = request
+    self.failed.pop(self.requested, None)
+    return True
+
+  def next_fallback(self) -> str | None:
+    """The first of `fallbacks` that has not failed (under the lock)."""
+    return next((n for n in self.fallbacks if n not in self.failed), None)
 
   def _target(self) -> str | None:
-    """The set to load next, if any: one to load again, a new request, or the next fallback of a set that failed its first frames."""
-    self._read_request()
+    """The set to load next, if any (under the lock): one to load again, the next fallback of a set that failed its first frames, or a
+    new request."""
     if self.again is not None: return self.again
     running = self.current.model_set.name if self.current is not None else None
-    if self.fallbacks and running in self.failed: return self.fallbacks[0]
+    if running in self.failed and (fallback := self.next_fallback()) is not None: return fallback
     return None if running == self.requested or self.requested in self.failed else self.requested
 
   def step(self) -> None:
     """One look at the request and, when a set is due, its load (the thread calls it every POLL_S, and when woken)."""
-    if self.ready is not None or self.context is None or (name := self._target()) is None: return
-    context, interval, self.again = self.context, sys.getswitchinterval(), None
+    request = self.trigger.requested()
+    with self.lock:
+      asked = self._read_request(request)
+      name, context = None if self.ready is not None or self.context is None else self._target(), self.context
+      if name is not None and name == self.again: self.again = None
+    if asked: log.info(f"set {self.requested} asked for by {self.trigger}")
+    if name is None: return
+    interval = sys.getswitchinterval()
     sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
     try: candidate = Candidate(model_set := self.sets.open(name), self.load(model_set, context), context)
     except Exception as e:  # whatever a set's load raises, the running set runs on, and the set is not tried again until asked for again
-      self.failed[name] = why(e)
-      if name in self.fallbacks: self.fallbacks.remove(name)
-      running = f"set {self.current.model_set.name} keeps running" if self.current is not None else "no set runs"
+      with self.lock:
+        self.failed[name] = why(e)
+        if name in self.fallbacks: self.fallbacks.remove(name)
+        running = f"set {self.current.model_set.name} keeps running" if self.current is not None else "no set runs"
       log.warning(f"cannot switch to set {name}: {why(e)}; {running}")
       return
     finally: sys.setswitchinterval(interval)
-    self._read_request()
-    if name not in self.fallbacks and self.requested != name:  # another set was asked for while this one loaded
+    request = self.trigger.requested()
+    with self.lock:
+      asked = self._read_request(request)
+      dropped = name not in self.fallbacks and self.requested != name  # another set was asked for while this one loaded
+      if not dropped: self.ready = candidate
+    if asked: log.info(f"set {self.requested} asked for by {self.trigger}")
+    if dropped:
       log.warning(f"set {name} loaded, but set {self.requested} was asked for meanwhile: dropped")
       self.close(candidate.handle)
       self.wake.set()
       return
-    with self.lock: self.ready = candidate
     log.info(f"{model_set} loaded and warmed up in the background: changing over before the next frame")

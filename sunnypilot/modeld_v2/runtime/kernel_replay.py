@@ -79,17 +79,22 @@ class _Direct:
     self.entries = [cpu_entry(p, replay.device) for p in programs]  # kept: each owns its loaded code
     self.ptrs = [ctypes.c_uint64(0) for _ in replay.inputs]
     self.void_ptrs = [ctypes.c_void_p(0) for _ in replay.inputs]
-    self.steps = self.prepare(replay.part.calls)
-    for fxn, args in self.prepare(replay.part.onetime_calls): fxn(*args)  # weight preparation, once
+    self.holding = self.prepare(replay.part.calls)  # the frame thread's: each kernel call keeps the GIL
+    self.releasing = self.prepare(replay.part.calls, release_gil=True)  # a thread beside the frames (a warm-up): each call lets it go
+    self.steps = self.holding
+    for fxn, args in self.prepare(replay.part.onetime_calls, release_gil=True): fxn(*args)  # weight preparation, once, at load
 
-  def prepare(self, calls: tuple[Call, ...]) -> list[tuple[Any, tuple]]:
+  def hold_gil(self, hold: bool) -> None: self.steps = self.holding if hold else self.releasing
+
+  def prepare(self, calls: tuple[Call, ...], release_gil: bool = False) -> list[tuple[Any, tuple]]:
     steps = []
     for call in calls:
       if call.kind == "copy":
         steps.append((ctypes.memmove, tuple(self.void_ptrs[a.input] if isinstance(a, InputArg) else buffer_address(self.replay.view(a)) for a in call.args) +
                       (self.replay.part.arg_nbytes(call.args[0]),)))
         continue
-      program, (_, fxn, core_id) = self.replay.part.programs[call.program], self.entries[call.program]
+      program, entry = self.replay.part.programs[call.program], self.entries[call.program]
+      fxn, core_id = entry.releasing if release_gil else entry.fxn, entry.core_id
       args = [self.ptrs[a.input] if isinstance(a := call.args[i], InputArg) else ctypes.c_uint64(buffer_address(self.replay.view(a))) for i in program.globals]
       args += [ctypes.c_uint64(0)] * len(program.runtime_vars)
       for core in range(program.global_size[0] if core_id is not None else 1):  # as CPUProgram does: one call per core_id
@@ -171,6 +176,8 @@ class _Graph:
                   for c in self.linear.src]
 
   def build(self, part_calls: tuple[Call, ...]) -> UOp: return linear_of(self.replay, self.programs, part_calls)
+
+  def hold_gil(self, hold: bool) -> None: """Launches release the GIL in the driver's calls already."""
 
   def patch(self, slot: int, uop: UOp, buf: Buffer) -> None: self.input_uops[slot] = uop
 
@@ -346,6 +353,11 @@ class Replay:
     """Where an input lives: inputs captured on the part's device live on this replay's (the same, or the one allow_device chose), and so
     do mapped host inputs."""
     return self.device if device_kind(spec.device) == device_kind(self.part.device) or spec.name in self.mapped else spec.device
+
+  def hold_gil(self, hold: bool) -> None:
+    """CPU: whether each kernel call keeps the GIL (the default: the frame thread runs a frame's kernels back to back) or lets it go (a
+    thread running the replay beside the frames, such as a warm-up on the model switch's: the frame thread runs during each call)."""
+    self.backend.hold_gil(hold)
 
   def forget(self, tensors: list[Tensor]) -> None:
     """Drop the bindings of these tensors (camera buffers that went away), so neither they nor their memory are kept."""

@@ -22,7 +22,7 @@ from sunnypilot.modeld_v2.format.part import Part
 from sunnypilot.modeld_v2.format.part_builder import KeptBlob
 from sunnypilot.modeld_v2.runtime.frame_fusion import FusedLayout, fuse
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay, allocate, copy_into, replay_part
-from sunnypilot.modeld_v2.runtime.tinygrad_internals import host_visible
+from sunnypilot.modeld_v2.runtime.tinygrad_internals import stages_copies
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class Fill:
     self.device, self.pending = device, 0
 
   def into(self, base) -> Callable[[int, memoryview], None]:
-    staged = not host_visible(base)
+    staged = stages_copies(base)
     def write(offset: int, data: memoryview) -> None:
       copy_into(base, data, offset)
       if staged and (pending := self.pending + len(data)) >= SYNC_BYTES: self.done()

@@ -114,3 +114,7 @@ class ModelRunner:
     """This step's output `name` as numpy (`outputs`: the raw (1, N) vector), valid until the next run() (see output_readbacks); the same
     array every step."""
     return self.readbacks[name].read()
+
+  def hold_gil(self, hold: bool) -> None:
+    """See Replay.hold_gil: False while a thread beside the frames runs this model (its warm-up on the model switch's thread)."""
+    self.replay.hold_gil(hold)

@@ -35,9 +35,11 @@ the 0.14.0 contract it relies on; tests/runtime/test_tinygrad_internals.py exerc
   c_uint64 pointer, then its runtime variables (its own `fxn` calls it so, releasing the GIL); `runtimevars` maps "core_id" to its
   argument index (CPUProgram calls once per core).
 - `tensor_buffer`, `host_memory`: a realized Tensor's `uop.base.buffer` is its Buffer; `Buffer.as_memoryview(force_zero_copy=True)` its memory.
-- `host_visible`, `buffer_address`, `host_array`, `copy_in`, `copy_out`: a `Buffer`'s device handle is `Buffer._buf` (a numpy array on
+- `host_visible`, `buffer_address`, `host_array`, `copy_in`, `stages_copies`, `copy_out`: a `Buffer`'s device handle is `Buffer._buf` (a numpy array on
   NPY, an object with `va_addr` on CPU, CUDA and HCQ devices); allocators with `_as_buffer` map it into host memory; every
-  allocator copies with `_copyin(handle, src)` and `_copyout(dest, handle)`, synchronously.
+  allocator copies with `_copyin(handle, src)` and `_copyout(dest, handle)`; CUDA's `_copyin` stages `src` in pinned memory it lists in
+  its device's `pending_copyin`, freed by the device's next `synchronize()` (copy_in uses the driver's synchronous `cuMemcpyHtoD_v2` on
+  the device's `context` instead: a copy on the model switch's thread raced the frame thread's synchronize).
 - `cuda_driver`: `tinygrad.runtime.autogen.cuda` is ctypes bindings of the CUDA driver API, and a CUDA device's `context` its CUcontext
   (exercised on a GPU by tests/runtime/test_cuda.py).
 """
@@ -257,18 +259,25 @@ def time_call(call: UOp, input_uops: tuple[UOp, ...], device: str) -> float:
   return time.perf_counter() - start
 
 class CpuEntry(NamedTuple):
-  """A compiled PROGRAM loaded on CPU: `fxn` (a ctypes function of c_uint64 pointers) and the argument index of its core_id, if it has
-  one. `runtime` owns the loaded code: `fxn` is valid while this is kept."""
+  """A compiled PROGRAM loaded on CPU: the same code as two ctypes functions of c_uint64 pointers, `fxn` keeping the GIL and `releasing`
+  letting it go for the call, and the argument index of its core_id, if it has one. `runtime` owns the loaded code: both are valid while
+  this is kept."""
   runtime: Any
   fxn: Any
   core_id: int | None
+  releasing: Any
 
 def cpu_entry(program: UOp, device: str) -> CpuEntry:
   """Load a compiled PROGRAM on CPU for direct ctypes calls. CPUProgram's `fxn` is a CFUNCTYPE at `addr`, which releases the GIL on every
-  call; the entry calls the same code as a PYFUNCTYPE, which keeps it: a frame's kernels then run back to back while another thread
-  (the model switch loading the next set) runs Python, instead of each kernel's return waiting for the GIL to come back."""
+  call. The frame thread calls the same code as a PYFUNCTYPE, which keeps it: a frame's kernels then run back to back while another
+  thread (the model switch loading the next set) runs Python, instead of each kernel's return waiting for the GIL to come back. A
+  thread beside the frames (warming up the next set) calls the CFUNCTYPE: the frame thread runs during each of its kernels."""
   runtime = Device[device].runtime(program.to_elf())
-  return CpuEntry(runtime, ctypes.PYFUNCTYPE(None)(runtime.addr), runtime.runtimevars.get("core_id"))
+  return CpuEntry(runtime, ctypes.PYFUNCTYPE(None)(runtime.addr), runtime.runtimevars.get("core_id"), ctypes.CFUNCTYPE(None)(runtime.addr))
+
+def keeps_gil(fxn: Any) -> bool:
+  """Whether a ctypes foreign function keeps the GIL while it runs (a PYFUNCTYPE), rather than releasing it (CFUNCTYPE)."""
+  return bool(fxn._flags_ & ctypes._FUNCFLAG_PYTHONAPI)
 
 def cuda_driver(device: str) -> tuple[Any, Any]:
   """tinygrad's bindings of the CUDA driver API and `device`'s CUcontext, for registering host memory with the driver."""
@@ -296,8 +305,27 @@ def host_array(buf: Buffer) -> np.ndarray:
   return buf._buf
 
 def copy_in(buf: Buffer, data: memoryview) -> None:
-  """Copy host bytes into an allocated buffer through its allocator (synchronous; `data` a writable, byte-castable view)."""
-  buf.allocator._copyin(buf._buf, data)
+  """Copy host bytes into an allocated buffer (`data` a writable, byte-castable view); when it returns, `data` may change or go. CUDA's
+  allocator copies through pinned memory it allocates per copy and frees at the device's next synchronize, from whichever thread calls it:
+  a load on the model switch's thread then raced the frame thread's readback synchronize, which freed a staging buffer the load was still
+  filling or had not yet queued the copy from. On CUDA this is therefore the driver's synchronous copy straight from `data` (the driver
+  stages pageable memory in buffers of its own): nothing goes on tinygrad's list of pending copies, and no other thread's synchronize can
+  free what it reads. A lock around tinygrad's copy would have made the frame thread's synchronize wait on a load."""
+  if is_cuda(buf):
+    from tinygrad.helpers import mv_address
+    from tinygrad.runtime.ops_cuda import check, cuda
+    check(cuda.cuCtxSetCurrent(buf.allocator.dev.context))
+    check(cuda.cuMemcpyHtoD_v2(buf._buf, mv_address(data), len(data)))
+  else: buf.allocator._copyin(buf._buf, data)
+
+def is_cuda(buf: Buffer) -> bool:
+  """Whether `buf` is on a CUDA device: its allocator is tinygrad's CUDAAllocator (checked by class name: importing ops_cuda needs CUDA)."""
+  return type(buf.allocator).__name__ == "CUDAAllocator"
+
+def stages_copies(buf: Buffer) -> bool:
+  """Whether copy_in into `buf` leaves host memory held until the device synchronizes (a loader then waits every so often to bound it):
+  not for memory mapped into this process, nor on CUDA (copy_in is synchronous there)."""
+  return not host_visible(buf) and not is_cuda(buf)
 
 def copy_out(buf: Buffer, dest: memoryview) -> None:
   """Copy an allocated buffer's bytes into host memory through its allocator; waits for the device to finish writing it."""

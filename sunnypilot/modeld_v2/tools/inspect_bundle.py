@@ -4,7 +4,7 @@
                                                                            # programs; who signed it, which manifest names it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect manifest.json   # a set's bundles by role and hash, who signed it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
-  python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin --trusted-keys keys/   # and its signature as modeld checks it
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin --trusted-keys keys/   # its signature first, as modeld checks it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify manifest.json --trusted-keys keys/   # a set: signature, folder, every hash
   python -m sunnypilot.modeld_v2.tools.inspect_bundle profile model.bin [--warp warp.bin] [--peak-tflops 67 --peak-tbs 4.8] [--json out.json]
       # time each kernel alone here: FLOPs and bytes (tinygrad's estimates), GFLOP/s, GB/s, share, and the roofline lower bound
@@ -179,14 +179,16 @@ def main(argv: list[str] | None = None) -> int:
         with replaced_atomically(args.json) as (tmp,), open(tmp, "w") as f:
           json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
       return 0
-    signed, ok = verify_signature(args.bundle, trust) if trust is not None else True, True
+    if trust is not None and not verify_signature(args.bundle, trust):  # kernels nobody trusted vouched for are never run, not even to check them
+      print(f"{args.bundle}: NOT SIGNED as the trusted keys require: its kernels were not run")
+      return 1
+    ok = True
     for name, (header, blob) in read_parts(args.bundle)[0].items():
       for label, match in verify_part(header, blob).items():
         print(f"{'PASS' if match else 'FAIL'} {name}: {label}")
         ok &= match
-    verdict = "verified" if signed else "computes what the build recorded, but NOT SIGNED as the trusted keys require"
-    print(f"{args.bundle}: {verdict if ok else 'MISMATCH: this device computes something else than the build recorded'}")
-    return 0 if ok and signed else 1
+    print(f"{args.bundle}: {'verified' if ok else 'MISMATCH: this device computes something else than the build recorded'}")
+    return 0 if ok else 1
   except (ArtifactError, OSError) as e:
     named = any(p and str(e).startswith(p) for p in (args.bundle, args.warp))  # errors of a file's read name that file already
     print(f"inspect_bundle: error: {e if named else f'{args.bundle}: {e}'}", file=sys.stderr)

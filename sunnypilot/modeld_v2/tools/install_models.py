@@ -11,16 +11,17 @@ ROOT/.partial/<set>/ and resume there after an interruption (HTTP Range); a bund
 and the install stops with one line. Only when every bundle matched does the folder become ROOT/<set> (one rename): a running modeld
 never sees half a set. `--activate` then writes ROOT/active, which a running modeld on a PC switches to (on a comma device the model
 manager's parameter asks instead). A second install waits for none: it is refused while one runs. What a killed install left (partial
-downloads of other sets, temporary files) is removed by the next one.
+downloads of other sets, temporary files) is removed by the next one. A set may not take one of the folder's own names (default, active,
+last_ran), and nothing in the folder is followed if it is a symbolic link: one line, remove it.
 """
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import logging
 import os
 import shutil
+import stat
 import sys
 import time
 import urllib.error
@@ -30,7 +31,7 @@ from typing import BinaryIO
 
 from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.common.files import ArtifactError, file_kind
 from sunnypilot.modeld_v2.format.signature import sig_path
 
 log = logging.getLogger(__name__)
@@ -80,16 +81,34 @@ def fetch_small(source: str, limit: int = MAX_MANIFEST_BYTES) -> bytes | None:
   if len(data) > limit: raise ArtifactError(f"{source}: more than {limit:,} bytes: not a manifest or signature")
   return data
 
+def own_entry(path: str, folder: bool = False) -> os.stat_result | None:
+  """What is at `path` in the model sets folder, not followed (lstat), or None when nothing is: one line for a symbolic link or another
+  kind of file than expected (install_models writes and reads only regular files and folders it made; a link planted there could make it
+  write or install a file elsewhere)."""
+  try: st = os.lstat(path)
+  except FileNotFoundError: return None
+  if stat.S_ISLNK(st.st_mode): raise ArtifactError(f"{path} is a symbolic link: install_models follows none in the model sets folder (remove it)")
+  if (stat.S_ISDIR if folder else stat.S_ISREG)(st.st_mode): return st
+  raise ArtifactError(f"{path} is {file_kind(st.st_mode)}, not {'a folder' if folder else 'a regular file'} (remove it)")
+
+def holds(path: str, data: bytes) -> bool:
+  """Whether the regular file at `path` (never followed if a link) holds exactly `data`: at most len(data) + 1 bytes are read."""
+  try: fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+  except OSError: return False
+  with os.fdopen(fd, "rb") as f: return stat.S_ISREG(os.fstat(fd).st_mode) and f.read(len(data) + 1) == data
+
 def download(source: str, dest: str, size: int) -> None:
   """`source` into `dest`, `size` bytes, resuming a partial `dest`; a line every PROGRESS_EVERY_S. One line for more bytes than `size`."""
-  have = os.path.getsize(dest) if os.path.exists(dest) else 0
+  have = st.st_size if (st := own_entry(dest)) is not None else 0
   if have >= size: return
   stream, total, resumed = open_source(source, have)
   if not resumed: have = 0
   if total is not None and total != size: raise ArtifactError(f"{source}: {total:,} bytes, the manifest says {size:,}")
   log.info(f"{'downloading' if is_url(source) else 'copying'} {source}: {size:,} bytes" + (f", resuming at {have:,}" if have else ""))
   start, last = time.monotonic(), time.monotonic()
-  with stream, open(dest, "ab" if have else "wb") as out:
+  if not have and st is not None: os.remove(dest)  # starting over: the new file is made, never opened through whatever is there
+  mode = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if have else os.O_CREAT | os.O_EXCL)
+  with stream, os.fdopen(os.open(dest, mode, 0o644), "ab" if have else "wb") as out:
     while piece := stream.read(min(PIECE_BYTES, size - have + 1)):
       if (have := have + len(piece)) > size: raise ArtifactError(f"{source}: more than the {size:,} bytes the manifest says")
       out.write(piece)
@@ -110,22 +129,23 @@ def clean_leftovers(root: str, keep: str) -> None:
 def install(source: str, root: str, trust, activate: bool = False) -> str:
   """Install the set whose manifest is at `source` into `root` (see the module's docstring); returns its name."""
   from sunnypilot.modeld_v2.common.files import replaced_atomically
-  from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE
+  from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE, installable_name
   from sunnypilot.modeld_v2.format.bundle import check_content
   from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, Manifest, check_folder
   if (data := fetch_small(source)) is None: raise ArtifactError(f"{source}: no such manifest")
   try: doc = json.loads(data)
   except (UnicodeDecodeError, ValueError, RecursionError): raise ArtifactError(f"{source}: not valid JSON (truncated?)") from None
   manifest = Manifest.from_json(doc, source)
+  installable_name(manifest.name, source)
   final, staging = os.path.join(root, manifest.name), os.path.join(root, PARTIAL, manifest.name)
+  own_entry(os.path.join(root, PARTIAL), folder=True)
   clean_leftovers(root, manifest.name)
-  with contextlib.suppress(OSError):
-    if open(os.path.join(staging, MANIFEST_NAME), "rb").read() != data: shutil.rmtree(staging)  # partial files of another version of the set
-  if os.path.isdir(final):
-    with contextlib.suppress(OSError):
-      if open(os.path.join(final, MANIFEST_NAME), "rb").read() == data:
-        log.info(f"set {manifest.name} is installed already in {final}")
-        return manifest.name
+  if own_entry(staging, folder=True) is not None and not holds(os.path.join(staging, MANIFEST_NAME), data):
+    shutil.rmtree(staging)  # partial files of another version of the set
+  if own_entry(final, folder=True) is not None:
+    if holds(os.path.join(final, MANIFEST_NAME), data):
+      log.info(f"set {manifest.name} is installed already in {final}")
+      return manifest.name
     raise ArtifactError(f"{final} holds another set named {manifest.name}: installed sets are never replaced (remove it first, or name the new one "
                         "differently)")
   os.makedirs(staging, exist_ok=True)
@@ -135,12 +155,12 @@ def install(source: str, root: str, trust, activate: bool = False) -> str:
     with replaced_atomically(sig_path(os.path.join(staging, MANIFEST_NAME))) as (tmp,), open(tmp, "xb") as f: f.write(signature)
   elif os.path.exists(sig_path(os.path.join(staging, MANIFEST_NAME))): os.remove(sig_path(os.path.join(staging, MANIFEST_NAME)))
   log.info(f"set {manifest.name}: {trust.manifest(os.path.join(staging, MANIFEST_NAME))[1]}")  # before a byte of any bundle is fetched
-  need = sum(e.size for e in manifest.bundles) - sum(os.path.getsize(p) for e in manifest.bundles
-                                                     if os.path.exists(p := os.path.join(staging, e.file + ".part")))
+  need = sum(e.size for e in manifest.bundles) - sum(st.st_size for e in manifest.bundles
+                                                     if (st := own_entry(os.path.join(staging, e.file + ".part"))) is not None)
   if (free := shutil.disk_usage(staging).free) < need: raise ArtifactError(f"{root}: {free:,} bytes free, the set needs {need:,} more")
   for e in manifest.bundles:
     path = os.path.join(staging, e.file)
-    if os.path.exists(path) and check_content(path) == (e.sha256, e.size): continue  # verified in an earlier run
+    if own_entry(path) is not None and check_content(path) == (e.sha256, e.size): continue  # verified in an earlier run
     download(beside(source, e.file), path + ".part", e.size)
     try: got = check_content(path + ".part")
     except ArtifactError as err: got = (f"unreadable: {err}", 0)
