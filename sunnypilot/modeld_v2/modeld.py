@@ -17,13 +17,11 @@ checking the bundles artifacts.py's, the model's inputs from the bus state frame
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -35,7 +33,7 @@ from sunnypilot.modeld_v2.common.cli import checked, finite_float, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import MODEL_NAME, check_artifacts, file_key, find_warp
+from sunnypilot.modeld_v2.daemon.artifacts import MODEL_NAME, check_artifacts, load_pair
 from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, parse_camera_offset, parse_delay
 from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
@@ -43,9 +41,10 @@ from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
 from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
+from sunnypilot.modeld_v2.daemon.process import config_realtime, core_arg, exit_code, stop_on_signals
+from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size
-from sunnypilot.modeld_v2.model.constants import DT_MDL
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, camera_odometry_fields, driving_model_data_fields, model_v2_fields
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
@@ -58,71 +57,10 @@ STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "
 SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # sm.update each frame
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
-STATUS_EVERY_S = 5.0  # seconds between modeld's status lines (frames, drops, execution time)
 # openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
 DEVICE_CORE, REALTIME_PRIORITY = 7, 54
 
 log = logging.getLogger(__name__)
-
-class FirstOrderFilter:
-  def __init__(self, x0: float, rc: float, dt: float):
-    self.x, self.k = x0, dt / (rc + dt)
-
-  def update(self, x: float) -> float:
-    self.x = (1 - self.k) * self.x + self.k * x
-    return self.x
-
-class FrameDrops:
-  """openpilot's drop accounting: dropped = frame ids skipped since the last one; filtered with rc=10 s; 0 for the first 10 runs."""
-  def __init__(self):
-    self.filter, self.runs, self.last_frame_id = FirstOrderFilter(0.0, 10.0, DT_MDL), 0, None
-
-  def update(self, frame_id: int) -> tuple[int, float]:
-    """(frames dropped before this one, frameDropPerc)."""
-    dropped = 0 if self.last_frame_id is None else max(0, frame_id - self.last_frame_id - 1)
-    self.last_frame_id = frame_id
-    filtered = self.filter.update(min(dropped, 10))
-    if self.runs < 10: self.filter.x = filtered = 0.0
-    self.runs += 1
-    return dropped, 100 * filtered / (1 + filtered)
-
-def config_realtime(core: int | None, realtime: bool) -> str:
-  """openpilot's config_realtime_process (common/realtime.py @0318f5a6): the garbage collector off, so that no collection pauses a frame
-  (the frame loop makes no reference cycles: modeld counts them on exit, the tests check it); with a core the process pinned to it; with
-  `realtime` (on a device, as openpilot does it there) SCHED_FIFO priority REALTIME_PRIORITY. Returns what it did, for the log."""
-  gc.disable()
-  done = ["garbage collector off"]
-  if core is not None:
-    os.sched_setaffinity(0, [core])
-    done.append(f"pinned to core {core}")
-  if realtime:
-    try:
-      os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
-      done.append(f"SCHED_FIFO {REALTIME_PRIORITY}")
-    except PermissionError: done.append(f"SCHED_FIFO {REALTIME_PRIORITY} not permitted here: normal priority")
-  return ", ".join(done)
-
-class Status:
-  """modeld's periodic status line: frames published, dropped and the model's execution time since the last line, every `every_s`
-  seconds of frames (never with 0)."""
-  def __init__(self, every_s: float = STATUS_EVERY_S):
-    self.every_ns = int(every_s * 1e9) if every_s > 0 else 1 << 62
-    self.published = 0
-    self.times: list[float] = []  # modelExecutionTime of each frame published since the last line
-    self.dropped = 0  # frames dropped since the last line
-    self.start(time.monotonic_ns())
-
-  def start(self, now_ns: int) -> None:
-    """Count from `now_ns` (frames start running)."""
-    self.since_ns, self.next_ns = now_ns, now_ns + self.every_ns
-
-  def line(self, now_ns: int, published: int) -> str:
-    times, elapsed = sorted(self.times), (now_ns - self.since_ns) / 1e9  # lines come with frames: after a stall, more than every_s
-    ms = f", modelExecutionTime p50 {times[len(times) // 2] * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms" if times else ""
-    line = f"status: {published} frames published, {published - self.published} in the last {elapsed:.1f} s, {self.dropped} dropped{ms}"
-    self.times, self.dropped, self.published = [], 0, published
-    self.start(now_ns)
-    return line
 
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
@@ -172,19 +110,10 @@ class ModelD:
     except ValueError as e:
       self.episodes.once(f"{e}: waiting for a known camera")
       return False
-    model_path, warp = os.path.join(self.artifacts, MODEL_NAME), None
-    t = time.perf_counter()
-    refused = {w for w, keys in self.refused.items() if keys == (file_key(model_path), file_key(w))}  # a file that changed is tried again
-    try:
-      warp = find_warp(self.artifacts, geometry.main, geometry.extra, report=self.episodes.once, new_img=self.new_img, refused=refused)
-      if warp is None: return False
-      keys = (file_key(model_path), file_key(warp))  # before the read: a file fixed while it was read is tried again
-      self.use_model(ModelRunner(model_path, warp), sensor)
-    except ArtifactError as e:
-      if warp is not None: self.refused[warp] = keys
-      self.episodes.once(f"cannot load {model_path} with {warp}: {e}; waiting: tried again when one of them changes")
-      return False
-    self.refused.pop(warp, None)
+    model_path, t = os.path.join(self.artifacts, MODEL_NAME), time.perf_counter()
+    warp = load_pair(self.artifacts, geometry.main, geometry.extra, lambda model, warp: self.use_model(ModelRunner(model, warp), sensor), self.refused,
+                     self.episodes.once, self.new_img)
+    if warp is None: return False
     log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
         f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     self.adapter.numpy_inputs[HOST_TRANSFORM][:] = self.inputs.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
@@ -272,7 +201,7 @@ class ModelD:
     from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
     params = device_params()
     device = on_device()
-    log.info(config_realtime(DEVICE_CORE if core is None and device else core, realtime=device))
+    log.info(config_realtime(DEVICE_CORE if core is None and device else core, REALTIME_PRIORITY if device else None))
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
@@ -327,13 +256,6 @@ class ModelD:
     log.info(f"exiting after {published} published frames")
     return 0
 
-def core_arg(text: str) -> int:
-  """A CPU core this process may run on."""
-  try: core = int(text)
-  except ValueError: raise argparse.ArgumentTypeError(f"expected a CPU core number, got {text!r}") from None
-  if core not in (allowed := os.sched_getaffinity(0)): raise argparse.ArgumentTypeError(f"core {core} is not one this process may use: {sorted(allowed)}")
-  return core
-
 @interruptible("modeld")
 def main(argv: list[str] | None = None) -> int:
   import msgq
@@ -369,11 +291,7 @@ def main(argv: list[str] | None = None) -> int:
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,
                   args.reconnect_after, args.status_every)
-  stopped_by: list[int] = []
-  def stop(signum: int, _frame) -> None:
-    stopped_by.append(signum)
-    daemon.exit.set()
-  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stop)
+  stopped_by = stop_on_signals(daemon.exit)
   try: daemon.new_img = check_artifacts(args.artifacts, report=daemon.episodes.once)
   except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
   try: code = daemon.run(args.max_frames, args.core)
@@ -381,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
   finally: claim.close()
   if args.timings:
     with replaced_atomically(args.timings) as (tmp,), open(tmp, "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": daemon.timings}, f)
-  return 128 + signal.SIGINT if signal.SIGINT in stopped_by else code  # Ctrl-C: the shell's convention, 130
+  return exit_code(stopped_by, code)  # Ctrl-C: the shell's convention, 130
 
 if __name__ == "__main__":
   sys.exit(main())
