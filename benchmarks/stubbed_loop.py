@@ -18,9 +18,11 @@ import numpy as np
 
 from benchmarks.car_bus import BUS_SERVICES, bus_traffic
 from sunnypilot.modeld_v2.daemon.camera_sync import FrameMeta
-from sunnypilot.modeld_v2.daemon.frame_inputs import host_inputs
+from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs, host_inputs
+from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, ModelSet, Trust
+from sunnypilot.modeld_v2.daemon.model_switch import Candidate
 from sunnypilot.modeld_v2.model.constants import DESIRE_LEN, LAT_PLANNER_SOLUTION_WIDTH
-from sunnypilot.modeld_v2.modeld import ModelD
+from sunnypilot.modeld_v2.modeld import ModelD, Prepared
 
 STUB_SENSOR = "ar0231"  # the intrinsics the transforms are made with: any known sensor does
 
@@ -65,13 +67,14 @@ class StubModel:
   def close(self) -> None: pass
 
 class StubbedModelD(ModelD):
-  """ModelD with a StubCamera in place of camerad's streams and a StubModel bound as modeld binds a loaded one (ModelD.use_model)."""
+  """ModelD with a StubCamera in place of camerad's streams and a StubModel run as modeld runs a loaded set (ModelD.use_prepared)."""
   def __init__(self, model: StubModel, camera: StubCamera):
     super().__init__("", timings=[], reconnect_after_s=3600)
     self.camera, self.model = camera, model
 
   def load(self) -> bool:
-    self.use_model(self.model, STUB_SENSOR)
+    stub = Prepared(self.model, HostInputs(self.model.numpy_inputs, self.episodes.once), STUB_SENSOR, "stub", "0" * 64, None)
+    self.use_prepared(Candidate(ModelSet(DEFAULT_SET, "", None, Trust(), "a stub"), stub, None))
     return True
 
 def run_stubbed(slices: dict[str, list[int]], width: int, generation: str, frames: int, idle_s: float, spin_s: float = 0.0,

@@ -30,12 +30,13 @@ from sunnypilot.modeld_v2.common.cli import finite_float, interruptible, positiv
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING, check_artifacts, load_pair
+from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING, NoWarp, check_artifacts, load_pair
 from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
 from sunnypilot.modeld_v2.daemon.camera_sync import DriverCamera, Geometry
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
+from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, Trust, open_set
 from sunnypilot.modeld_v2.daemon.process import config_realtime, core_arg, exit_code, stop_on_signals
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
@@ -92,18 +93,22 @@ class DMonitoringModelD:
       self.episodes.once(f"driver camera: {e}: waiting for a known camera")
       return False
     t = time.perf_counter()
-    if (warp := load_pair(self.artifacts, geometry.main, None, lambda model, warp: self.use(model, warp, sensor), self.refused, self.episodes.once,
-                          self.planes, DRIVER_MONITORING)) is None: return False
-    log.info(f"loaded {DRIVER_MONITORING.model} + {os.path.basename(warp)} ({self.parser.layout} layout) for the driver camera's {geometry} in "
+    try: warp = load_pair(open_set(DEFAULT_SET, self.artifacts, Trust()), geometry.main, None, self.planes,
+                          lambda model, warp, verify, _: self.use(model, warp, sensor, verify), self.episodes.once, self.refused, DRIVER_MONITORING)
+    except NoWarp: return False
+    except ArtifactError as e:
+      self.episodes.once(f"{e}; waiting: tried again when one of them changes")
+      return False
+    log.info(f"loaded {DRIVER_MONITORING.model_name} + {os.path.basename(warp)} ({self.parser.layout} layout) for the driver camera's {geometry} in "
              f"{(time.perf_counter() - t) * 1e3:.0f} ms ({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     return True
 
-  def use(self, model: str, warp: str, sensor: str) -> None:
+  def use(self, model: str, warp: str, sensor: str, verify: Any) -> str:
     """Load and warm up `model` with `warp` for `sensor`'s driver camera: its output parse, its host inputs, the warp's transform. An
     ArtifactError leaves nothing loaded."""
     from sunnypilot.modeld_v2.format.bundle import read_header
     from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
-    adapter = ModelRunner(model, warp)
+    adapter = ModelRunner(model, warp, verify=verify)
     try:
       self.parser, self.host = DMOutputParser(adapter.output_slices), HostInputs(adapter.numpy_inputs, self.episodes.once)
       self.transform = dm_warp_matrix(sensor, tuple(read_header(warp)["extras"]["metadata"]["model_size"]))
@@ -115,6 +120,7 @@ class DMonitoringModelD:
     adapter.run()
     adapter.reset_warmup_buffers()
     self.adapter = adapter
+    return warp
 
   def reattached(self, loaded: bool) -> bool:
     """camerad went away or restarted: connected again, load for its geometry (the same one: only the camera mappings go). Whether a
@@ -184,7 +190,7 @@ class DMonitoringModelD:
 def main(argv: list[str] | None = None) -> int:
   import msgq
   parser = cli_parser("dmonitoringmodeld", __doc__)
-  parser.add_argument("--artifacts", required=True, help=f"folder with {DRIVER_MONITORING.model} and dm_warp bundles (modeld's files may be there too)")
+  parser.add_argument("--artifacts", required=True, help=f"folder with {DRIVER_MONITORING.model_name} and dm_warp bundles (modeld's files may be there too)")
   parser.add_argument("--max-frames", type=positive_int, help="exit after publishing this many frames")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")),
                       help="put the raw outputs in driverStateV2.rawPredictions (openpilot's SEND_RAW_PRED)")

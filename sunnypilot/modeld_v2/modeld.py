@@ -12,8 +12,14 @@ pushes. On that prepare-only frame the fused graph runs once with its `prepare_o
 Delays: on a device CarParams (read from openpilot's Params at start, waiting for it as openpilot's modeld does) give the longitudinal
 actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
 
+Model sets (daemon/model_sets.py): --artifacts is the default set; with --model-sets ROOT the set asked for (ROOT/active on a PC,
+sunnypilot's ModelManager_ActiveBundle parameter on a device) is loaded and warmed up by a thread beside the frames and takes over between
+two frames (daemon/model_switch.py); a set whose first 20 frames give non-finite outputs is dropped for the previous one; at start a set
+that fails falls back to the last that ran, then the default. With --trusted-keys every bundle must be signed (format/signature.py).
+
 This file is the frame loop, in the order things happen; the cameras (sync, geometry, reconnect) are camera_sync.py's, finding and
-checking the bundles artifacts.py's, the model's inputs from the bus state frame_inputs.py's.
+checking the bundles artifacts.py's, the sets and their switch model_sets.py's and model_switch.py's, the model's inputs from the bus
+state frame_inputs.py's.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,22 +39,28 @@ from sunnypilot.modeld_v2.common.cli import checked, finite_float, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import MODEL_NAME, check_artifacts, load_pair
+from sunnypilot.modeld_v2.daemon.artifacts import NoWarp, check_artifacts, load_pair, model_file, model_planes
 from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, parse_camera_offset, parse_delay
 from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
-from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs
+from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs, cameras_of
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
-from sunnypilot.modeld_v2.daemon.process import config_realtime, core_arg, exit_code, stop_on_signals
+from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, ModelSet, ModelSets, Trust
+from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, Candidate, ModelSwitch
+from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime, core_arg, exit_code, stop_on_signals
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
+from sunnypilot.modeld_v2.format.bundle import read_header
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
-from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size
+from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size, warp_matrices
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, camera_odometry_fields, driving_model_data_fields, model_v2_fields
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
+
+if TYPE_CHECKING:
+  from sunnypilot.modeld_v2.runtime.loader import Verify
 
 # what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
 # launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
@@ -62,10 +74,26 @@ DEVICE_CORE, REALTIME_PRIORITY = 7, 54
 
 log = logging.getLogger(__name__)
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A set's driving model fused with the warp for one camera geometry, loaded and warmed up: what frames run on (a switch's handle)."""
+  adapter: Any
+  host_inputs: HostInputs
+  sensor: str
+  warp: str
+  digest: str  # the model bundle's content hash: which model runs, published as model_id
+  planes: list | None  # the model's new_img shape: what a warp must make for it
+
+  @property
+  def model_id(self) -> int:
+    """The first 64 bits of the model's content hash: modelV2.locationMonoTimeDEPRECATED carries it (see publish)."""
+    return int(self.digest[:16], 16)
+
 class ModelD:
   def __init__(self, artifacts: str, rhd: bool = False, lat_delay: float = TYPICAL_CAR.lateral,
                long_delay: float = TYPICAL_CAR.longitudinal, send_raw: bool = False, camera_offset: float = 0.0, timings: list | None = None,
-               reconnect_after_s: float = RECONNECT_AFTER_S, status_every_s: float = STATUS_EVERY_S):
+               reconnect_after_s: float = RECONNECT_AFTER_S, status_every_s: float = STATUS_EVERY_S, model_sets: str | None = None,
+               trust: Trust | None = None):
     self.artifacts, self.reconnect_after_s = artifacts, reconnect_after_s
     self.flag_delays = Delays(lat_delay, long_delay, "--lat-delay/--long-delay")
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
@@ -80,10 +108,14 @@ class ModelD:
     self.missing: dict[str, dict[str, str]] | None = None  # per service, the fields a model's first frame leaves default: said once
     self.inputs = FrameInputs(BusInputs(self.episodes), rhd, camera_offset)  # the bus state -> the model's host inputs, frame by frame
     self.camera = CameraSync(self.exit, self.episodes)
-    self.new_img: list | None = None  # the planes the model takes, what a warp must make: main sets it from check_artifacts
     self.refused: dict[str, tuple] = {}  # warp -> (model's, warp's file_key) when the pair failed to load: tried again once either changes
     self.status = Status(status_every_s)
     self.host_inputs: HostInputs | None = None  # the loaded model's host inputs, written each frame
+    self.sets = ModelSets(artifacts, model_sets, trust or Trust())
+    self.switch: ModelSwitch[Prepared] = ModelSwitch(self.sets, ActiveSetFile(self.sets), self.prepare, self.discard, report=self.episodes.once)
+    self.model_set: ModelSet | None = None  # the set frames run on
+    self.model_id = 0  # which model runs, published in every modelV2 (Prepared.model_id)
+    self.core: int | None = None  # the core the frame thread is pinned to, if any: the switch thread keeps off it
 
   def load(self) -> bool:
     """Load the model with the warp (and intrinsics) of the live camera geometry and warm it up; False when no warp fits (then wait).
@@ -96,49 +128,101 @@ class ModelD:
     return loaded
 
   def _load(self) -> bool:
-    from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+    """The model and warp for the live camera geometry: at start the first set that loads (the one asked for, the last that ran, the
+    default), later the running set again."""
     try: geometry = self.camera.live_geometry()
     except ValueError as e:
       self.episodes.once(f"{e}: waiting for another camera geometry")
       return False
+    self.switch.forget_previous()  # loaded for camera buffers that are gone
     if geometry == self.geometry and self.adapter is not None:
       self.adapter.drop_camera_buffers()
       return True
     if self.adapter is not None: self.adapter.close()  # e.g. unregister its memory from CUDA before the adapter goes
     self.adapter, self.geometry = None, geometry
-    try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
+    self.switch.context = geometry  # what the switch thread loads sets for from now on
+    try: sensor_for_size(geometry.main.width, geometry.main.height)
     except ValueError as e:
       self.episodes.once(f"{e}: waiting for a known camera")
       return False
-    model_path, t = os.path.join(self.artifacts, MODEL_NAME), time.perf_counter()
-    warp = load_pair(self.artifacts, geometry.main, geometry.extra, lambda model, warp: self.use_model(ModelRunner(model, warp), sensor), self.refused,
-                     self.episodes.once, self.new_img)
-    if warp is None: return False
-    log.info(f"loaded {model_path} + {os.path.basename(warp)} for {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
-        f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
-    self.adapter.numpy_inputs[HOST_TRANSFORM][:] = self.inputs.transforms(DEFAULT_RPY)  # warm up on a valid transform and zero frames, then forget them
-    zeros = np.zeros(self.adapter.warp_frame_size, np.uint8)
-    for _ in range(3):
-      self.adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
-      self.adapter.run()
-    self.adapter.reset_warmup_buffers()
+    t = time.perf_counter()
+    if self.model_set is None:
+      if (candidate := self.switch.first(geometry)) is None: return False
+    else:
+      planes = self.switch.current.handle.planes if self.switch.current is not None else None
+      try:
+        candidate = Candidate(self.model_set, self.prepare(self.model_set, geometry, planes), geometry)
+        self.switch.reloaded(candidate)
+      except ArtifactError as e:  # another set may fit these cameras: the others in fallback order, else wait for this one
+        if (candidate := self.switch.first(geometry, failed=self.model_set.name, why_failed=str(e))) is None:
+          if not isinstance(e, NoWarp): self.episodes.once(f"{e}; waiting: tried again when one of them changes")  # NoWarp: said already
+          return False
+    self.use_prepared(candidate)
+    log.info(f"loaded {candidate.model_set}: {os.path.basename(model_file(candidate.model_set))} + {os.path.basename(candidate.handle.warp)} for "
+             f"{geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms ({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     return True
 
-  def use_model(self, adapter: Any, sensor: str) -> None:
-    """Run frames with `adapter` (a loaded model and warp): its host inputs, its output layout and its generation's rules, and the
-    intrinsics of `sensor`'s cameras. ArtifactError when its host inputs cannot be written, the adapter then closed and not kept: a later
-    load for the same geometry must not find a half-bound one."""
-    try: self.host_inputs = HostInputs(adapter.numpy_inputs, self.episodes.once)
-    except ArtifactError:
+  def prepare(self, model_set: ModelSet, geometry: Geometry, planes: list | None = None) -> Prepared:
+    """`model_set`'s driving model fused with its warp for `geometry`, loaded (each bundle vouched for by the set before a byte of its
+    kernels is read) and warmed up on zero frames: ArtifactError when any step fails, the model's outputs included. On the frame thread
+    (at start, or the running set again for another geometry, while no frame runs) its lines are said once and a pair that fails is
+    refused until one of its files changes; the switch thread calls it for the next set while frames run. `planes`: the model's new_img
+    shape when known (the running set: its model is then read only by the load, and a broken file fails as the pair)."""
+    from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+    waiting = threading.current_thread() is not self.switch.thread
+    try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
+    except ValueError as e: raise ArtifactError(str(e)) from None
+    planes = planes or model_planes(read_header(model_file(model_set)))
+    report = self.episodes.once if waiting else log.warning
+    def load(model_path: str, warp: str, verify: Verify, digests: dict[str, str]) -> Prepared:
+      adapter = ModelRunner(model_path, warp, verify=verify)
+      try: prepared = Prepared(adapter, HostInputs(adapter.numpy_inputs, report), sensor, warp, digests[model_path], planes)
+      except ArtifactError:
+        adapter.close()  # a later load for the same geometry must not find a half-bound one
+        raise
+      self.warm_up(prepared)
+      return prepared
+    return load_pair(model_set, geometry.main, geometry.extra, planes, load, report, self.refused if waiting else None)
+
+  def warm_up(self, prepared: Prepared) -> None:
+    """Three runs on a valid transform and zero frames, then their frames, bindings and states forgotten; ArtifactError when the outputs
+    are not finite (a model that cannot run here)."""
+    adapter = prepared.adapter
+    adapter.numpy_inputs[HOST_TRANSFORM][:] = warp_matrices(cameras_of(prepared.sensor, self.camera.main_wide), DEFAULT_RPY)
+    zeros = np.zeros(adapter.warp_frame_size, np.uint8)
+    for _ in range(3):
+      adapter.copy_frames(dict.fromkeys(CAMERA_BUFFERS, zeros))
+      adapter.run()
+    finite = bool(np.isfinite(adapter.output_array()).all())
+    adapter.reset_warmup_buffers()
+    if not finite:
       adapter.close()
-      raise
-    self.adapter, self.parser, self.missing = adapter, OutputParser(adapter.output_slices), {s: {} for s in SERVICES}
-    generation, source = of_bundle(adapter.metadata)
+      raise ArtifactError("its outputs on zero frames are not finite")
+
+  def discard(self, prepared: Prepared) -> None:
+    """A loaded set no frame runs on any more (dropped, or replaced after the next one passed its first frames)."""
+    prepared.adapter.close()
+
+  def use_prepared(self, candidate: Candidate[Prepared]) -> None:
+    """Run frames with `candidate` from the next one on: its host inputs, its output layout and its generation's rules, and the
+    intrinsics of its sensor's cameras."""
+    prepared = candidate.handle
+    self.adapter, self.host_inputs, self.model_set, self.model_id = prepared.adapter, prepared.host_inputs, candidate.model_set, prepared.model_id
+    self.parser, self.missing = OutputParser(prepared.adapter.output_slices), {s: {} for s in SERVICES}
+    generation, source = of_bundle(prepared.adapter.metadata)
     self.state.rules = GENERATIONS[generation]
     self.episodes.once(f"generation {generation} ({source}): {self.state.rules.about}")
-    if "prepare_only" not in adapter.numpy_inputs:
+    if "prepare_only" not in prepared.adapter.numpy_inputs:
       self.episodes.once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
-    self.inputs.use_cameras(sensor, self.camera.main_wide)
+    self.inputs.use_cameras(prepared.sensor, self.camera.main_wide)
+
+  def change_over(self, candidate: Candidate[Prepared], back: bool = False) -> None:
+    """Between two frames: run on `candidate` (a set the switch thread loaded, or with `back` the previous set after the new one failed)
+    from the next frame on, its recurrent state and queues from zero, lat_planner_state too (fed back from the model's outputs); what
+    controls see carries on (the action is smoothed against the last one, the lane-change state stays)."""
+    self.use_prepared(candidate)
+    if back: candidate.handle.adapter.reset_states()
+    self.state.lat_planner_state[:] = 0.0
 
   def reattached(self, loaded: bool) -> bool:
     """camerad went away or restarted, and its buffers with it: connected again, load for its geometry (the same one: only the camera
@@ -167,6 +251,7 @@ class ModelD:
     frame, missing = self.published_finite(frame, parsed), self.missing or dict.fromkeys(SERVICES)
     valid = frame.valid
     fields = model_v2_fields(parsed, state, frame, outputs if self.send_raw else None, missing["modelV2"])
+    fields["locationMonoTimeDEPRECATED"] = self.model_id  # which model ran this frame: log.capnp has no field for it (README, "Model sets")
     t_fill = time.monotonic_ns()
     model_v2 = self.bytes.to_bytes("modelV2", fields, valid["modelV2"], t_fill)
     t_serialize = time.monotonic_ns()
@@ -184,8 +269,26 @@ class ModelD:
 
   def running(self) -> None:
     """The line that says frames now run (route_replay and the benchmarks wait for it): after a load that found a model and a warp."""
-    log.info(f"running: main {'wide' if self.camera.main_wide else 'road'} camera{', extra wide camera' if self.camera.use_extra else ''}")
+    log.info(f"running: set {self.model_set.name if self.model_set else '?'}, main {'wide' if self.camera.main_wide else 'road'} camera"
+             f"{', extra wide camera' if self.camera.use_extra else ''}")
     self.status.start(time.monotonic_ns())  # the status lines count from here
+
+  def switched(self, loaded: bool) -> bool:
+    """Between two frames: change over to the set the switch thread loaded, when it was loaded for the live camera geometry (else it is
+    loaded again). Whether a model runs now."""
+    if (candidate := self.switch.take()) is None: return loaded
+    if candidate.context != self.geometry:
+      self.switch.retry(candidate)
+      return loaded
+    self.change_over(candidate)
+    self.switch.changed_over(candidate)
+    if not loaded: self.running()
+    return True
+
+  def probation(self, finite: bool) -> None:
+    """After a frame's messages went out (nothing reads the model's outputs any more): a set on probation that gave non-finite outputs
+    is dropped for the previous set, which runs from the next frame."""
+    if self.switch.probation and (back := self.switch.frame_ran(finite)) is not None: self.change_over(back, back=True)
 
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
     """False for a run with a NaN or inf output, after zeroing the recurrent states it wrote: every later run would read them."""
@@ -201,7 +304,11 @@ class ModelD:
     from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
     params = device_params()
     device = on_device()
-    log.info(config_realtime(DEVICE_CORE if core is None and device else core, REALTIME_PRIORITY if device else None))
+    self.core = DEVICE_CORE if core is None and device else core
+    log.info(config_realtime(self.core, REALTIME_PRIORITY if device else None))
+    log.info(f"signatures: {self.sets.trust.describe()}")
+    if params is not None: self.switch.trigger = ActiveSetParam(params)
+    self.switch.thread_setup = lambda: config_background(self.core)
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
     pm = pub_master(list(SERVICES))
@@ -209,9 +316,12 @@ class ModelD:
     if not self.camera.wait_for_camerad(): return 0
     loaded = self.load()
     drops, published = FrameDrops(), 0
+    self.switch.start()
+    log.info(f"model sets: {self.sets.describe()}; a switch is asked for by {self.switch.trigger}")
     self.camera.alive()
     if loaded: self.running()
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
+      if self.switch.ready is not None: loaded = self.switched(loaded)  # the changeover point: between two frames
       frames = self.camera.recv_frames() if loaded else None
       t_recv = time.monotonic_ns()
       if frames is None:
@@ -238,6 +348,7 @@ class ModelD:
       finite = self.outputs_finite(outputs, meta_main.frame_id)
       if dropped > 0:  # prepare-only: the frame went through the queues the generation pushes then, nothing is published
         self.episodes.happened("drops", f"frame {meta_main.frame_id}: {dropped} frame(s) dropped before it: prepare-only, nothing published")
+        self.probation(finite)
         continue
       self.episodes.ended("drops", "frame ids jumped on consecutive frames")
       filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in the action history
@@ -251,7 +362,9 @@ class ModelD:
       if self.timings is not None:
         self.timings.append([meta_main.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, t_send, time.monotonic_ns()])
       published += 1
+      self.probation(finite)
       if published == 1: gc.collect()  # the first frame built the message templates (pycapnp's schema objects hold reference cycles)
+    self.switch.stop()
     log.info(f"the frame loop left {gc.collect()} objects in reference cycles (the collector is off while it runs)")
     log.info(f"exiting after {published} published frames")
     return 0
@@ -282,17 +395,31 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--status-every", type=finite_float(0, 3600), default=STATUS_EVERY_S, help="seconds between status lines (frames "
                       f"published and dropped, modelExecutionTime p50 and max) while frames run; 0: none (default {STATUS_EVERY_S:g})")
   parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON here (benchmarks)")
+  parser.add_argument("--trusted-keys", help="a folder of publishers' Ed25519 public keys (*.pem, sign_bundle --generate-key writes them): every "
+                      "bundle must then be signed by one of them (its own .sig, or a signed manifest naming it), else it is refused with one line "
+                      f"before any of its kernels is read. On a comma device {DEVICE_TRUSTED_KEYS} when it exists. Without: bundles load unsigned")
+  parser.add_argument("--model-sets", help="the folder of installed model sets (install_models writes ROOT/<name>/): the set asked for (ROOT/active "
+                      "on a PC, sunnypilot's ModelManager_ActiveBundle parameter on a device) is loaded while frames run and switched to between "
+                      f"two frames; a set that fails falls back to the last that ran, then to --artifacts. On a comma device {DEVICE_MODEL_SETS}")
   args = parser.parse_args(argv)
   prefix = os.environ.get("OPENPILOT_PREFIX")
   bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
   if args.timings:
     try: check_output_path(args.timings)
     except ArtifactError as e: parser.exit(2, f"modeld: error: --timings: {e}\n")
+  from sunnypilot.modeld_v2.daemon.device_params import on_device
+  device = on_device()
+  keys = args.trusted_keys or (DEVICE_TRUSTED_KEYS if device and os.path.isdir(DEVICE_TRUSTED_KEYS) else None)
+  sets_root = args.model_sets or (DEVICE_MODEL_SETS if device else None)
+  if sets_root is not None and os.path.exists(sets_root) and not os.path.isdir(sets_root):
+    parser.exit(2, f"modeld: error: --model-sets {sets_root}: is a file, not a folder\n")
+  try: trust = Trust.from_folder(keys)
+  except ArtifactError as e: parser.exit(2, f"modeld: error: --trusted-keys: {e}\n")
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,
-                  args.reconnect_after, args.status_every)
+                  args.reconnect_after, args.status_every, sets_root, trust)
   stopped_by = stop_on_signals(daemon.exit)
-  try: daemon.new_img = check_artifacts(args.artifacts, report=daemon.episodes.once)
+  try: check_artifacts(args.artifacts, report=daemon.episodes.once, trust=trust)
   except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
   try: code = daemon.run(args.max_frames, args.core)
   except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")

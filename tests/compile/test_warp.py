@@ -148,10 +148,9 @@ def test_preview_errors_are_one_line_and_write_nothing(bundles, tmp_path, capsys
   corrupt, model, short = tmp_path / "corrupt.bin", tmp_path / "model.bin", tmp_path / "short.nv12"
   corrupt.write_bytes(open(paths[True], "rb").read()[:-10])
   short.write_bytes(b"\x00" * 1000)
-  from sunnypilot.modeld_v2.format.bundle import write_bundle
-  from sunnypilot.modeld_v2.runtime.loader import load_bundle
-  warp = load_bundle(paths[True])
-  write_bundle(str(model), {"run": (warp.run.part, bytes(warp.run.blob))}, {"metadata": {"kind": "model"}})
+  from sunnypilot.modeld_v2.format.bundle import read_parts, write_bundle
+  (part, blob), = read_parts(paths[True])[0].values()  # the warp's part, in memory (a load keeps only kernel binaries)
+  write_bundle(str(model), {"run": (part, bytes(blob))}, {"metadata": {"kind": "model"}})
   out = tmp_path / "p.png"
   cases = {"missing": (["--warp", str(tmp_path / "none.bin")], "cannot read"), "corrupt": (["--warp", str(corrupt)], "truncated"),
            "model": (["--warp", str(model)], "not a warp bundle"), "short frames": (["--warp", paths[True], "--road", str(short), "--wide", str(short)],

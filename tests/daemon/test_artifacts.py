@@ -1,12 +1,14 @@
-"""One artifacts folder, both daemons' files: each daemon's discovery finds its own model's warps and passes over the other's files without
-a line; anything else that is not its warp is still named, once."""
+"""One model set, both daemons' bundles: each daemon finds its own model and warps (by openpilot's file names, or its manifest's roles) and
+never looks at the other's; a file under its warps' name that is not one is named, once."""
 import os
 import shutil
 
 import pytest
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
-from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING, DRIVING, check_artifacts, find_warp, warp_bundles, warp_command
+from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING, DRIVING, check_artifacts, check_set, find_warp, model_file, warp_bundles, warp_command
+from sunnypilot.modeld_v2.daemon.model_sets import DM_MODEL, DM_WARP, DRIVING_MODEL, WARP, Trust, open_set
+from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, entry_of, write_manifest
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 
 @pytest.fixture
@@ -24,12 +26,31 @@ def test_each_daemon_finds_its_own_and_says_nothing_of_the_others(both):
   frame = camerad_frame(1928, 1208)
   assert os.path.basename(find_warp(both, frame, None, new_img=[1, 1440 * 960], kind=DRIVER_MONITORING)) == "dm_warp_1928x1208.bin"
 
-def test_a_bundle_of_neither_daemon_is_named_by_both(both, dm_artifacts):
+def test_a_misnamed_bundle_is_named_by_the_daemon_its_name_belongs_to(both):
+  """In a folder without a manifest a file's name gives its role: a model under a driving warp's name is modeld's to refuse, a driving
+  warp under a dm_warp name dmonitoringmodeld's."""
   shutil.copy(os.path.join(both, "model.bin"), os.path.join(both, "spare_model.bin"))
-  for kind in (DRIVING, DRIVER_MONITORING):
+  shutil.copy(os.path.join(both, "warp_split.bin"), os.path.join(both, "dm_warp_spare.bin"))
+  for kind, name, found in ((DRIVING, "spare_model.bin", "model"), (DRIVER_MONITORING, "dm_warp_spare.bin", "warp")):
     lines = []
     warp_bundles(both, report=lines.append, kind=kind)
-    assert lines == [f"skipping {both}/spare_model.bin: a model bundle, not a {kind.warp_kind} (only {kind.model} is read as the model)"], lines
+    assert lines == [f"skipping {both}/{name}: a {found} bundle, not a {kind.warp_kind} (only {kind.model_name} is read as the model)"], lines
+
+def test_a_manifest_gives_each_daemon_its_bundles_by_role(both):
+  """With a manifest, roles are what it says, whatever the names: a set of both daemons' bundles under other names."""
+  for old, new in (("dmonitoring_model.bin", "dm.bin"), ("dm_warp_1928x1208.bin", "driver_ox.bin"), ("warp_split.bin", "road.bin")):
+    os.rename(os.path.join(both, old), os.path.join(both, new))
+  os.remove(os.path.join(both, "dm_warp_1344x760.bin"))
+  os.remove(os.path.join(both, "warp_packed.bin"))
+  roles = {"model.bin": DRIVING_MODEL, "road.bin": WARP, "dm.bin": DM_MODEL, "driver_ox.bin": DM_WARP}
+  write_manifest(os.path.join(both, MANIFEST_NAME), "both", [entry_of(os.path.join(both, f), role) for f, role in roles.items()])
+  model_set = open_set("both", both, Trust())
+  for kind, model, warp in ((DRIVING, "model.bin", "road.bin"), (DRIVER_MONITORING, "dm.bin", "driver_ox.bin")):
+    lines = []
+    assert model_file(model_set, kind) == os.path.join(both, model)
+    planes = check_set(model_set, report=lines.append, kind=kind)
+    assert [os.path.basename(p) for p, _ in warp_bundles(both, report=lines.append, new_img=planes, paths=model_set.files(kind.warp_role), kind=kind)] == [warp]
+    assert lines == [], lines
 
 def test_each_model_file_is_refused_as_the_other(both):
   shutil.copy(os.path.join(both, "dmonitoring_model.bin"), os.path.join(both, "model.bin"))

@@ -60,3 +60,24 @@ def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, 
   registered.reset_warmup_buffers()
   assert registered.registered_camera_buffers == 0 and registered.frame_feed.camera_tensors == {}
   assert registered.replay.graph_instances <= batches, "the instances built on camera buffers go with them"
+
+def test_closing_one_runner_leaves_the_camera_buffers_another_reads(tmp_path):
+  """The switch's case: the next model maps the same camera buffers, the previous one closes; the next keeps reading them in place."""
+  from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+  frame = camerad_frame(1344, 760)
+  stand_in_models.write("native", "tiny", str(tmp_path / "m.onnx"), seed=5)
+  compile_model(str(tmp_path / "m.bin"), onnx=str(tmp_path / "m.onnx"), log=lambda s: None)
+  compile_warp(frame.spec, "512x256", str(tmp_path / "w.bin"), split_frames=True)
+  rng = np.random.default_rng(1)
+  bufs = {k: CameraBuffer(rng.integers(0, 256, frame.size, dtype=np.uint8)) for k in ("img", "big_img")}
+  runners = [ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin")) for _ in range(2)]
+  runners.append(ModelRunner(str(tmp_path / "m.bin"), str(tmp_path / "w.bin"), map_camera_buffers=False))
+  for r in runners:
+    r.numpy_inputs["tfm"][:] = np.stack([np.eye(3)] * 2)
+    r.copy_frames(bufs)
+    r.run()
+  runners[0].close()
+  for r in runners[1:]:
+    r.run()
+  assert runners[1].output_array().tobytes() == runners[2].output_array().tobytes(), "the camera buffers stayed registered for the other runner"
+  runners[1].close()

@@ -4,6 +4,7 @@ import shutil
 
 import numpy as np
 import pytest
+from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.bundle import TensorSpec, read_parts, write_bundle
@@ -92,3 +93,65 @@ def test_a_bundle_without_run_is_refused(tmp_path):
   path = str(tmp_path / "x.bin")
   write_bundle(path, {"other": ({"device": "CPU"}, b"")}, {}, check=False)  # crafted: the writer would refuse it
   with pytest.raises(ArtifactError): load_bundle(path)
+
+def test_a_streamed_load_runs_as_the_whole_file_read(native_artifacts):
+  """The streamed fused load (weights written into the device's buffers chunk by chunk) against the whole-file read of the same pair
+  (read_parts, fused, its buffers filled from the blob in memory): the same part and the same outputs, bit for bit, over 3 frames."""
+  import sunnypilot.modeld_v2.format.bundle as bundle
+  from sunnypilot.modeld_v2.runtime.frame_fusion import frame_part
+  from sunnypilot.modeld_v2.runtime.loader import loaded
+  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  whole = loaded(*frame_part(warp, *read_parts(model)), "CPU")
+  old_chunk, bundle.CHUNK_BYTES = bundle.CHUNK_BYTES, 4099  # small and odd: weights and binaries straddle chunks
+  try: streamed = load_fused(model, warp)
+  finally: bundle.CHUNK_BYTES = old_chunk
+  assert streamed.run.part == whole.run.part
+  outputs = []
+  for fused in (whole, streamed):
+    run_frames = []
+    states = {n: Tensor(np.zeros(fused.input_specs[n].shape, fused.input_specs[n].dtype)).realize() for n in fused.state_names}
+    out = {"outputs": Tensor(np.zeros(fused.output_specs["outputs"].shape, np.float32)).realize()} | {f"next_{n}": t for n, t in states.items()}
+    for i in range(3):
+      rng = np.random.default_rng(i)
+      host = Tensor(np.zeros(fused.fused.host_bytes, np.uint8), device="NPY")  # transforms of zeros: every pixel from the corner
+      frames = {n: Tensor(rng.integers(0, 256, FRAME.size, dtype=np.uint8)).realize() for n in ("frame", "big_frame")}
+      fused.run(host=host, **states, **frames, output_buffers=out)
+      run_frames.append(out["outputs"].numpy().copy())
+    outputs.append(run_frames)
+  assert all(np.array_equal(a, b) for a, b in zip(*outputs))
+
+def test_verify_sees_the_declared_hash_before_the_blob_is_read(native_artifacts, monkeypatch):
+  """`verify(path, digest, size)` runs with the hash the preamble declares (sha256 of everything after it, written out here) before a byte of
+  the blob is read; a verify that refuses ends the load there."""
+  import hashlib
+
+  from sunnypilot.modeld_v2.format.bundle import PREAMBLE, BundleFile
+  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  seen, streamed = [], []
+  real_stream = BundleFile.stream
+  monkeypatch.setattr(BundleFile, "stream", lambda self, sinks=(): (streamed.append(self.path), real_stream(self, sinks))[1])
+  def verify(path: str, digest: str, size: int) -> None:
+    seen.append((path, digest, size, list(streamed)))
+  load_fused(model, warp, verify=verify)
+  data = {p: open(p, "rb").read() for p in (model, warp)}
+  assert seen == [(model, hashlib.sha256(data[model][PREAMBLE.size:]).hexdigest(), len(data[model]), []),
+                  (warp, hashlib.sha256(data[warp][PREAMBLE.size:]).hexdigest(), len(data[warp]), [model])]
+  def refuse(path: str, digest: str, size: int) -> None: raise ArtifactError(f"{path}: refused")
+  streamed.clear()
+  with pytest.raises(ArtifactError, match="refused"): load_fused(model, warp, verify=refuse)
+  assert streamed == []
+
+def test_a_streamed_load_holds_no_copy_of_the_file(native_artifacts):
+  """What a load allocates in Python (tracemalloc sees numpy and bytes, not the device's buffers) stays far below the model's weights:
+  they go straight from each chunk (at most 4 MiB) into the device's buffers, where a whole-file read holds them twice."""
+  import tracemalloc
+  model, warp = os.path.join(native_artifacts, "model.bin"), os.path.join(native_artifacts, "warp_split.bin")
+  load_fused(model, warp)  # first-time costs (imports, tinygrad's caches) out of the way
+  weights = sum(b.init[1] - b.init[0] for b in read_parts(model)[0]["run"][0].buffers if b.init is not None)
+  peaks = []
+  for load in (lambda: load_fused(model, warp), lambda: read_parts(model)):
+    tracemalloc.start()
+    load()
+    peaks.append(tracemalloc.get_traced_memory()[1])
+    tracemalloc.stop()
+  assert weights > 10 << 20 and peaks[0] < 6 << 20 and peaks[1] > weights, (weights, peaks)

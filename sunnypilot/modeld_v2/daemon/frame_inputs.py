@@ -72,6 +72,11 @@ class FrameValues:
   lateral_active: bool  # carControl.latActive
   calibrated: bool  # a liveCalibration was accepted (BusInputs.calibrated): every message is invalid before
 
+def cameras_of(sensor: str, main_wide: bool) -> tuple:
+  """The (main, extra) cameras of `sensor`: (road, wide), or the wide one twice when the main stream is the wide camera."""
+  road, wide = SENSOR_CAMERAS[sensor]
+  return (wide, wide) if main_wide else (road, wide)
+
 class FrameInputs:
   """What the input sequence carries from frame to frame: the last good bus values, the applied CameraOffset, the transforms of the last
   calibration. `camera_offset_target` (metres) is the flag's or the parameter's; the applied offset follows it (sunnypilot's EMA)."""
@@ -85,9 +90,8 @@ class FrameInputs:
     self.offset_m_inv = self.m_inv
 
   def use_cameras(self, sensor: str, main_wide: bool) -> None:
-    """The (main, extra) cameras of `sensor`: (road, wide), or the wide one twice when the main stream is the wide camera."""
-    road, wide = SENSOR_CAMERAS[sensor]
-    self.cameras, self.rpy = ((wide, wide) if main_wide else (road, wide)), None
+    """The (main, extra) cameras of `sensor` (cameras_of) from now on."""
+    self.cameras, self.rpy = cameras_of(sensor, main_wide), None
 
   def transforms(self, rpy) -> np.ndarray:
     """M_inv for both cameras, recomputed only when the calibration changes."""

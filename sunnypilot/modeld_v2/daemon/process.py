@@ -1,8 +1,10 @@
 """What a model daemon's process does before and around its frame loop: openpilot's config_realtime_process (the collector off, a core,
-SCHED_FIFO on a device), the --core argument, and SIGTERM / Ctrl-C turned into an exit event the loop checks between frames."""
+SCHED_FIFO on a device), the --core argument, SIGTERM / Ctrl-C turned into an exit event the loop checks between frames, and the model
+switch thread kept out of the frames' way."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import signal
@@ -44,3 +46,21 @@ def stop_on_signals(exit_event: threading.Event) -> list[int]:
 def exit_code(stopped_by: list[int], code: int) -> int:
   """A daemon's exit code: 130 after Ctrl-C, else `code`."""
   return 128 + signal.SIGINT if signal.SIGINT in stopped_by else code
+
+def config_background(frame_core: int | None) -> str:
+  """The model switch thread loads beside the frames and must never be in their way: normal scheduling (the frame thread may be
+  SCHED_FIFO, which a thread inherits), nice 10, and off the frame thread's core when it is pinned. Linux applies each to the calling
+  thread alone. Returns what it did, for the log."""
+  done = []
+  with contextlib.suppress(OSError):
+    if os.sched_getscheduler(0) != os.SCHED_OTHER:
+      os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+      done.append("normal scheduling")
+  with contextlib.suppress(OSError):
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    done.append("nice 10")
+  if frame_core is not None and (others := set(range(os.cpu_count() or 1)) - {frame_core}):
+    with contextlib.suppress(OSError):
+      os.sched_setaffinity(0, others)
+      done.append(f"off core {frame_core}")
+  return ", ".join(done) or "as the frame thread"

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.metadata import version as package_version
 from typing import Any, BinaryIO, NamedTuple
 
@@ -98,14 +98,6 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
 
 # *** reading ***
 
-def read_bundle(path: str, name: str | None = None) -> tuple[dict, memoryview]:
-  """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data. Errors name the file as
-  `name` (default: `path`)."""
-  try: return _read_bundle(path)
-  except ArtifactError as e:
-    if name is None: raise
-    raise ArtifactError(str(e).replace(path, name, 1)) from None
-
 def _read_head(f: BinaryIO, path: str) -> tuple[dict, bytes, bytes, int]:
   """The header of an open bundle file, read as far as it reaches and no further: (header, its bytes, the preamble's digest, the blob's
   length). The magic, version and sizes the header declares are checked against the file's size first, so a stray large file costs eight
@@ -129,26 +121,86 @@ def _read_head(f: BinaryIO, path: str) -> tuple[dict, bytes, bytes, int]:
                         "or not one bundle)")
   return head, data, digest, blob_len
 
+# a read holds this much of a bundle's blob at a time, besides what it keeps (hundreds of MB never sit in memory twice): at most CHUNK_BYTES
+# and a 64th of the blob (a 20 MB model adds 2%, not 20%), at least MIN_CHUNK_BYTES (each chunk is a read and, on CUDA, a staged copy)
+CHUNK_BYTES, MIN_CHUNK_BYTES, CHUNK_FRACTION = 4 << 20, 64 << 10, 64
+Sink = tuple[int, int, Callable[[int, memoryview], None]]  # a blob range [start, end) and write(offset inside the range, bytes)
+
+class BundleFile:
+  """An open bundle file: its preamble and header read and checked against the file's size (a stray large file costs its first bytes),
+  its blob not read yet. `digest` is the content hash the preamble declares (and `size` the file's): what a signature signs and a manifest
+  names, known before a byte of the blob is read. `stream(sinks)` then reads the blob once, in order, in chunks (CHUNK_BYTES at most),
+  hands each sink the bytes of its range and hashes everything on the way; the hash is checked before it returns. Errors name the file
+  as `name` (default: `path`)."""
+  def __init__(self, path: str, name: str | None = None):
+    self.path, self.name = path, name or path
+    self.file = open_regular(path)
+    try: self.head, self.header_bytes, self.digest, self.blob_len = _read_head(self.file, self.name)
+    except OSError as e:
+      self.close()
+      raise ArtifactError(f"{self.name}: cannot read: {e.strerror or e}") from None
+    except BaseException:
+      self.close()
+      raise
+
+  @property
+  def size(self) -> int: return PREAMBLE.size + len(self.header_bytes) + self.blob_len  # the file's: _read_head checked they agree
+
+  def __enter__(self) -> BundleFile: return self
+  def __exit__(self, *exc) -> None: self.close()
+  def close(self) -> None: self.file.close()
+
+  def stream(self, sinks: Iterable[Sink] = ()) -> None:
+    """Read the whole blob once; each sink (start, end, write) gets write(offset, bytes) for every piece of [start, end), in order. Raises
+    an ArtifactError when the file is shorter or longer than its header says or its content is not what the preamble's hash says: what
+    the sinks were given must then not be used."""
+    order = sorted((s for s in sinks if s[0] < s[1]), key=lambda s: s[0])
+    size = max(1, min(CHUNK_BYTES, self.blob_len, max(MIN_CHUNK_BYTES, self.blob_len // CHUNK_FRACTION)))
+    content, chunk = hashlib.sha256(self.header_bytes), memoryview(bytearray(size))
+    pos, upcoming, active = 0, 0, []
+    try:
+      while pos < self.blob_len:
+        if not (got := self.file.readinto(chunk[:min(len(chunk), self.blob_len - pos)])):
+          raise ArtifactError(f"{self.name}: the file shrank while it was read (being rewritten?)")
+        piece, end = chunk[:got], pos + got
+        content.update(piece)
+        while upcoming < len(order) and order[upcoming][0] < end:
+          active.append(order[upcoming])
+          upcoming += 1
+        for start, stop, write in active:
+          if (lo := max(start, pos)) < (hi := min(stop, end)): write(lo - start, piece[lo - pos:hi - pos])
+        active, pos = [s for s in active if s[1] > end], end
+      if self.file.read(1): raise ArtifactError(f"{self.name}: the file grew while it was read (being rewritten?)")
+    except OSError as e: raise ArtifactError(f"{self.name}: cannot read: {e.strerror or e}") from None
+    if content.digest() != self.digest:
+      raise ArtifactError(f"{self.name}: content hash mismatch: file says {self.digest.hex()[:16]}, content is {content.hexdigest()[:16]} "
+                          "(truncated or edited)")
+
+def read_bundle(path: str, name: str | None = None) -> tuple[dict, memoryview]:
+  """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data. Errors name the file as
+  `name` (default: `path`). The blob is read whole into memory: loads stream it into the device's buffers instead (runtime/loader)."""
+  with BundleFile(path, name) as f:
+    blob = memoryview(np.empty(f.blob_len, np.uint8))  # writable and uninitialised: weights are copied to the device straight from it
+    def write(offset: int, data: memoryview) -> None: blob[offset:offset + len(data)] = data
+    f.stream([(0, f.blob_len, write)])
+  return f.head, blob
+
 def read_header(path: str) -> dict:
   """A bundle's header alone, its sizes checked against the file's and nothing past it read (no hash: `read_bundle` checks that): what
   looking through a folder of bundles needs to know which is which."""
-  try:
-    with open_regular(path) as f: return _read_head(f, path)[0]
-  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
+  with BundleFile(path) as f: return f.head
 
-def _read_bundle(path: str) -> tuple[dict, memoryview]:
-  try:
-    with open_regular(path) as f:
-      head, data, digest, blob_len = _read_head(f, path)
-      blob = memoryview(np.empty(blob_len, np.uint8))  # writable and uninitialised: weights are copied to the device straight from it
-      got = f.readinto(blob)
-  except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
-  if got != blob_len: raise ArtifactError(f"{path}: the file shrank while it was read (being rewritten?)")
-  content = hashlib.sha256(data)
-  content.update(blob)
-  if content.digest() != digest:
-    raise ArtifactError(f"{path}: content hash mismatch: file says {digest.hex()[:16]}, content is {content.hexdigest()[:16]} (truncated or edited)")
-  return head, blob
+def content_digest(path: str) -> str:
+  """The content hash (hex) a bundle's preamble declares, read with its header and nothing past it: what signatures sign and manifests
+  name. Only a full read (read_bundle, BundleFile.stream) shows that the content matches it."""
+  with BundleFile(path) as f: return f.digest.hex()
+
+def check_content(path: str) -> tuple[str, int]:
+  """(content hash hex, file size) of a bundle whose whole content was read, in bounded memory, and matched the hash its preamble declares:
+  what is signed, named in a manifest or installed."""
+  with BundleFile(path) as f:
+    f.stream()
+    return f.digest.hex(), f.size
 
 def check_provenance(prov: dict, device: str | None = None, path: str = "bundle", allow_device: bool = False) -> str:
   """Raise unless a bundle with provenance `prov` runs here; returns the device to load on."""
@@ -166,19 +218,32 @@ def read_parts(path: str, device: str | None = None, allow_device: bool = False,
     -> tuple[dict[str, tuple[Part, memoryview]], dict]:
   """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch.
   Each part is `(Part record, blob)`; the extras' `input_specs` and `output_specs` come back as {name: TensorSpec}. Errors name the file
-  as `name` (default: `path`)."""
+  as `name` (default: `path`). The blobs are in memory: a load streams them into the device's buffers instead (runtime/loader)."""
   head, blob = read_bundle(path, name)
   check_provenance(head["provenance"], device, name or path, allow_device)
   records = check_parts(head, blob, name or path)
-  parts = {name: (records[name], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}
-  extras = head["extras"] | {k: {n: TensorSpec.of(s) for n, s in head["extras"].get(k, {}).items()} for k in ("input_specs", "output_specs")}
-  return parts, extras
+  return {name: (records[name], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}, typed_extras(head)
+
+def typed_extras(head: dict) -> dict:
+  """A checked header's extras with `input_specs` and `output_specs` as {name: TensorSpec}."""
+  return head["extras"] | {k: {n: TensorSpec.of(s) for n, s in head["extras"].get(k, {}).items()} for k in ("input_specs", "output_specs")}
+
+def part_range(head: dict, name: str, blob_len: int) -> tuple[int, int]:
+  """Where part `name`'s blob lies in the bundle's blob."""
+  try: return within(head["parts"][name]["blob"], blob_len, "blob")
+  except ArtifactError as e: raise ArtifactError(f"malformed part {name!r}: {e}") from None
 
 def check_parts(head: dict, blob: Any, path: str = "bundle") -> dict[str, Part]:
   """Validate every part of a read bundle (see Part.from_json) and the model metadata the runtime reads; returns the parts as records."""
+  try: blobs = {name: blob[slice(*part_range(head, name, len(blob)))] for name in head["parts"]}
+  except ArtifactError as e: raise ArtifactError(f"{path}: {e}") from None
+  return check_part_blobs(head, blobs, path)
+
+def check_part_blobs(head: dict, blobs: dict[str, Any], path: str = "bundle") -> dict[str, Part]:
+  """check_parts with each part's blob given apart: all of it, or what a streamed load kept of it (format/part_builder.KeptBlob)."""
   parts = {}
   for name, p in head["parts"].items():
-    try: parts[name] = Part.from_json(p["header"], blob[slice(*within(p["blob"], len(blob), "blob"))])
+    try: parts[name] = Part.from_json(p["header"], blobs[name])
     except ArtifactError as e: raise ArtifactError(f"{path}: malformed part {name!r}: {e}") from None
   check_metadata(head["extras"], path)
   return parts

@@ -370,12 +370,10 @@ class Part:
     device = expect(expect(header, dict, "part header").get("device"), str, "device")
     input_names = tuple(expect(n, str, "input_names") for n in _table(header, "input_names"))
     kwargs = tuple(expect(n, str, "kwargs") for n in _table(header, "kwargs"))
-    buffer_table, program_table, input_table = _table(header, "buffers"), _table(header, "programs"), _table(header, "inputs")
+    buffers = Part.buffer_table(header, len(blob))
+    program_table, input_table = _table(header, "programs"), _table(header, "inputs")
     call_table = _table(header, "calls", MAX_CALLS)
     onetime_table = _table(header, "onetime_calls", MAX_CALLS) if "onetime_calls" in header else []
-    buffers = tuple(BufferSpec.from_json(b, len(blob)) for b in buffer_table)
-    if (total := sum(b.nbytes for b in buffers)) > MAX_BUFFER_BYTES:
-      raise ArtifactError(f"the buffers hold {total:,} bytes together, more than {MAX_BUFFER_BYTES:,}")
     programs = tuple(Program.from_json(p, blob) for p in program_table)
     inputs = tuple(InputSlot.from_json(s, i, device, kwargs) for i, s in enumerate(input_table))
     calls = tuple(Call.from_json(c, inputs, buffers, programs) for c in call_table)
@@ -383,6 +381,19 @@ class Part:
     returns = Returns.from_json(header.get("returns"), inputs, buffers)
     check = None if header.get("check") is None else Check.from_json(header["check"])
     return Part(device, input_names, kwargs, inputs, buffers, programs, calls, onetime, returns, check)
+
+  @staticmethod
+  def buffer_table(header: dict, blob_len: int) -> tuple[BufferSpec, ...]:
+    """A part header's buffers, each and all together bounded: what a streamed load allocates before it reads the blob into them."""
+    buffers = tuple(BufferSpec.from_json(b, blob_len) for b in _table(expect(header, dict, "part header"), "buffers"))
+    if (total := sum(b.nbytes for b in buffers)) > MAX_BUFFER_BYTES:
+      raise ArtifactError(f"the buffers hold {total:,} bytes together, more than {MAX_BUFFER_BYTES:,}")
+    return buffers
+
+  @staticmethod
+  def lib_ranges(header: dict, blob_len: int) -> set[tuple[int, int]]:
+    """The blob ranges of a part header's kernel binaries: what a streamed load keeps in memory (Part.from_json then checks them)."""
+    return {within(expect(p, dict, "program").get("lib"), blob_len, "program binary") for p in _table(expect(header, dict, "part header"), "programs")}
 
   def to_json(self) -> dict:
     return {"device": self.device, "input_names": list(self.input_names), "kwargs": list(self.kwargs), "inputs": [s.to_json() for s in self.inputs],

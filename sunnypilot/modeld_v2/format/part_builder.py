@@ -6,11 +6,12 @@ tables start, instead of shifting indices by hand.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.part import BufferSpec, Call, Check, InputSlot, Part, Program, Returns
 
 class Blobs:
@@ -23,11 +24,34 @@ class Blobs:
   def __getitem__(self, span: slice) -> memoryview | bytes:
     start, stop, _ = span.indices(len(self))
     for blob, base, end in zip(self.blobs, self.starts, self.starts[1:]):
-      if base <= start and stop <= end: return memoryview(blob)[start - base:stop - base]  # inside one blob: a view, no copy
-    return b"".join(bytes(memoryview(blob)[max(start, base) - base:min(stop, end) - base])
+      if base <= start and stop <= end: return _view(blob)[start - base:stop - base]  # inside one blob: a view, no copy
+    return b"".join(bytes(_view(blob)[max(start, base) - base:min(stop, end) - base])
                     for blob, base, end in zip(self.blobs, self.starts, self.starts[1:]) if start < end and stop > base)
 
   def __bytes__(self) -> bytes: return bytes(self[0:len(self)])
+
+class KeptBlob:
+  """A part's blob of which only some ranges were kept in memory: a streamed load keeps the kernel binaries and writes the weights
+  straight into the device's buffers. A kept range (or a slice inside one) reads as bytes; anything else is an ArtifactError."""
+  def __init__(self, size: int):
+    self.size, self.kept = size, {}  # (start, end) -> bytearray
+
+  def __len__(self) -> int: return self.size
+
+  def keep(self, start: int, end: int) -> Callable[[int, memoryview], None]:
+    """Keep the range [start, end): returns the writer a streamed read fills it through (offset inside the range, bytes)."""
+    view = memoryview(self.kept.setdefault((start, end), bytearray(end - start)))
+    def write(offset: int, data: memoryview) -> None: view[offset:offset + len(data)] = data
+    return write
+
+  def __getitem__(self, span: slice) -> memoryview:
+    start, stop, _ = span.indices(self.size)
+    if (start, stop) in self.kept: return memoryview(self.kept[(start, stop)])
+    for (a, b), data in self.kept.items():
+      if a <= start and stop <= b: return memoryview(data)[start - a:stop - a]
+    raise ArtifactError(f"blob bytes {start}..{stop} were not kept in memory by the streamed read")
+
+def _view(blob: Any) -> Any: return blob if isinstance(blob, KeptBlob) else memoryview(blob)
 
 class PartBuilder:
   """A part's buffers, programs and blob under construction. `part(...)` and `blob()` are the result."""

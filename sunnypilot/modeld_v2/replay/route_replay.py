@@ -3,7 +3,7 @@ onnxruntime or a second bundle, and drawn over the road.
 
   python -m sunnypilot.modeld_v2.replay.route_replay SEGMENT [SEGMENT ...] --artifacts DIR [--out out/replay]
       [--onnx driving.onnx | --vision v.onnx --policy p.onnx | --vision v.onnx --off-policy off.onnx --on-policy on.onnx | --against other/model.bin]
-      [--tolerance T] [--realtime] [--frames a:b] [--jobs N] [--camera-offset M]
+      [--tolerance T] [--realtime] [--frames a:b] [--jobs N | --ray [ADDRESS]] [--camera-offset M]
 
 A SEGMENT is a folder with fcamera.hevc, ecamera.hevc and rlog or qlog (plain, .bz2 or .zst), as a device keeps them in
 /data/media/0/realdata/<route>--<n> and comma connect downloads them; a folder of such segments replays each. The tool is a camerad and
@@ -14,6 +14,9 @@ Lockstep (default): the next frame goes out when modeld has published this one, 
 --realtime sends at 20 Hz and reports the frames modeld dropped. Per segment, OUT/<segment>/ gets modeld_rlog.zst (what modeld
 published, readable with openpilot_logging's LogReader), overlay.mp4 (plan path, lane lines, road edges and leads over the road camera),
 plots.png (desired curvature, acceleration, lead distance and confidence over time) and, with a reference, check.json.
+
+Several segments (--jobs N local processes, or --ray: Ray tasks on this machine or a cluster, see fleet_replay) also write OUT/fleet.json
+and OUT/fleet.png, one report for all (fleet_report); exit 1 when a segment is past its tolerance, 2 when one could not be replayed.
 """
 from __future__ import annotations
 
@@ -46,7 +49,8 @@ from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 LOG_NAME, VIDEO_NAME, PLOT_NAME, CHECK_NAME = "modeld_rlog.zst", "overlay.mp4", "plots.png", "check.json"
 TOLERANCE = {"float32": 1e-3, "float16": 1e-2}  # per output dtype of the reference: float16 rounding alone reaches 1e-3 on values near 1
-NOT_COMPARED = ("modelExecutionTime", "rawPredictions")  # timing, and the raw vector compared head by head
+# timing, the raw vector (compared head by head), and which model ran (modeld's bundle identity: the reference runs the ONNX)
+NOT_COMPARED = ("modelExecutionTime", "rawPredictions", "locationMonoTimeDEPRECATED")
 MODELD_START_S, FRAME_TIMEOUT_S = 600.0, 60.0  # modeld's first start fuses and caches the bundle; a frame takes milliseconds
 
 log = logging.getLogger(__name__)
@@ -195,6 +199,9 @@ def modeld_flags(args: argparse.Namespace, send_raw: bool) -> list[str]:
 
 ECHO_QUIET = ("reconnected to camerad", "modeld: status:")  # modeld's lines the replay does not pass on: it says its own progress
 
+class ModeldKilled(RouteError):
+  """modeld ended by a signal the replay did not send (killed, out of memory): not the segment's fault, a retry may get past it."""
+
 class Modeld:
   """modeld in a subprocess in this process's msgq namespace, with `flags` after --artifacts; its log lines are kept (the last ones quoted
   when it fails) and, with `echo`, passed on. route_replay and benchmarks.bench_daemon run modeld through it. It runs in a session of
@@ -214,7 +221,8 @@ class Modeld:
       if self.echo and not any(quiet in line for quiet in ECHO_QUIET): sys.stderr.write(line)  # what it could not use (a host input with no source, ...)
 
   def check(self) -> None:
-    if self.proc.poll() is not None: raise RouteError(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
+    if self.proc.poll() is not None:
+      raise (ModeldKilled if self.proc.returncode < 0 else RouteError)(f"modeld exited ({self.proc.returncode}): {self.last_line()}")
 
   def last_line(self) -> str: return "".join(self.lines[-3:]).strip().replace("\n", " | ") if self.lines else "no output"
 
@@ -432,6 +440,13 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--frames", default=":", help="the frames drawn in overlay.mp4 and plots.png, a:b (default: all)")
   p.add_argument("--no-pictures", action="store_true", help="skip overlay.mp4 and plots.png")
   p.add_argument("--jobs", type=positive_int, default=1, help="segments replayed at once, each in its own process with its own modeld and msgq prefix")
+  p.add_argument("--ray", nargs="?", const="local", type=checked(ray_address), metavar="ADDRESS", help="each segment a Ray task: on a local Ray "
+                 "instance started for the run, or on the cluster at ADDRESS (auto: the one `ray start` joined this machine to; or the head's HOST:PORT); "
+                 "needs the fleet extra")
+  p.add_argument("--replay-cpus", type=finite_float(0, 4096, low_open=True), default=1.0, metavar="N", help="with --ray: the CPUs a replay reserves "
+                 "(default 1), so a node runs at most its CPUs / N at once")
+  p.add_argument("--result", metavar="FILE", help="write this segment's record (status, reason, frames, seconds, the check) as JSON here: how --jobs and --ray "
+                 "collect their fleet report")
   p.add_argument("--rhd", action="store_true", help="passed to modeld (else driverMonitoringState.isRHD decides)")
   p.add_argument("--lat-delay", type=checked(parse_delay), default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
                  f"says (default {TYPICAL_CAR.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
@@ -440,6 +455,11 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--camera-offset", type=checked(parse_camera_offset), default=0.0, help="passed to modeld: sunnypilot's "
                  f"CameraOffset in metres, at most {CAMERA_OFFSET_MAX:g} either way (default 0); the reference check applies it as modeld does")
   return p
+
+def ray_address(text: str) -> str:
+  from sunnypilot.modeld_v2.replay.fleet_replay import RAY_ADDRESS
+  if not RAY_ADDRESS.match(text): raise ValueError(f"expected a Ray address (auto, HOST:PORT or ray://HOST:PORT), got {text!r} (segments go before --ray)")
+  return text
 
 def fail(p: argparse.ArgumentParser, problem: str) -> None: p.exit(2, f"route_replay: error: {problem}\n")
 
@@ -450,37 +470,15 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   models = list(model_files(args))
   if models and args.against: fail(p, "give one reference: ONNX file(s) or --against, not both")
   if (models or args.against) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
+  if args.ray and args.jobs > 1: fail(p, "give --jobs (local processes) or --ray (Ray tasks), not both")
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against):
     if not os.path.isfile(path): fail(p, f"{path}: no such file")
-  from sunnypilot.modeld_v2.common.files import ArtifactError
+  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
   from sunnypilot.modeld_v2.daemon.artifacts import check_artifacts
-  try: check_artifacts(args.artifacts)
-  except ArtifactError as e: fail(p, str(e))
-
-def run_jobs(folders: list[str], flags: list[str], jobs: int) -> int:
-  """Each segment in a process of its own (its own modeld and msgq prefix), `jobs` at a time, with the same `flags`; the worst exit code.
-  Interrupted (Ctrl-C, SIGTERM), the replays running are told to stop (each stops its modeld and says what it wrote) and waited for:
-  130, and no segment started after that."""
-  pending, running, codes = list(folders), [], []
-  on_interrupt()
   try:
-    while pending or running:
-      while pending and len(running) < jobs:
-        folder = pending.pop(0)
-        running.append(subprocess.Popen([sys.executable, "-m", "sunnypilot.modeld_v2.replay.route_replay", folder, *flags], env=child_env()))
-      for p in [p for p in running if p.poll() is not None]:
-        codes.append(p.returncode)
-        running.remove(p)
-      time.sleep(0.1)
-  except KeyboardInterrupt:
-    for p in running: p.send_signal(signal.SIGTERM)  # a Ctrl-C at the terminal reached them already; a SIGTERM to this process did not
-    for p in running:
-      try: p.wait(timeout=60)  # a replay stops its modeld in seconds
-      except subprocess.TimeoutExpired: p.kill()
-    print(f"route_replay: interrupted: {len(codes)} of {len(folders)} segments done, {len(running)} stopped, {len(pending)} not started",
-          file=sys.stderr, flush=True)
-    return 130
-  return max(codes, default=0)
+    check_artifacts(args.artifacts)
+    if args.result: check_output_path(args.result)
+  except ArtifactError as e: fail(p, str(e))
 
 def interrupted(*_) -> None:
   """SIGINT or SIGTERM: stop, once. Signals after the first are ignored, so the clean-up they interrupt (stopping modeld, removing the
@@ -501,17 +499,25 @@ def main(argv: list[str] | None = None) -> int:
   check_args(p, args)
   try: folders = [f for s in args.segments for f in segment_folders(s)]
   except RouteError as e: fail(p, str(e))
-  if len(folders) > 1: return run_jobs(folders, [a for a in argv if a not in args.segments], args.jobs)
+  if args.result is None and (len(folders) > 1 or args.ray):
+    from sunnypilot.modeld_v2.replay.fleet_replay import replay_fleet
+    try: return replay_fleet(folders, [a for a in argv if a not in args.segments], args)
+    except RouteError as e: fail(p, str(e))
+  if args.result is not None and len(folders) > 1: fail(p, "--result is one segment's record: give one segment")
   prefix = f"route_replay_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   on_interrupt()  # stop modeld and remove the namespace on SIGTERM too
   written: list[str] = []
+  from sunnypilot.modeld_v2.replay.fleet_report import error_record, result_record, write_record
   try: result = replay_segment(folders[0], args, written=written)
-  except RouteError as e: fail(p, str(e))
+  except RouteError as e:
+    if args.result: write_record(args.result, error_record(os.path.basename(os.path.normpath(folders[0])), str(e), lost=isinstance(e, ModeldKilled)))
+    fail(p, str(e))
   except KeyboardInterrupt:
     done = f"wrote {', '.join(written)}" if written else "nothing written"
     p.exit(130, f"route_replay: interrupted: {done} for {os.path.basename(os.path.normpath(folders[0]))}\n")
   finally: shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
+  if args.result: write_record(args.result, result_record(result))
   print(summarize(result), flush=True)
   return 1 if result.check is not None and not result.check["passed"] else 0
 

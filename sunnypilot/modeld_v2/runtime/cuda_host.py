@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
 from typing import Any
 
 import numpy as np
@@ -12,31 +13,72 @@ from sunnypilot.modeld_v2.runtime.tinygrad_internals import cuda_driver
 
 CU_MEMHOSTREGISTER_DEVICEMAP, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 0x02, 712
 
-class CudaHostRegistration:
-  """Host ranges registered with the CUDA driver by one owner (camera buffers, the host inputs, the outputs): each mapped once, all
-  unregistered together by unmap_all()."""
-  def __init__(self, device: str):
-    (self.cuda, self.context), self.dev, self.registered = cuda_driver(device), Device[device], []
+class HostRegistrations:
+  """The driver's registrations of host memory, counted: a registration is the process's, not an owner's (registering pages twice fails
+  with 712), so two owners of the same camera buffer (the running model and the next one loaded beside it, or the one kept for a fallback)
+  share one, and it is unregistered when the last of them lets go. One per CUDA context."""
+  def __init__(self, cuda: Any, context: Any):
+    self.cuda, self.context, self.lock, self.counts = cuda, context, threading.Lock(), {}  # ptr -> [length, owners]
 
   def _check(self, status, what: str) -> None:
     if status != 0: raise RuntimeError(f"{what} failed with CUDA error {status}")
 
+  def acquire(self, ptr: int, length: int) -> int:
+    """The device pointer of host memory [ptr, ptr+length), registered by the first owner."""
+    with self.lock:
+      self._check(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+      if (entry := self.counts.get(ptr)) is not None and entry[0] != length:  # memory that went away and came back in another size (camerad
+        self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))                 # restarted while a second owner still held it): registered anew
+        del self.counts[ptr]
+        entry = None if entry[1] == 0 else [length, entry[1]]
+        if entry is not None:
+          self._check(self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP), "cuMemHostRegister")
+          self.counts[ptr] = entry
+      if entry is None:
+        status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
+        if status == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:  # registered outside this process' counts (not by this project): take it over
+          self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
+          status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
+        self._check(status, "cuMemHostRegister")
+        entry = self.counts[ptr] = [length, 0]
+      entry[1] += 1
+      dptr = self.cuda.CUdeviceptr_v2()
+      self._check(self.cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(dptr), ctypes.c_void_p(ptr), 0), "cuMemHostGetDevicePointer")
+      return dptr.value
+
+  def release(self, ptr: int) -> None:
+    """One owner lets go of `ptr`; the last one unregisters it."""
+    with self.lock:
+      entry = self.counts[ptr]
+      entry[1] -= 1
+      if entry[1] == 0:
+        del self.counts[ptr]
+        self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
+
+_REGISTRATIONS: dict[Any, HostRegistrations] = {}  # per CUDA context: the driver's registrations are per process
+
+def host_registrations(device: str) -> HostRegistrations:
+  cuda, context = cuda_driver(device)
+  key = ctypes.cast(context, ctypes.c_void_p).value
+  if key not in _REGISTRATIONS: _REGISTRATIONS[key] = HostRegistrations(cuda, context)
+  return _REGISTRATIONS[key]
+
+class CudaHostRegistration:
+  """Host ranges one owner (camera buffers, the host inputs, the outputs) has registered with the CUDA driver: each mapped once, all let
+  go together by unmap_all(); memory another owner also maps stays registered until that one lets go too."""
+  def __init__(self, device: str, registrations: HostRegistrations | None = None):
+    self.dev, self.registered = Device[device], []
+    self.registrations = registrations or host_registrations(device)
+
   def map(self, ptr: int, length: int) -> int:
     """The device pointer of host memory [ptr, ptr+length), which stays valid until unmap_all()."""
-    self._check(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
-    status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
-    if status == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:  # a stale registration of memory that went away and came back at this address
-      self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
-      status = self.cuda.cuMemHostRegister_v2(ctypes.c_void_p(ptr), length, CU_MEMHOSTREGISTER_DEVICEMAP)
-    self._check(status, "cuMemHostRegister")
+    dptr = self.registrations.acquire(ptr, length)
     self.registered.append(ptr)
-    dptr = self.cuda.CUdeviceptr_v2()
-    self._check(self.cuda.cuMemHostGetDevicePointer_v2(ctypes.byref(dptr), ctypes.c_void_p(ptr), 0), "cuMemHostGetDevicePointer")
-    return dptr.value
+    return dptr
 
   def unmap_all(self) -> None:
-    self.dev.synchronize()  # no kernel may still be reading them
-    for ptr in self.registered: self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
+    self.dev.synchronize()  # no kernel of this owner may still be reading them
+    for ptr in self.registered: self.registrations.release(ptr)
     self.registered.clear()
 
   def mapped_tensor(self, array: np.ndarray) -> Tensor:

@@ -73,7 +73,8 @@ def frame_part(warp_path: str, parts: dict, extras: dict, device: str | None = N
 
 def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_name: str = "warp") -> tuple[dict, dict]:
   """`(parts, extras)` of a model bundle and of a warp bundle (as read_parts returns them: Part records, or a part's JSON) -> `(parts,
-  extras)` of the fused part, a Part record. Pure: reads no files."""
+  extras)` of the fused part, a Part record. Pure: reads no files. The fused part's buffers are the model's, then the warp's, in their
+  order, then the upload buffer: a streamed load's filled buffers line up with them (loader.load_fused)."""
   (parts, extras), (warp_parts, warp_extras) = model_bundle, warp_bundle
   (model_header, model_blob), (warp_header, warp_blob) = parts["run"], warp_parts["run"]
   meta, warp_meta = extras["metadata"], warp_extras["metadata"]

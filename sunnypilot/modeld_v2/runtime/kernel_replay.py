@@ -49,10 +49,17 @@ MAX_GRAPH_INSTANCES = 36  # per graph batch: camerad's 18 buffer pairs, twice ov
 class InputError(ValueError):
   """Inputs that do not match what the part was captured with."""
 
-def copy_into(buf: Buffer, data: bytes | memoryview) -> None:
-  """Copy bytes into a buffer once: host-visible memory directly, other devices through the allocator (ctypes wants a writable view)."""
-  if host_visible(buf): np.frombuffer(host_memory(buf), np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
-  else: copy_in(buf, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
+def copy_into(buf: Buffer, data: bytes | memoryview, offset: int = 0) -> None:
+  """Copy bytes into a buffer at `offset`: host-visible memory directly, other devices through the allocator (ctypes wants a writable
+  view)."""
+  if host_visible(buf): np.frombuffer(host_memory(buf), np.uint8)[offset:offset + len(data)] = np.frombuffer(data, np.uint8)
+  else:
+    dest = buf if offset == 0 and len(data) == buf.nbytes else buf.view(len(data), dtypes.uint8, offset).ensure_allocated()
+    copy_in(dest, data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data)))
+
+def allocate(device: str, nbytes: int) -> Buffer:
+  """A part's buffer on `device`, uninitialised."""
+  return Buffer(device, nbytes, dtypes.uint8).allocate()
 
 def write_tensor(t: Tensor, value: np.ndarray) -> None:
   """Overwrite a realized tensor's buffer in place (NPY buffers are numpy arrays: copied into directly)."""
@@ -198,17 +205,22 @@ class Replay:
   returns what it returned. `_Jit` and `PlainJit` (compat.py) are this class under the seed's names.
 
   `mapped`: names of host (NPY) inputs the caller passes as tensors on the device, over host memory it mapped into the device (CUDA: pinned
-  and registered): their upload becomes a device copy inside the device's graph, so a frame is one submission."""
-  def __init__(self, header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = ()):
+  and registered): their upload becomes a device copy inside the device's graph, so a frame is one submission.
+
+  `bases`: buffers already allocated and filled with their initial contents, by buffer index (a streamed load wrote the weights into
+  them as it read the file: runtime/loader); the part's other buffers are allocated, and filled from the blob, here."""
+  def __init__(self, header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = (), bases: list[Buffer] = ()):
     self.part = part = Part.of(header, blob)
     self.blob, self.mapped = blob, mapped
     self.device = Device.canonicalize(device or part.device)
+    if len(bases) > len(part.buffers) or any(b.nbytes != spec.nbytes for b, spec in zip(bases, part.buffers)):
+      raise ArtifactError("the buffers given to the replay are not the part's")
     self.input_names: list[str] = list(part.input_names)
     self.kwargs: list[str] = list(part.kwargs)
     self.inputs: tuple[InputSlot, ...] = part.inputs
     self.replay_s = 0.0  # the last call's kernels (CPU) or submission (elsewhere: the device runs on)
     self.bindings_made = 0  # tensors validated and bound, over this replay's life
-    self.bases = [self.allocate(b) for b in part.buffers]
+    self.bases = list(bases) + [self.allocate(b) for b in part.buffers[len(bases):]]
     self.views: dict[BufferView, Buffer] = {}
     self.slots = [(s.name, s.key) for s in self.inputs]
     self.current: list[UOp | None] = [None] * len(self.inputs)  # the tensor each slot is bound to now
@@ -241,7 +253,7 @@ class Replay:
     return self.backend.call_kinds if isinstance(self.backend, _Graph) else [c.kind.upper() for c in self.part.calls]
 
   def allocate(self, spec: BufferSpec) -> Buffer:
-    base = Buffer(self.device, spec.nbytes, dtypes.uint8).allocate()
+    base = allocate(self.device, spec.nbytes)
     if spec.init is not None: copy_into(base, self.blob[spec.init[0]:spec.init[1]])
     return base
 
@@ -358,10 +370,11 @@ class Replay:
     if kind == "dict": return dict(zip(returns.keys, tensors))
     return tuple(tensors) if kind == "tuple" else tensors
 
-def replay_part(header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = (), name: str = "the part") -> Replay:
+def replay_part(header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = (), name: str = "the part",
+                bases: list[Buffer] = ()) -> Replay:
   """A Replay of a part read from a file. Part.from_json bounds and cross-checks every field the replay reads; whatever tinygrad still
   rejects while building it (an ELF it cannot relocate, a device it does not know) is an ArtifactError, like every other bad bundle."""
-  try: return Replay(header, blob, device, mapped)
+  try: return Replay(header, blob, device, mapped, bases)
   except (ArtifactError, InputError): raise
   except (AssertionError, LookupError, MemoryError, NotImplementedError, OverflowError, RuntimeError, TypeError, ValueError) as e:
     raise ArtifactError(f"{name} cannot be replayed here: {type(e).__name__}: {str(e)[:200]}") from None

@@ -13,7 +13,7 @@ from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pa
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, DRIVER_BUFFER, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
 from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, FusedLayout
 from sunnypilot.modeld_v2.runtime.kernel_replay import write_tensor
-from sunnypilot.modeld_v2.runtime.loader import load_device, load_fused
+from sunnypilot.modeld_v2.runtime.loader import Verify, load_device, load_fused
 from sunnypilot.modeld_v2.runtime.output_readbacks import CopiedOutput, OutputReadback, PinnedOutput, ViewedOutput
 
 log = logging.getLogger(__name__)
@@ -23,13 +23,16 @@ class ModelRunner:
   """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame. The camera frames arrive through a
   frame feed (frame_feeds: packed, uploaded or read in place) and the outputs leave through an output readback (output_readbacks).
   `map_camera_buffers=False` uploads the frames of a --split-frames warp and keeps the host inputs and outputs out of CUDA's registered
-  memory. A driver-monitoring pair (dmonitoring_model.bin and a dm_warp bundle) runs the same way, fed {"driver": buffer}."""
-  def __init__(self, model_path: str, warp_path: str, device: str | None = None, map_camera_buffers: bool = True, allow_device: bool = False):
+  memory. `verify`: see loader.stream_parts (the daemons: the model set's signature or manifest check). A driver-monitoring pair
+  (a dmonitoring_model bundle and a dm_warp) runs the same way, fed {"driver": buffer}."""
+  def __init__(self, model_path: str, warp_path: str, device: str | None = None, map_camera_buffers: bool = True, allow_device: bool = False,
+               verify: Verify | None = None):
     self.model_device = load_device(device)
     kind = device_kind(self.model_device)
     # CUDA with mapping: the packed host inputs (and the outputs, see PinnedOutput) live in registered host memory the graph reads in place
     self._host_cuda = CudaHostRegistration(self.model_device) if map_camera_buffers and kind == "CUDA" else None
-    self.bundle = load_fused(model_path, warp_path, device=self.model_device, allow_device=allow_device, mapped=("host",) if self._host_cuda else ())
+    self.bundle = load_fused(model_path, warp_path, device=self.model_device, allow_device=allow_device, mapped=("host",) if self._host_cuda else (),
+                             verify=verify)
     self.replay = self.bundle.run
     assert self.bundle.fused is not None, "load_fused returns a fused part"
     self.layout: FusedLayout = self.bundle.fused

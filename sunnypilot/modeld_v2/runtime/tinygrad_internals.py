@@ -31,8 +31,9 @@ the 0.14.0 contract it relies on; tests/runtime/test_tinygrad_internals.py exerc
   tests/runtime/test_tinygrad_internals.py, and on NULL only as far as its runner allows).
 - `time_call`: `tinygrad.engine.realize.ExecContext(input_uops=, update_stats=, wait=)`, `exec_copy(ctx, call, ast)` and
   `exec_kernel(ctx, call, ast)` -> device seconds per launch.
-- `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose `fxn` is the ctypes function taking each buffer as a
-  c_uint64 pointer, then its runtime variables; `runtimevars` maps "core_id" to its argument index (CPUProgram calls once per core).
+- `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose code starts at `addr` and takes each buffer as a
+  c_uint64 pointer, then its runtime variables (its own `fxn` calls it so, releasing the GIL); `runtimevars` maps "core_id" to its
+  argument index (CPUProgram calls once per core).
 - `tensor_buffer`, `host_memory`: a realized Tensor's `uop.base.buffer` is its Buffer; `Buffer.as_memoryview(force_zero_copy=True)` its memory.
 - `host_visible`, `buffer_address`, `host_array`, `copy_in`, `copy_out`: a `Buffer`'s device handle is `Buffer._buf` (a numpy array on
   NPY, an object with `va_addr` on CPU, CUDA and HCQ devices); allocators with `_as_buffer` map it into host memory; every
@@ -43,6 +44,7 @@ the 0.14.0 contract it relies on; tests/runtime/test_tinygrad_internals.py exerc
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -262,9 +264,11 @@ class CpuEntry(NamedTuple):
   core_id: int | None
 
 def cpu_entry(program: UOp, device: str) -> CpuEntry:
-  """Load a compiled PROGRAM on CPU for direct ctypes calls."""
+  """Load a compiled PROGRAM on CPU for direct ctypes calls. CPUProgram's `fxn` is a CFUNCTYPE at `addr`, which releases the GIL on every
+  call; the entry calls the same code as a PYFUNCTYPE, which keeps it: a frame's kernels then run back to back while another thread
+  (the model switch loading the next set) runs Python, instead of each kernel's return waiting for the GIL to come back."""
   runtime = Device[device].runtime(program.to_elf())
-  return CpuEntry(runtime, runtime.fxn, runtime.runtimevars.get("core_id"))
+  return CpuEntry(runtime, ctypes.PYFUNCTYPE(None)(runtime.addr), runtime.runtimevars.get("core_id"))
 
 def cuda_driver(device: str) -> tuple[Any, Any]:
   """tinygrad's bindings of the CUDA driver API and `device`'s CUcontext, for registering host memory with the driver."""

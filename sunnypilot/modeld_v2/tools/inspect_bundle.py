@@ -1,7 +1,11 @@
-"""Look inside a bundle, or check it still computes what it computed when it was built.
+"""Look inside a bundle or a model set's manifest, or check it still computes what it computed when it was built and who signed it.
 
-  python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect model.bin   # provenance, inputs (with their roles)/outputs, buffers, kernels, programs
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect model.bin   # provenance, inputs (with their roles)/outputs, buffers, kernels,
+                                                                           # programs; who signed it, which manifest names it
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect manifest.json   # a set's bundles by role and hash, who signed it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin --trusted-keys keys/   # and its signature as modeld checks it
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle verify manifest.json --trusted-keys keys/   # a set: signature, folder, every hash
   python -m sunnypilot.modeld_v2.tools.inspect_bundle profile model.bin [--warp warp.bin] [--peak-tflops 67 --peak-tbs 4.8] [--json out.json]
       # time each kernel alone here: FLOPs and bytes (tinygrad's estimates), GFLOP/s, GB/s, share, and the roofline lower bound
 """
@@ -9,10 +13,12 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import sys
 
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible, non_negative_int, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.common.files import ArtifactError
 
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
 
@@ -35,6 +41,7 @@ def describe(path: str) -> str:
     for name, (shape, dtype, device) in extras.get(kind, {}).items():
       role = roles.get(name, "") if kind == "input_specs" else ""
       lines.append(f"  {kind[:-6]:6s} {name:24s} {str(tuple(shape)):20s} {dtype} {device:6s} {role}".rstrip())
+  lines += [f"  {line}" for line in signature_lines(path)]
   for name, h in parts.items():
     calls = collections.Counter(c.kind for c in h.calls)
     weights = sum(b.init[1] - b.init[0] for b in h.buffers if b.init is not None)
@@ -51,6 +58,72 @@ def describe(path: str) -> str:
       lines.append(f"    {p.name[:40]:40s} {str(p.global_size):>14s} {str(p.local_size or ()):>12s} {size:>9,d} {uses[i]:>6d}")
   return "\n".join(lines)
 
+def signature_lines(path: str) -> list[str]:
+  """Who signed a bundle (its .sig) and which manifest of its folder names it, as a person reads them."""
+  from sunnypilot.modeld_v2.format.bundle import content_digest
+  from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, read_manifest
+  from sunnypilot.modeld_v2.format.signature import describe_signatures
+  digest, size = content_digest(path), os.path.getsize(path)
+  lines = [f"signature: {line}" for line in describe_signatures(path, digest, size)]
+  if os.path.isfile(manifest_path := os.path.join(os.path.dirname(os.path.abspath(path)), MANIFEST_NAME)):
+    try:
+      manifest = read_manifest(manifest_path)[0]
+      entry = manifest.entry(os.path.basename(path))
+      same = entry is not None and (entry.sha256, entry.size) == (digest, size)
+      named = "does not name it" if entry is None else f"names it as its {entry.role}, {'with this' if same else 'with ANOTHER'} content hash"
+      lines.append(f"manifest: {MANIFEST_NAME} of set {manifest.name} {named}")
+    except ArtifactError as e: lines.append(f"manifest: {e}")
+  return lines
+
+def describe_manifest(path: str) -> str:
+  """A set's manifest: its bundles by role and content hash (here or not, matching or not, from their preambles), and who signed it."""
+  from sunnypilot.modeld_v2.format.bundle import content_digest
+  from sunnypilot.modeld_v2.format.manifest import read_manifest
+  from sunnypilot.modeld_v2.format.signature import describe_signatures
+  manifest, digest, size = read_manifest(path)
+  folder = os.path.dirname(os.path.abspath(path))
+  lines = [f"{path}: the manifest of set {manifest.name}, {len(manifest.bundles)} bundles", f"  {'file':32s} {'role':14s} {'sha256':16s} {'bytes':>14s}  here"]
+  for e in manifest.bundles:
+    bundle = os.path.join(folder, e.file)
+    try: here = "matches" if (content_digest(bundle), os.path.getsize(bundle)) == (e.sha256, e.size) else "ANOTHER content hash or size"
+    except ArtifactError as err: here = "missing" if not os.path.lexists(bundle) else f"unreadable: {err}"
+    lines.append(f"  {e.file:32s} {e.role:14s} {e.sha256[:16]} {e.size:>14,d}  {here}")
+  lines += [f"  signature: {line}" for line in describe_signatures(path, digest, size)]
+  return "\n".join(lines)
+
+def is_manifest(path: str) -> bool:
+  """Whether `path` is a file that is not a bundle (read as a manifest); a file that cannot be read is left to the bundle reader's error."""
+  from sunnypilot.modeld_v2.common.files import open_regular
+  from sunnypilot.modeld_v2.format.bundle import MAGIC
+  try:
+    with open_regular(path) as f: return f.read(len(MAGIC)) != MAGIC
+  except ArtifactError: return False
+
+def verify_signature(path: str, trust) -> bool:
+  """A PASS or FAIL line: whether a bundle is vouched for as modeld decides it with these keys (model_sets.Trust; its own signature, or
+  its folder's signed manifest naming it)."""
+  from sunnypilot.modeld_v2.daemon.model_sets import vouch_for
+  try: print(f"PASS signature: {vouch_for(path, trust)}")
+  except ArtifactError as e:
+    print(f"FAIL signature: {e}")
+    return False
+  return True
+
+def verify_manifest(path: str, trust) -> bool:
+  """PASS or FAIL lines for a set's manifest: its signature with these keys (model_sets.Trust, when given), then its folder holding
+  exactly its bundles, each read whole against the content hash it names."""
+  from sunnypilot.modeld_v2.tools.sign_bundle import statement
+  step = "signature"
+  try:
+    if trust is not None: print(f"PASS signature: {trust.manifest(path)[1]}")
+    step = "bundles"
+    statement(path)
+    print("PASS bundles: the folder holds exactly the manifest's bundles, each with the content hash it names")
+  except ArtifactError as e:
+    print(f"FAIL {step}: {e}")
+    return False
+  return True
+
 @interruptible("inspect_bundle")
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("inspect_bundle", __doc__)
@@ -63,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--peak-tbs", type=peak, help="profile: the device's peak memory bandwidth for the roofline, in TB/s")
   parser.add_argument("--top", type=non_negative_int, default=0, help="profile: print only the N slowest calls (0: all)")
   parser.add_argument("--json", help="profile: also write the results as JSON here")
+  parser.add_argument("--trusted-keys", help="verify: a folder of trusted public keys (*.pem): the bundle or manifest must be signed as modeld "
+                      "requires with these keys")
   args = parser.parse_args(argv)
+  if args.trusted_keys and args.command != "verify": parser.error("--trusted-keys goes with verify")
   from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
   from sunnypilot.modeld_v2.format.bundle import read_parts
   if args.json:
@@ -71,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     except ArtifactError as e: parser.exit(2, f"inspect_bundle: error: --json: {e}\n")
   from sunnypilot.modeld_v2.compile.capture import verify_part
   try:
+    from sunnypilot.modeld_v2.daemon.model_sets import Trust
+    trust = Trust.from_folder(args.trusted_keys) if args.trusted_keys else None
+    if args.command != "profile" and is_manifest(args.bundle):
+      if args.command == "inspect":
+        print(describe_manifest(args.bundle))
+        return 0
+      return 0 if verify_manifest(args.bundle, trust) else 1
     if args.command == "inspect":
       print(describe(args.bundle))
       return 0
@@ -86,13 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         with replaced_atomically(args.json) as (tmp,), open(tmp, "w") as f:
           json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
       return 0
-    ok = True
+    signed, ok = verify_signature(args.bundle, trust) if trust is not None else True, True
     for name, (header, blob) in read_parts(args.bundle)[0].items():
       for label, match in verify_part(header, blob).items():
         print(f"{'PASS' if match else 'FAIL'} {name}: {label}")
         ok &= match
-    print(f"{args.bundle}: {'verified' if ok else 'MISMATCH: this device computes something else than the build recorded'}")
-    return 0 if ok else 1
+    verdict = "verified" if signed else "computes what the build recorded, but NOT SIGNED as the trusted keys require"
+    print(f"{args.bundle}: {verdict if ok else 'MISMATCH: this device computes something else than the build recorded'}")
+    return 0 if ok and signed else 1
   except (ArtifactError, OSError) as e:
     named = any(p and str(e).startswith(p) for p in (args.bundle, args.warp))  # errors of a file's read name that file already
     print(f"inspect_bundle: error: {e if named else f'{args.bundle}: {e}'}", file=sys.stderr)

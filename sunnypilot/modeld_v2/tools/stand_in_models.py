@@ -23,7 +23,8 @@ Other models (compile_modeld tells them by their inputs; compile_onnx makes a pl
                      features), output_slices of the current layout (per driver side face_descs 12, face_prob, eyes_visible_prob,
                      eyes_closed_prob, using_phone_prob; wheel_on_right; features)
 A generation of several models writes one file per model next to `--output` (split_09.onnx -> split_09_vision.onnx, split_09_policy.onnx)
-and prints the compile_modeld command for them. Sizes: `tiny` (tests) and `full` (a conv backbone of realistic depth, for benchmarks).
+and prints the compile_modeld command for them. Sizes: `tiny` (tests), `full` (a conv backbone of realistic depth, for benchmarks) and
+`big` (800 MB of weights, the size of openpilot's big model, for the load benchmarks).
 Recurrent cells are MatMul/Sigmoid/Tanh, as comma's are: tinygrad's ONNX runner has no GRU/LSTM.
 """
 from __future__ import annotations
@@ -45,10 +46,13 @@ from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import DM_LAYOUTS, DRI
 OPSET = 17
 IR_VERSION = 8  # what opset 17 needs; newer onnx writes newer IR versions that older onnxruntimes refuse
 MODEL_H, MODEL_W = 128, 256  # the (6, H, W) planes of one warped camera frame
-NATIVE_HISTORY = {"tiny": 4, "full": 24}
-# per size: conv layers (out channels, kernel, stride) of each camera's backbone
+NATIVE_HISTORY = {"tiny": 4, "full": 24, "big": 24}
+# per size: conv layers (out channels, kernel, stride) of each camera's backbone. `big` is for the load benchmarks alone: about 100 M
+# weights per camera backbone, 805 MB for a vision + policy pair, the size of the big model whose 773 MB load stalled a device (openpilot
+# issue 39001); its wide layers run at 4x8, so a frame stays a few GFLOPs
 BACKBONES = {"tiny": [(8, 4, 4), (16, 3, 2)],
-             "full": [(32, 3, 2), (32, 3, 1), (64, 3, 2), (64, 3, 1), (128, 3, 2), (128, 3, 1), (256, 3, 2), (256, 3, 1)]}
+             "full": [(32, 3, 2), (32, 3, 1), (64, 3, 2), (64, 3, 1), (128, 3, 2), (128, 3, 1), (256, 3, 2), (256, 3, 1)],
+             "big": [(64, 3, 2), (128, 3, 2), (256, 3, 2), (512, 3, 2), (1024, 3, 2), (2048, 3, 1), (2048, 3, 1), (2048, 3, 1)]}
 
 class StandInError(ValueError):
   """A stand-in that cannot be made as asked, with the reason."""
@@ -266,7 +270,7 @@ def files(generation: str, path: str) -> dict[str, str]:
 def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple[Any, dict]]:
   """{compile_model keyword ("onnx", "vision", "policy", "off_policy", "on_policy"): (ModelProto, stats)} of a generation's stand-in."""
   if generation not in NAMES + OTHER_MODELS or size not in BACKBONES:
-    raise StandInError(f"generation must be one of {NAMES + OTHER_MODELS} and size tiny|full, got {generation!r}, {size!r}")
+    raise StandInError(f"generation must be one of {NAMES + OTHER_MODELS} and size {'|'.join(BACKBONES)}, got {generation!r}, {size!r}")
   if not isinstance(seed, int) or seed < 0: raise StandInError(f"the seed must be a non-negative integer, got {seed!r}")
   if generation == "native": return {"onnx": build_native(size, seed)}
   if generation == "dmonitoring": return {"onnx": build_dmonitoring(size, seed)}

@@ -1,0 +1,266 @@
+"""Switching model sets while a daemon runs frames: the request (a trigger), the load in a background thread, the changeover between two
+frames, the probation of a new set's first frames, and the fallbacks. Nothing here knows modeld: a daemon gives `load(model_set,
+context) -> handle` (read, verify, load and warm up; ArtifactError when it cannot), `close(handle)`, and its frame thread calls `take`,
+`changed_over` and `frame_ran` (see ModelSwitch). dmonitoringmodeld uses the same class with its own load.
+
+The request: on a comma device the parameter sunnypilot's model manager writes for the active bundle (`ActiveSetParam`); on a PC a flag
+file, ROOT/active (`ActiveSetFile`). Both name a set (model_sets.ModelSets); empty means the default. The thread looks every POLL_S.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE, DEFAULT_SET, ModelSet, ModelSets
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+POLL_S = 0.5  # how often the thread reads the request
+PROBATION_FRAMES = 20  # a new set's first frames (1 s at 20 Hz): a non-finite output among them drops it for the previous set
+# While a load runs beside the frames, the interpreter hands the GIL over every this many seconds (Python's default is 5 ms): the frame
+# thread releases it in every kernel call, and each return would otherwise wait up to 5 ms while the loader runs Python.
+LOADING_SWITCH_INTERVAL_S = 0.0002
+
+class ActiveSetFile:
+  """A PC's request: ROOT/active holds the name of the set to run (a flag file: `echo my-set > ROOT/active`; none, empty or `default`:
+  the default set). Rewriting it with the same name asks again (a set that failed is tried again)."""
+  def __init__(self, sets: ModelSets):
+    self.sets = sets
+
+  def requested(self) -> tuple[str, Any]:
+    """(set name, a stamp that changes whenever the request is made again)."""
+    if self.sets.root is None: return "", None
+    try: st = os.stat(os.path.join(self.sets.root, ACTIVE_FILE))
+    except OSError: return "", None
+    return self.sets.read_name(ACTIVE_FILE), (st.st_ino, st.st_size, st.st_mtime_ns)
+
+  def __str__(self) -> str: return f"the flag file {os.path.join(self.sets.root or '<no --model-sets>', ACTIVE_FILE)}"
+
+class ActiveSetParam:
+  """A comma device's request: sunnypilot's model manager writes the bundle the user picked to the parameter ModelManager_ActiveBundle
+  (sunnypilot/models/manager.py @1052de51 `_download_bundle`) and removes it for the default (its UI's `_select_default`); readers
+  parse it as JSON (sunnypilot/models/helpers.py @13ce8664 `get_active_bundle`). The set asked for is the bundle's `internalName` (else
+  its `ref`): install_models names a set's folder after its manifest's name, which a model manager sets to the same."""
+  KEY = "ModelManager_ActiveBundle"
+
+  def __init__(self, params: Any):
+    self.params = params
+
+  def requested(self) -> tuple[str, Any]:
+    raw = self.params.get(self.KEY)
+    if not raw: return "", None
+    try: bundle = raw if isinstance(raw, dict) else json.loads(raw)
+    except (TypeError, ValueError): return "", raw  # bytes of another era's encoding: no set of ours
+    name = bundle.get("internalName") or bundle.get("ref") if isinstance(bundle, dict) else None
+    return (name if isinstance(name, str) else ""), json.dumps(bundle, sort_keys=True, default=str)
+
+  def __str__(self) -> str: return f"the parameter {self.KEY}"
+
+def why(e: Exception) -> str:
+  """An error as one line: an ArtifactError's message is one already; anything else is a failure of the load itself, named by its type."""
+  return str(e) if isinstance(e, ArtifactError) else f"its load failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+@dataclass(frozen=True)
+class Candidate(Generic[T]):
+  """A set loaded by the daemon's `load`: its handle (modeld: a warmed-up model and warp) and what it was loaded for (modeld: the camera
+  geometry)."""
+  model_set: ModelSet
+  handle: T
+  context: Any
+
+class ModelSwitch(Generic[T]):
+  """The sets a daemon runs on, and the thread that loads the next one.
+
+  The daemon's frame thread: `first(context)` loads the first set that loads (the one asked for, the last that ran, the default), then
+  `start()` starts the thread; between two frames `take()` gives a set the thread loaded, if any, and once frames run on it the daemon
+  calls `changed_over(candidate)`; each frame on a set in probation it calls `frame_ran(finite)`, which gives back the previous set to
+  change back to when the new one's outputs were not finite; `reloaded(candidate)` after loading the running set again itself (another
+  camera geometry); `retry(candidate)` for a candidate loaded for a context that is gone. Every failure is one line, and none touches the
+  running set."""
+  def __init__(self, sets: ModelSets, trigger: Any, load: Callable[[ModelSet, Any], T], close: Callable[[T], None],
+               probation_frames: int = PROBATION_FRAMES, poll_s: float = POLL_S, thread_setup: Callable[[], str] | None = None,
+               report: Callable[[str], None] = log.warning):
+    self.sets, self.trigger, self.load, self.close, self.report = sets, trigger, load, close, report  # report: `first`'s lines (once each)
+    self.probation_frames, self.poll_s, self.thread_setup = probation_frames, poll_s, thread_setup
+    self.current: Candidate[T] | None = None  # what frames run on
+    self.confirmed = False  # whether `current` passed its first frames
+    self.probation = 0  # frames `current` has left to pass
+    self.previous: Candidate[T] | None = None  # the last set that passed, kept while `current` is on probation
+    self.context: Any = None  # what loads are for now (the daemon sets it: modeld's camera geometry)
+    self.ready: Candidate[T] | None = None  # loaded by the thread, for the frame thread to take
+    self.request: tuple[str, Any] = ("", None)  # the trigger's last (name, stamp)
+    self.failed: dict[str, str] = {}  # set name -> why, until it is asked for again
+    self.fallbacks: list[str] = []  # at start: the sets still to try when the running one fails its first frames
+    self.again: str | None = None  # a set to load again for the new context
+    self.to_record: str | None = None  # a set that passed, for the thread to record as the last that ran
+    self.lock, self.wake, self.stop_event = threading.Lock(), threading.Event(), threading.Event()
+    self.thread: threading.Thread | None = None
+
+  @property
+  def requested(self) -> str: return self.request[0] or DEFAULT_SET
+
+  # *** the daemon's frame thread ***
+
+  def first(self, context: Any, failed: str | None = None, why_failed: str = "") -> Candidate[T] | None:
+    """Load the first set that loads for `context`, in order: the one asked for, the last that ran, the default; a line for each that
+    fails. None when none does (the daemon waits, and calls `first` again later). `failed`: the running set, which could not be loaded
+    for `context` (another camera geometry) for `why_failed`: the others are tried, and it is not tried again until asked for again."""
+    self.request = self.trigger.requested()
+    order = [n for n in self.sets.fallbacks(self.request[0]) if n != failed]
+    if failed is not None:
+      self.failed[failed] = why_failed
+      if order: self.report(f"set {failed} cannot run on these cameras: {why_failed}; falling back to set {order[0]}")
+    for i, name in enumerate(order):
+      try: candidate = Candidate(model_set := self.sets.open(name), self.load(model_set, context), context)
+      except Exception as e:  # whatever a set's load raises, the next set is tried (a bundle for another device once left a car without one)
+        self.failed[name] = why(e)
+        self.report(f"cannot run set {name}: {why(e)}{f'; falling back to set {order[i + 1]}' if i + 1 < len(order) else ''}")
+        continue
+      self.current, self.confirmed, self.probation, self.fallbacks = candidate, False, self.probation_frames, order[i + 1:]
+      return candidate
+    return None
+
+  def reloaded(self, candidate: Candidate[T]) -> None:
+    """The daemon loaded the running set again itself (for another camera geometry): frames run on `candidate` now. A previous set kept
+    to fall back to was loaded for the old one: it is closed (no fallback until the running set has passed its first frames)."""
+    self.current = candidate
+    self.forget_previous()
+
+  def forget_previous(self) -> None:
+    """Close the previous set kept to fall back to (what it was loaded for is gone: camerad restarted or changed geometry)."""
+    if self.previous is not None:
+      log.warning(f"set {self.previous.model_set.name}, kept to fall back to, was loaded for cameras that are gone: closed")
+      self.close(self.previous.handle)
+      self.previous = None
+
+  def take(self) -> Candidate[T] | None:
+    """A set the thread loaded and warmed up, to change over to now (between two frames), or None: one attribute read when there is none."""
+    if self.ready is None: return None
+    with self.lock: candidate, self.ready = self.ready, None
+    return candidate
+
+  def retry(self, candidate: Candidate[T]) -> None:
+    """`candidate` was loaded for a context that is gone (the camera geometry changed while it loaded): load it again for the new one."""
+    log.warning(f"the camera geometry changed while set {candidate.model_set.name} loaded: loading it again for the new one")
+    self.close(candidate.handle)
+    self.again = candidate.model_set.name
+    self.wake.set()
+
+  def changed_over(self, candidate: Candidate[T]) -> None:
+    """Frames run on `candidate` from now on. The outgoing set stays loaded as the fallback when it had passed its first frames (the one
+    kept before is closed); one that had not is closed."""
+    outgoing, confirmed = self.current, self.confirmed
+    self.current, self.confirmed, self.probation, self.fallbacks = candidate, False, self.probation_frames, []
+    if outgoing is not None and confirmed:
+      if self.previous is not None: self.close(self.previous.handle)
+      self.previous = outgoing
+    elif outgoing is not None: self.close(outgoing.handle)
+    kept = f"; set {self.previous.model_set.name} kept until it has run {self.probation_frames} frames" if self.previous is not None else ""
+    log.info(f"switched to {candidate.model_set} between two frames: its recurrent state and queues start from zero{kept}")
+    self.wake.set()
+
+  def frame_ran(self, finite: bool) -> Candidate[T] | None:
+    """One frame ran on the current set. While it is on probation: after `probation_frames` finite ones it has passed (the previous set
+    is closed and it is recorded as the last that ran); a non-finite one drops it. Returns the set to change back to then (the daemon
+    runs on it from the next frame, its recurrent state reset), else None."""
+    if self.probation == 0 or self.current is None: return None
+    name = self.current.model_set.name
+    if finite:
+      self.probation -= 1
+      if self.probation == 0:
+        if self.previous is not None: self.close(self.previous.handle)
+        self.previous, self.confirmed, self.fallbacks, self.to_record = None, True, [], name
+        self.wake.set()
+        log.info(f"set {name} passed its first {self.probation_frames} frames: the set to fall back to from now on")
+      return None
+    self.failed[name], self.probation = "non-finite outputs in its first frames", 0
+    if self.previous is not None:
+      failed, back, self.previous = self.current, self.previous, None
+      self.close(failed.handle)
+      self.current, self.confirmed = back, True
+      log.warning(f"set {name} gave non-finite outputs in its first frames: dropped, back to set {back.model_set.name}")
+      return back
+    log.warning(f"set {name} gave non-finite outputs in its first frames"
+                + (f": loading set {self.fallbacks[0]} in the background" if self.fallbacks else ": no other set to fall back to"))
+    self.wake.set()
+    return None
+
+  # *** the thread ***
+
+  def start(self) -> None:
+    """Start the thread that watches the request and loads sets."""
+    self.thread = threading.Thread(target=self._watch, name="model_switch", daemon=True)
+    self.thread.start()
+
+  def stop(self, timeout: float = 0.5) -> None:
+    self.stop_event.set()
+    self.wake.set()
+    if self.thread is not None: self.thread.join(timeout)
+
+  def _watch(self) -> None:
+    if self.thread_setup is not None: log.info(f"model switch thread: {self.thread_setup()}")
+    while not self.stop_event.is_set():
+      self.wake.wait(self.poll_s)
+      self.wake.clear()
+      if self.to_record is not None:
+        name, self.to_record = self.to_record, None
+        self.sets.record_ran(name)
+        self.collect()
+      try: self.step()
+      except Exception as e:  # a bug here must never take the frames down with it: the running set keeps running
+        log.error(f"model switch: {type(e).__name__}: {e}")
+
+  def collect(self) -> None:
+    """Free what loads left in reference cycles (the daemon runs with the collector off) and freeze the rest out of later collections:
+    only objects made since the last freeze are scanned, here, beside the frames."""
+    if gc.isenabled(): return
+    t = time.perf_counter()
+    found = gc.collect(0)
+    gc.freeze()
+    log.info(f"model switch: {found} objects in reference cycles freed in {(time.perf_counter() - t) * 1e3:.0f} ms")
+
+  def _read_request(self) -> None:
+    if (request := self.trigger.requested()) != self.request:
+      self.request = request
+      self.failed.pop(self.requested, None)  # asked for again: tried again
+      log.info(f"set {self.requested} asked for by {self.trigger}")
+
+  def _target(self) -> str | None:
+    """The set to load next, if any: one to load again, a new request, or the next fallback of a set that failed its first frames."""
+    self._read_request()
+    if self.again is not None: return self.again
+    running = self.current.model_set.name if self.current is not None else None
+    if self.fallbacks and running in self.failed: return self.fallbacks[0]
+    return None if running == self.requested or self.requested in self.failed else self.requested
+
+  def step(self) -> None:
+    """One look at the request and, when a set is due, its load (the thread calls it every POLL_S, and when woken)."""
+    if self.ready is not None or self.context is None or (name := self._target()) is None: return
+    context, interval, self.again = self.context, sys.getswitchinterval(), None
+    sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
+    try: candidate = Candidate(model_set := self.sets.open(name), self.load(model_set, context), context)
+    except Exception as e:  # whatever a set's load raises, the running set runs on, and the set is not tried again until asked for again
+      self.failed[name] = why(e)
+      if name in self.fallbacks: self.fallbacks.remove(name)
+      running = f"set {self.current.model_set.name} keeps running" if self.current is not None else "no set runs"
+      log.warning(f"cannot switch to set {name}: {why(e)}; {running}")
+      return
+    finally: sys.setswitchinterval(interval)
+    self._read_request()
+    if name not in self.fallbacks and self.requested != name:  # another set was asked for while this one loaded
+      log.warning(f"set {name} loaded, but set {self.requested} was asked for meanwhile: dropped")
+      self.close(candidate.handle)
+      self.wake.set()
+      return
+    with self.lock: self.ready = candidate
+    log.info(f"{model_set} loaded and warmed up in the background: changing over before the next frame")

@@ -1,0 +1,213 @@
+"""modeld switching model sets while frames run: every frame published, the new set from zero, back to the previous on bad outputs, the
+fallbacks at start, signatures. The camerad stand-in and the subscriber run here (test_modeld.Daemon), modeld in a subprocess."""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import test_modeld
+from onnx import numpy_helper
+from test_modeld import Daemon, reference
+
+from sunnypilot.modeld_v2.daemon.model_sets import LAST_RAN_FILE, folder_roles
+from sunnypilot.modeld_v2.format.bundle import PREAMBLE, content_digest
+from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, entry_of, write_manifest
+from sunnypilot.modeld_v2.format.signature import Signed, generate_key, load_private_key, sign
+
+from conftest import ROOT
+
+artifacts = test_modeld.artifacts  # the daemon tests' fixture, by name: the default set
+
+def install(folder, name: str) -> None:
+  """A set's manifest naming every bundle in `folder` (roles by name), as install_models leaves it."""
+  write_manifest(str(folder / MANIFEST_NAME), name, [entry_of(str(folder / f), role) for f, role in folder_roles(str(folder)).items()])
+
+def poisoned(src: str, dst: str, onnx_path: str, value: float, head: bool = False) -> None:
+  """A copy of model bundle `src` whose first convolution's first weight (or with `head` the output head's) is `value`, the content hash
+  recomputed: a bundle that reads as intact. +inf in the convolution: finite on zero frames (every input -1: -inf, then relu 0), not on
+  camera frames; NaN in the head: not finite on anything."""
+  weights = [numpy_helper.to_array(i) for i in onnx.load(onnx_path).graph.initializer]
+  weight = max((w for w in weights if w.ndim == 2), key=lambda w: w.size) if head else next(w for w in weights if w.ndim == 4)
+  data = bytearray(open(src, "rb").read())
+  at = data.find(weight.astype(np.float32).tobytes())
+  assert at > 0, "the weight is stored as the ONNX has it"
+  data[at:at + 4] = np.float32(value).tobytes()
+  data[PREAMBLE.size - 32:PREAMBLE.size] = hashlib.sha256(bytes(data[PREAMBLE.size:])).digest()
+  open(dst, "wb").write(data)
+
+@pytest.fixture(scope="module")
+def sets(artifacts, tmp_path_factory):
+  """Installed sets: b (another tiny native stand-in), inf (b with an infinite weight: finite at warm-up, not on camera frames), nan
+  (b with a NaN weight in its head: fails its warm-up)."""
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.tools import stand_in_models
+  root, work = tmp_path_factory.mktemp("sets"), tmp_path_factory.mktemp("sources")
+  stand_in_models.write("native", "tiny", str(work / "b.onnx"), seed=7)
+  for name in ("b", "inf", "nan"): os.makedirs(root / name)
+  compile_model(str(root / "b" / "model.bin"), onnx=str(work / "b.onnx"), log=lambda s: None)
+  poisoned(str(root / "b" / "model.bin"), str(root / "inf" / "model.bin"), str(work / "b.onnx"), np.inf)
+  poisoned(str(root / "b" / "model.bin"), str(root / "nan" / "model.bin"), str(work / "b.onnx"), np.nan, head=True)
+  for name in ("b", "inf", "nan"):
+    shutil.copy(os.path.join(artifacts, "warp_split.bin"), root / name / "warp_split.bin")
+    install(root / name, name)
+  return root
+
+@pytest.fixture
+def root(sets, tmp_path):
+  """A fresh copy of the installed sets per test (modeld writes last_ran; tests write active)."""
+  shutil.copytree(sets, tmp_path / "sets")
+  return tmp_path / "sets"
+
+def model_id(folder) -> int: return int(content_digest(os.path.join(folder, "model.bin"))[:16], 16)
+
+def published_id(daemon: Daemon, frame_id: int) -> int: return daemon.messages[frame_id]["modelV2"][0].locationMonoTimeDEPRECATED
+
+def exchange_until(daemon: Daemon, text: str | tuple[str, ...], start: int, most: int = 400, after: int | None = None) -> int:
+  """Send frames one after the other (each waited for) until modeld said `text` (or one of them; after line `after`, default: from now);
+  the next frame id."""
+  seen, texts = len(daemon.lines) if after is None else after, (text,) if isinstance(text, str) else text
+  said = lambda: any(t in line for line in daemon.lines[seen:] for t in texts)
+  if said(): return start
+  for frame_id in range(start, start + most):
+    daemon.exchange([frame_id])
+    if said(): return frame_id + 1
+  raise AssertionError(f"modeld never said {text!r} in {most} frames: {''.join(daemon.lines[seen:])}")
+
+def test_a_switch_publishes_every_frame_and_the_new_set_starts_from_zero(artifacts, root, openpilot_prefix):
+  """Frames keep coming while set b loads in the background; the change happens between two frames: every frame sent is published once,
+  each names the model that ran it, and from the change on the outputs are b's run from zero states on those frames."""
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))  # the default passes its first frames: it is kept while b is on probation
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "switched to set b", 25)
+  end = exchange_until(daemon, "set b passed its first 20 frames", end)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0
+  sent = list(range(end + 5))
+  assert daemon.published == sent, "every frame published once, in order"
+  ids = [published_id(daemon, i) for i in sent]
+  first_b = ids.index(model_id(root / "b"))
+  assert set(ids[:first_b]) == {model_id(artifacts)} and set(ids[first_b:]) == {model_id(root / "b")}
+  assert first_b > 26, "frames ran on the default while b loaded"
+  assert [daemon.raw(i) for i in sent[first_b:]] == reference(str(root / "b"), sent[first_b:]), "b from zero states and queues"
+  assert [daemon.raw(i) for i in sent[:first_b]] == reference(artifacts, sent[:first_b])
+  assert (root / LAST_RAN_FILE).read_text() == "b\n"
+
+def test_non_finite_outputs_in_the_first_frames_go_back_to_the_previous_set(artifacts, root, openpilot_prefix):
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))
+  (root / "active").write_text("inf\n")
+  end = exchange_until(daemon, "dropped, back to set default", 25)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0
+  assert daemon.published == list(range(end + 5))
+  ids = [published_id(daemon, i) for i in range(end + 5)]
+  bad = [i for i, x in enumerate(ids) if x == model_id(root / "inf")]
+  assert len(bad) >= 1 and not daemon.messages[bad[-1]]["modelV2"][1], "the non-finite frame is published invalid"
+  assert set(ids[bad[-1] + 1:]) == {model_id(artifacts)}, "the default runs again from the next frame"
+  assert all(np.isfinite(np.frombuffer(daemon.raw(i), np.float32)).all() for i in range(bad[-1] + 1, end + 5))
+  assert (root / LAST_RAN_FILE).read_text() == "default\n", "a set that failed is never the last that ran"
+  assert sum("gave non-finite outputs" in line for line in daemon.lines) == 1
+
+def test_start_falls_back_to_the_last_set_that_ran(artifacts, root, openpilot_prefix):
+  """The set asked for fails its warm-up (NaN outputs on zero frames): modeld starts on the last set that ran, saying so in one line."""
+  (root / "active").write_text("nan\n")
+  (root / LAST_RAN_FILE).write_text("b\n")
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(3))
+  assert daemon.stop() == 0
+  assert {published_id(daemon, i) for i in range(3)} == {model_id(root / "b")}, "".join(daemon.lines)
+  failed = [line for line in daemon.lines if "cannot run set nan" in line]
+  assert len(failed) == 1 and "outputs on zero frames are not finite; falling back to set b" in failed[0], failed
+
+def test_a_manifest_that_lies_and_a_set_that_is_not_there_leave_the_running_set_alone(artifacts, root, openpilot_prefix):
+  shutil.copy(root / "b" / "warp_split.bin", root / "b" / "planted.bin")  # a bundle the manifest does not name
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  end = 0
+  for name, line in (("b", "planted.bin: a bundle the manifest of b does not name"), ("missing", "no set missing in"),
+                     ("../b", "is not a plain name")):
+    (root / "active").write_text(name + "\n")
+    end = exchange_until(daemon, line, end)
+  assert daemon.stop() == 0
+  assert daemon.published == list(range(end)) and {published_id(daemon, i) for i in range(end)} == {model_id(artifacts)}
+
+def sign_set(folder, key: str) -> None:
+  manifest = str(folder / MANIFEST_NAME)
+  sign(manifest, Signed("manifest", MANIFEST_NAME, hashlib.sha256(open(manifest, "rb").read()).hexdigest(), os.path.getsize(manifest)),
+       load_private_key(key))
+
+def sign_bundles(folder, key: str) -> None:
+  for name in ("model.bin", "warp_split.bin"):
+    path = str(folder / name)
+    sign(path, Signed("bundle", name, content_digest(path), os.path.getsize(path)), load_private_key(key))
+
+def test_with_trusted_keys_only_signed_sets_run(artifacts, root, tmp_path, openpilot_prefix):
+  """The default signed bundle by bundle, set b by a signed manifest: both run. Unsigned, or signed by a key nobody trusts: refused with
+  one line at start (the default) or at the switch (a set), the running set untouched."""
+  keys = tmp_path / "keys"
+  os.makedirs(keys / "trusted")
+  publisher, public = generate_key(str(keys / "publisher.pem"))
+  stranger, _ = generate_key(str(keys / "stranger.pem"))
+  shutil.copy(public, keys / "trusted" / "publisher.pem")
+  default = tmp_path / "default"
+  os.makedirs(default)
+  for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(artifacts, name), default / name)
+  run = [sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", str(default), "--trusted-keys", str(keys / "trusted")]
+  out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and out.stderr.count("\n") == 1 and "unsigned: no" in out.stderr and "model.bin.sig" in out.stderr, out.stderr
+  sign_bundles(default, publisher)
+  sign_set(root / "b", stranger)
+  daemon = Daemon(str(default), args=("--model-sets", str(root), "--trusted-keys", str(keys / "trusted")))
+  assert any("must be signed by one of 1 trusted keys" in line for line in daemon.lines)
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "none of them trusted", 0)
+  sign_set(root / "b", publisher)
+  (root / "active").write_text("b\n")  # asked for again
+  end = exchange_until(daemon, "switched to set b", end)
+  daemon.exchange(range(end, end + 3))
+  assert daemon.stop() == 0
+  assert published_id(daemon, end + 2) == model_id(root / "b") and daemon.published == list(range(end + 3))
+  assert any("manifest signed by key" in line and "publisher.pem" in line for line in daemon.lines)
+
+def test_a_switch_while_the_camera_geometry_changes(artifacts, root, openpilot_prefix):
+  """Set b is asked for, and camerad comes back with 1928x1208 frames while it loads: b has no warp for them, the default has. Whichever
+  came first (b opened for the new frames, b loaded for the old ones and loaded again, or b running when the cameras changed: it falls
+  back), it is one line about b, and the default runs on the new cameras."""
+  from test_modeld import BIG_FRAME
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(5))
+  seen = len(daemon.lines)
+  (root / "active").write_text("b\n")
+  daemon.restart_camerad(BIG_FRAME)
+  daemon.wait_for_line("camera geometry changed to 1928x1208", after=seen)
+  end = exchange_until(daemon, ("b cannot run on these cameras", "cannot switch to set b"), 100, after=seen)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0
+  ids = {published_id(daemon, i) for i in range(100, end + 5) if i in daemon.messages}
+  assert ids == {model_id(artifacts)} and daemon.published[-5:] == list(range(end, end + 5))
+  lines = [line for line in daemon.lines[seen:] if "cannot switch to set b" in line or "b cannot run on these cameras" in line]
+  assert len(lines) == 1 and "none of its warps fits 1928x1208" in lines[0], lines
+
+def test_bad_trusted_keys_and_model_sets_are_one_line_at_start(artifacts, tmp_path):
+  """A --trusted-keys folder holding a file that is not a public key (text, a private key), none at all, or --model-sets naming a file:
+  exit 2 with one line, before waiting for camerad."""
+  keys = tmp_path / "keys"
+  keys.mkdir()
+  (keys / "notes.pem").write_text("not a key\n")
+  private, _ = generate_key(str(tmp_path / "publisher.pem"))
+  (tmp_path / "file").write_text("")
+  cases = [(("--trusted-keys", str(keys)), "notes.pem: not an Ed25519 public key"), (("--trusted-keys", str(tmp_path / "none")), "no such folder"),
+           (("--model-sets", str(tmp_path / "file")), "is a file, not a folder")]
+  for flags, message in cases:
+    out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, *flags], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, (flags, out.stderr)
+  os.remove(keys / "notes.pem")
+  shutil.copy(private, keys / "oops.pem")
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.modeld", "--artifacts", artifacts, "--trusted-keys", str(keys)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and "oops.pem: holds a private key" in out.stderr and out.stderr.count("\n") == 1, out.stderr
