@@ -210,7 +210,8 @@ def test_it_waits_with_one_line_then_runs(folder, tmp_path, openpilot_prefix, ca
   daemon.wait_for_line(line, after=seen)
   for frame_id in range(100, 110): daemon.send(frame_id)
   daemon.restart_camerad(FRAME)
-  daemon.wait_for_line("camerad serves a driver stream again" if case == "no driver stream" else "driver camera geometry changed to 1344x760", after=seen)
+  # the same buffers as before the driver stream went away: a reconnect; else the geometry changed back
+  daemon.wait_for_line("reconnected to camerad" if case == "no driver stream" else "driver camera geometry changed to 1344x760", after=seen)
   daemon.exchange(range(200, 203))
   assert daemon.stop() == 0
   assert not set(daemon.published) & set(range(100, 110)) and sum(line in x for x in daemon.lines) == 1, "".join(daemon.lines)
