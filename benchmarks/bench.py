@@ -58,8 +58,9 @@ class CameraBuffer:
     self.data = memoryview(self._map)
     np.frombuffer(self.data, np.uint8)[:] = data
 
-def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0) -> dict:
-  """Stand-in ONNX files (or the given one), model bundle and warp bundles per camera size; compile times."""
+def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0, host_parse: bool = False) -> dict:
+  """Stand-in ONNX files (or the given one), model bundle (`host_parse`: without the output parse in its graph) and warp bundles per camera
+  size; compile times."""
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
@@ -69,7 +70,7 @@ def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: 
   else: files = {"onnx": model}
   bundle = os.path.join(workdir, "model.bin")
   log(f"compiling {', '.join(files.values())} ...")
-  summary = compile_model(bundle, **files, log=lambda s: None, beam=beam)
+  summary = compile_model(bundle, **files, log=lambda s: None, beam=beam, host_parse=host_parse)
   out = {"files": files, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}}
   for w, h in cameras:
     frame = camerad_frame(w, h)

@@ -1,29 +1,33 @@
 """modeld end to end, as a user sees it: camera frames in over VisionIPC, modelV2 out on the bus, modeld in its own process.
 
   python -m benchmarks.bench_daemon [--model full] [--generation native] [--camera 1928x1208] [--beams 0,2] [--rates 20,100,0]
-                                    [--frames 2000] [--json out/bench_daemon.json]
+                                    [--parse graph,host] [--frames 2000] [--json out/bench_daemon.json]
 
-Per bundle (one per --beams level) and rate (Hz; 0 = lockstep, each frame sent once the last one's modelV2 arrived: as fast as modeld
-goes), this process serves camerad's 18 rotating buffers per camera with fake_camerad.FakeCamerad (which also publishes the camera
-states and, once a second, liveCalibration), publishes carState, carControl and driverMonitoringState before each frame as a car's bus
-would (not with --no-bus), and subscribes to modelV2; modeld runs as a separate process with --timings. Latency is from the frame's last
-VisionIPC send returning (FakeCamerad.send) to modelV2 received here; a frame with no modelV2 is a drop. modeld's CPU time per frame comes
-from /proc over the timed frames. modeld's own stamps split each published frame: VisionIPC delivery (send returned -> modeld's receive
-returned), inputs, copy, run, readback, parse+fill, serialize and send of modelV2, then the other two messages (made and sent after
-modelV2). modeld's added latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback); "added in modeld"
-starts at modeld's receive. --modeld-core pins modeld to a core (modeld --core, as openpilot's modeld on a device); --publish-idle-ms
-sleeps before each in-process publish, as modeld idles between frames. fake_camerad's own publish cost (copying both frames into
-VisionIPC, the camera states) is reported apart. A last line times modeld's parse, fill and serialize (byte templates) in this process on
-the bundle's output layout (the parse/fill split modeld's stamps cannot make), and the pycapnp path the templates replaced. Times on a
-shared machine are noisy: read medians and p10.
+Per bundle (one per --beams level and --parse: the output parse in the model's graph, the default, or on the host: compile_modeld
+--host-parse) and rate (Hz; 0 = lockstep, each frame sent once the last one's modelV2 arrived: as fast as modeld goes), this process
+serves camerad's 18 rotating buffers per camera with fake_camerad.FakeCamerad (which also publishes the camera states and, once a second,
+liveCalibration), publishes carState, carControl and driverMonitoringState before each frame as a car's bus would (not with --no-bus), and
+subscribes to modelV2; modeld runs as a separate process with --timings. Latency is from the frame's last VisionIPC send returning
+(FakeCamerad.send) to modelV2 received here; a frame with no modelV2 is a drop. modeld's CPU time per frame comes from /proc over the
+timed frames. modeld's own stamps split each published frame: VisionIPC delivery (send returned -> modeld's receive returned), inputs,
+copy, run, readback, parse+fill, serialize and send of modelV2, then the other two messages (made and sent after modelV2). modeld's added
+latency = (VisionIPC send returned -> modelV2 sent) - the model run (copy + run + readback); "added in modeld" starts at modeld's receive.
+--modeld-core pins modeld to a core (modeld --core, as openpilot's modeld on a device); --publish-idle-ms sleeps before each in-process
+publish, as modeld idles between frames. fake_camerad's own publish cost (copying both frames into VisionIPC, the camera states) is
+reported apart. A last line times modeld's parse, fill and serialize (byte templates) in this process on the bundle's output layout (the
+parse/fill split modeld's stamps cannot make), and the pycapnp path the templates replaced. Times on a shared machine are noisy: read
+medians and p10.
 
-  python -m benchmarks.bench_daemon --stub-loop [--generation native] [--publish-runs 300] [--publish-idle-ms 50] [--stub-spin-ms 2]
-                                    [--no-bus] [--json out/stub.json]
+  python -m benchmarks.bench_daemon --stub-loop [--generation native] [--parse host,graph] [--publish-runs 300] [--publish-idle-ms 50]
+                                    [--stub-spin-ms 2] [--no-bus] [--count-calls [--count-frames 200] [--baseline DIR]] [--json out/stub.json]
 
 runs modeld's own frame loop in this process with the camera and the model stubbed (benchmarks/stubbed_loop.py): back to back, then
 --publish-idle-ms (default 50, modeld's idle at 20 Hz) between frames asleep, then the same with its last --stub-spin-ms spinning instead
-of asleep (0: no such row); its stamps give the added latency and its split with no camera copies, no model run and no other process:
-the same code hot and on a core that slept. It takes only these options.
+of asleep (0: no such row), each with the output parse on the host and in the graph (the stub model then hands back its float block too);
+its stamps give the added latency and its split with no camera copies, no model run and no other process: the same code hot and on a core
+that slept. --count-calls adds modeld's Python calls and CPU time per frame back to back (sys.setprofile's call and c_call events; the
+stub camera's own work left out), each in a fresh process, and those of --baseline's tree (a tree from before the in-graph parse). It
+takes only these options.
 
   python -m benchmarks.bench_daemon --publish-layouts [--baseline DIR] [--publish-runs 300] [--json out/publish.json]
 
@@ -174,9 +178,13 @@ class PublishPath:
     from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
     from sunnypilot.modeld_v2.model import fill_model_msg
     from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
-    m = modules or {"DrivingState": DrivingState, "MessageBytes": MessageBytes, "fill_model_msg": fill_model_msg, "OutputParser": OutputParser}
+    from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
+    m = modules or {"DrivingState": DrivingState, "MessageBytes": MessageBytes, "fill_model_msg": fill_model_msg, "OutputParser": OutputParser,
+                    "ParsedReads": ParsedReads}
     self.old, self.parser, self.state, self.bytes = None, m["OutputParser"](slices), m["DrivingState"](), m["MessageBytes"]()
     self.fills = m["fill_model_msg"]
+    # what DrivingState.update reads: the parser's views (a tree from before ParsedReads: the parse's dict itself)
+    self.reads = m["ParsedReads"].of(self.parser.parsed) if m.get("ParsedReads") else None
     self.info = self.fills.FrameInfo
 
   def frame_info(self, i: int) -> Any: return self.info(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
@@ -185,7 +193,7 @@ class PublishPath:
 
   def fill(self, outputs: np.ndarray, parsed: dict, frame: Any, car: Any) -> dict:
     if self.old: return self.old.fill(None, outputs, self.slices, frame, car, False, parsed)
-    return self.fills.frame_fields(parsed, self.state.update(parsed, frame, car, False), frame)
+    return self.fills.frame_fields(parsed, self.state.update(self.reads or parsed, frame, car, False), frame)
 
   def serialize(self, values: dict, frame: Any, i: int) -> dict[str, bytes]:
     if self.old: return self.old.serialize(values, frame, log_mono_time=i)
@@ -204,6 +212,8 @@ def baseline_modules(root: str) -> Any:
       modules = {name: getattr(importlib.import_module(f"sunnypilot.modeld_v2.{path}"), name) for name, path in
                  (("DrivingState", "daemon.driving_state"), ("MessageBytes", "daemon.message_bytes"), ("OutputParser", "model.parse_model_outputs"))}
       modules["fill_model_msg"] = importlib.import_module("sunnypilot.modeld_v2.model.fill_model_msg")
+      if os.path.exists(os.path.join(root, "sunnypilot", "modeld_v2", "model", "parsed_reads.py")):
+        modules["ParsedReads"] = importlib.import_module("sunnypilot.modeld_v2.model.parsed_reads").ParsedReads
       where = modules["fill_model_msg"].__file__
     else:
       layered = os.path.isdir(os.path.join(root, "sunnypilot", "modeld_v2", "daemon"))
@@ -265,18 +275,20 @@ def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
 
 def table(runs: list[dict]) -> str:
   q = lambda d, k="p50": "-" if not d else f"{d[k]:.2f}"
-  lines = ["| BEAM | rate | frames | drops | achieved Hz | latency p10 | p50 | p95 | p99 | max | added p10 | added p50 | added p99 "
-           "| added in modeld p99 | model run p50 | modeld CPU ms/frame | fake_camerad publish p50 |", "|---" * 17 + "|"]
+  lines = ["| BEAM | parse | rate | frames | drops | achieved Hz | latency p10 | p50 | p95 | p99 | max | added p10 | added p50 | added p99 "
+           "| added in modeld p99 | model run p50 | modeld CPU ms/frame | fake_camerad publish p50 |", "|---" * 18 + "|"]
   for r in runs:
-    lines.append(f"| {r['beam']} | {rate_name(r['rate_hz'])} | {r['frames']} | {r['drops']} | {r['achieved_hz']:.1f} | {q(r['latency_ms'], 'p10')} "
+    lines.append(f"| {r['beam']} | {r['parse']} | {rate_name(r['rate_hz'])} | {r['frames']} | {r['drops']} | {r['achieved_hz']:.1f} "
+                 f"| {q(r['latency_ms'], 'p10')} "
                  f"| {q(r['latency_ms'])} | {q(r['latency_ms'], 'p95')} | {q(r['latency_ms'], 'p99')} | {q(r['latency_ms'], 'max')} "
                  f"| {q(r['added_ms'], 'p10')} | {q(r['added_ms'])} | {q(r['added_ms'], 'p99')} | {q(r['added_in_modeld_ms'], 'p99')} | {q(r['model_run_ms'])} "
                  f"| {r['modeld_cpu_ms_per_frame']:.2f} | {q(r['fake_camerad_publish_ms'])} |")
   lines += ["", "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
-            "| BEAM | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus | the other two |", "|---" * 12 + "|"]
+            "| BEAM | parse | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus | the other two |",
+            "|---" * 13 + "|"]
   for r in runs:
     cells = [r["delivery_ms"], *[v for k, v in r["stages_ms"].items() if k != "others"], r["bus_ms"], r["stages_ms"]["others"]]
-    lines.append(f"| {r['beam']} | {rate_name(r['rate_hz'])} | " + " | ".join(f"{q(c)} ({q(c, 'p99')})" for c in cells) + " |")
+    lines.append(f"| {r['beam']} | {r['parse']} | {rate_name(r['rate_hz'])} | " + " | ".join(f"{q(c)} ({q(c, 'p99')})" for c in cells) + " |")
   return "\n".join(lines)
 
 def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[float], tuple[int, ...]]:
@@ -286,7 +298,10 @@ def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
     size = tuple(int(x) for x in args.camera.split("x"))
   except ValueError as e: parser.error(f"--beams, --rates and --camera must be numbers: {e}")
   if args.frames < 1 or any(r < 0 for r in rates) or any(b < 0 for b in beams): parser.error("--frames must be positive, --rates and --beams not negative")
-  if args.baseline and not args.publish_layouts: parser.error("--baseline needs --publish-layouts")
+  if args.baseline and not (args.publish_layouts or args.count_calls): parser.error("--baseline needs --publish-layouts or --count-calls")
+  if args.count_calls and not args.stub_loop: parser.error("--count-calls counts in the stubbed loop: give --stub-loop")
+  args.parse = (args.parse if args.parse is not None else "host,graph" if args.stub_loop else "graph").split(",")
+  if not args.parse or not set(args.parse) <= {"host", "graph"}: parser.error(f"--parse takes host and graph, comma separated, got {','.join(args.parse)!r}")
   if args.publish_runs < 1: parser.error("--publish-runs must be positive")
   if args.publish_idle_ms is None: args.publish_idle_ms = 50.0 if args.stub_loop else 0.0
   if not 0 <= args.publish_idle_ms <= 1000: parser.error("--publish-idle-ms must be within 0 to 1000")
@@ -312,8 +327,13 @@ def arg_parser() -> argparse.ArgumentParser:
   parser.add_argument("--stub-loop", action="store_true", help="only modeld's frame loop in this process with the camera and model stubbed, back "
                       "to back, after --publish-idle-ms (default 50) asleep, and with its last --stub-spin-ms spinning (no bundle built, no daemon runs)")
   parser.add_argument("--stub-spin-ms", type=float, default=2.0, help="with --stub-loop: a row whose wait spins its last this many ms (0: none)")
-  parser.add_argument("--baseline", metavar="DIR", help="with --publish-layouts: another commit's tree (mkdir DIR; git archive REV | tar -x -C DIR) whose "
-                      "publish path runs beside this one's, by turns on the same outputs")
+  parser.add_argument("--parse", help="where the output parse runs, comma separated: graph (in the model's graph: the default bundle) and host "
+                      "(compile_modeld --host-parse, as bundles before it); default graph, with --stub-loop host,graph")
+  parser.add_argument("--count-calls", action="store_true", help="with --stub-loop: also Python calls and CPU ms per frame of the loop, back to "
+                      "back, each --parse in a fresh process (and --baseline's tree: a tree from before the in-graph parse)")
+  parser.add_argument("--count-frames", type=int, default=200, help="frames per --count-calls run")
+  parser.add_argument("--baseline", metavar="DIR", help="another commit's tree (mkdir DIR; git archive REV | tar -x -C DIR): with --publish-layouts "
+                      "its publish path runs beside this one's, by turns on the same outputs; with --count-calls its loop is counted too")
   parser.add_argument("--publish-runs", type=int, default=300, help="timed frames of the in-process split, per layout")
   parser.add_argument("--publish-idle-ms", type=float, help="sleep this long before each in-process frame (50: modeld's idle at 20 Hz; default 0, "
                       "with --stub-loop 50)")
@@ -333,13 +353,15 @@ def main(argv: list[str] | None = None) -> int:
   if args.stub_loop: return stub_loop(args, log)
   runs, split = [], {}
   for beam in beams:
-    artifacts = os.path.join(args.workdir, f"beam{beam}")
-    built = build(args.model, args.generation, [size], artifacts, log, beam)
-    split[beam] = publish_split(*bundle_layout(built["model"]), args.publish_runs, idle_s=args.publish_idle_ms / 1e3)
+    artifacts = {parse: os.path.join(args.workdir, f"beam{beam}" + ("_host_parse" if parse == "host" else "")) for parse in args.parse}
+    built = {parse: build(args.model, args.generation, [size], folder, log, beam, host_parse=parse == "host") for parse, folder in artifacts.items()}
+    split[beam] = publish_split(*bundle_layout(next(iter(built.values()))["model"]), args.publish_runs, idle_s=args.publish_idle_ms / 1e3)
     for rate in rates if not args.publish_only else ():
-      log(f"BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
-      runs.append(run_rate(artifacts, built["warps"][size]["frame"], rate, args.frames, log, args.modeld_core, not args.no_bus) | {"beam": beam})
-      write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "runs": runs, "partial": True})  # row by row
+      for parse, folder in artifacts.items():  # by turns within each rate
+        log(f"BEAM={beam}, parse on the {parse}: {args.frames} frames, {rate_name(rate)} ...")
+        runs.append(run_rate(folder, built[parse]["warps"][size]["frame"], rate, args.frames, log, args.modeld_core, not args.no_bus)
+                    | {"beam": beam, "parse": parse})
+        write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "runs": runs, "partial": True})  # row by row
   print(f"modeld end to end: {args.model} {args.generation} (random-weight stand-in), {args.camera}, device {Device.DEFAULT}, "
         f"latencies in ms, {args.frames} timed frames per row")
   if runs: print(table(runs))
@@ -351,9 +373,9 @@ def main(argv: list[str] | None = None) -> int:
 
 STUB_WARMUP = 20  # frames of the stubbed loop left out of its figures: the templates' and the parser's first frames
 
-
 def stub_loop(args: argparse.Namespace, log) -> int:
-  """--stub-loop: the stubbed frame loop on a stand-in layout, back to back, with a sleep between frames, and with the sleep's end spun."""
+  """--stub-loop: the stubbed frame loop on a stand-in layout, back to back, with a sleep between frames, and with the sleep's end spun,
+  for each --parse; with --count-calls, its Python calls and CPU time per frame (this tree's and a --baseline tree's)."""
   from benchmarks.stubbed_loop import run_stubbed
   idle, spin = args.publish_idle_ms, args.stub_spin_ms
   slices, width = stand_in_layout(args.generation)
@@ -361,20 +383,72 @@ def stub_loop(args: argparse.Namespace, log) -> int:
   if spin: waits[f"{idle - spin:g} ms asleep, {spin:g} ms spinning"] = (idle, spin)
   splits = {}
   for name, (idle_ms, spin_ms) in waits.items():
-    log(f"stubbed loop, {args.generation} layout, {name} between frames: {args.publish_runs} frames ...")
-    rows = run_stubbed(slices, width, args.generation, args.publish_runs + STUB_WARMUP, idle_ms / 1e3, spin_ms / 1e3, not args.no_bus)
-    splits[name] = {"frames": len(rows) - STUB_WARMUP, **modeld_split([row[1:] for row in rows[STUB_WARMUP:]])}
+    for parse in args.parse:  # by turns within each wait: the modes share the machine's state
+      log(f"stubbed loop, {args.generation} layout, parse on the {parse}, {name} between frames: {args.publish_runs} frames ...")
+      rows = run_stubbed(slices, width, args.generation, args.publish_runs + STUB_WARMUP, idle_ms / 1e3, spin_ms / 1e3, not args.no_bus, parse)
+      splits[f"{parse}: {name}"] = {"parse": parse, "wait": name, "frames": len(rows) - STUB_WARMUP, **modeld_split([row[1:] for row in rows[STUB_WARMUP:]])}
   q = lambda d, k="p50": f"{d[k]:.3f}"
   print(f"modeld's frame loop in this process, camera and model stubbed, {args.generation} layout, {'no ' if args.no_bus else ''}car messages "
-        f"on the bus, {args.publish_runs} frames per row, ms")
-  print("| between frames | added p10 | added p50 | added p95 | added p99 | max | inputs p50 (p99) | parse+fill | serialize | send "
-        "| the other two |\n" + "|---" * 11 + "|")
-  for name, split in splits.items():
+        f"on the bus, {args.publish_runs} frames per row, ms (with the parse in the graph, parse+fill is the driving state and the host's fields, "
+        "serialize the block's copy into the templates)")
+  print("| parse | between frames | added p10 | added p50 | added p95 | added p99 | max | inputs p50 (p99) | parse+fill | serialize | send "
+        "| the other two |\n" + "|---" * 12 + "|")
+  for split in splits.values():
     added, stages = split["added_in_modeld_ms"], split["stages_ms"]
     cells = " | ".join(f"{q(stages[k])} ({q(stages[k], 'p99')})" for k in ("inputs", "parse_fill", "serialize", "send", "others"))
-    print(f"| {name} | {q(added, 'p10')} | {q(added)} | {q(added, 'p95')} | {q(added, 'p99')} | {q(added, 'max')} | {cells} |")
-  write_json(args.json, {"generation": args.generation, "bus": not args.no_bus, "stub_loop_ms": splits})
+    print(f"| {split['parse']} | {split['wait']} | {q(added, 'p10')} | {q(added)} | {q(added, 'p95')} | {q(added, 'p99')} | {q(added, 'max')} | {cells} |")
+  counts = count_calls(args, log) if args.count_calls else {}
+  if counts:
+    print(f"\nPython calls and CPU time per frame of modeld's loop ({args.generation} layout, back to back, {args.count_frames} frames, median; "
+          "the stub camera's own work left out)\n\n| tree | parse | Python calls per frame | CPU ms per frame |\n|---|---|---|---|")
+    for (tree, parse), c in counts.items(): print(f"| {tree} | {parse} | {c['calls']:.0f} | {c['cpu_ms']:.3f} |")
+  write_json(args.json, {"generation": args.generation, "bus": not args.no_bus, "stub_loop_ms": splits,
+                         "per_frame": [{"tree": t, "parse": p, **c} for (t, p), c in counts.items()]})
   return 0
+
+# Run in a fresh interpreter in a tree's root (this one's, or --baseline's: any tree whose benchmarks.stubbed_loop has StubCamera.recv_frames
+# and run_stubbed): modeld's frame loop stubbed, back to back; per frame, from the stub camera handing a frame over to its next receive,
+# the Python calls (sys.setprofile's call and c_call events) in one run and the process's CPU time in another, unprofiled
+COUNT_SNIPPET = """
+import json, statistics, sys, time
+from benchmarks import stubbed_loop
+from benchmarks.bench_daemon import stand_in_layout
+generation, frames, warmup, bus, kwargs = {args!r}
+slices, width = stand_in_layout(generation)
+calls, marks, receive = [0], [], stubbed_loop.StubCamera.recv_frames
+def count(frame, event, arg):
+  if event in ("call", "c_call"): calls[0] += 1
+def recv_frames(self):  # the stub camera's own work (its sleep, the car's messages it sends) is not modeld's
+  profiler = sys.getprofile()
+  sys.setprofile(None)
+  marks.append((time.process_time(), calls[0]))
+  try: return receive(self)
+  finally:
+    marks.append((time.process_time(), calls[0]))
+    sys.setprofile(profiler)
+stubbed_loop.StubCamera.recv_frames = recv_frames
+def per_frame(profile, k):
+  marks.clear()
+  sys.setprofile(count if profile else None)
+  try: stubbed_loop.run_stubbed(slices, width, generation, frames + warmup, 0.0, 0.0, bus, **kwargs)
+  finally: sys.setprofile(None)
+  return statistics.median(marks[i + 1][k] - marks[i][k] for i in range(1 + 2 * warmup, len(marks) - 1, 2))
+print(json.dumps({{"calls": per_frame(True, 1), "cpu_ms": per_frame(False, 0) * 1e3}}))
+"""
+
+def count_calls(args: argparse.Namespace, log) -> dict[tuple[str, str], dict]:
+  """{(tree, parse): {calls, cpu_ms}} per frame of the stubbed loop, each in a fresh process: this tree for each --parse, and --baseline's
+  (a tree from before the in-graph parse: its host parse)."""
+  import subprocess
+  here, out = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), {}
+  runs = [("this", here, parse, {"parse": parse}) for parse in args.parse] + ([("baseline", args.baseline, "host", {})] if args.baseline else [])
+  for tree, root, parse, kwargs in runs:
+    log(f"counting calls per frame: {tree} tree, parse on the {parse} ...")
+    code = COUNT_SNIPPET.format(args=(args.generation, args.count_frames, STUB_WARMUP, not args.no_bus, kwargs))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=os.environ | {"PYTHONPATH": os.path.abspath(root)}, capture_output=True, text=True)
+    if proc.returncode: raise SystemExit(f"benchmarks.bench_daemon: error: counting in {root} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    out[(tree, parse)] = json.loads(proc.stdout.strip().splitlines()[-1])
+  return out
 
 def layouts_table(splits: dict[str, dict]) -> str:
   """One row per layout and path (a baseline's first): p50 (p10) ms of each stage."""

@@ -120,6 +120,20 @@ def dm_artifacts(tmp_path_factory) -> str:
   for w, h in ((1344, 760), (1928, 1208)): compile_dm_warp(camerad_frame(w, h).spec, str(folder / f"dm_warp_{w}x{h}.bin"), log=lambda s: None)
   return str(folder)
 
+@pytest.fixture(scope="session")
+def stand_in_bundles(tmp_path_factory):
+  """Each generation's tiny stand-in (seed 7) and compile_model's summary of its bundle (the capture's TinyJit and inputs among it), built
+  the first time a test of the run asks for that generation."""
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.tools import stand_in_models
+  tmp, cache = tmp_path_factory.mktemp("generations"), {}
+  def get(generation: str) -> tuple[dict, dict]:
+    if generation not in cache:
+      files = stand_in_models.write(generation, "tiny", str(tmp / f"{generation}.onnx"), seed=7)["files"]
+      cache[generation] = files, compile_model(str(tmp / f"{generation}.bin"), **files, log=lambda s: None)
+    return cache[generation]
+  return get
+
 @pytest.fixture
 def tmp_bundle(tmp_path):
   return str(tmp_path / "bundle.bin")

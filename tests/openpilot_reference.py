@@ -134,6 +134,19 @@ def openpilot_plan_t_idxs(plan_x: np.ndarray) -> list[float]:
     t[xi] = p * T[ti + 1].item() + (1 - p) * T[ti].item()
   return t
 
+def varied_plan_x(rng, i: int) -> np.ndarray:
+  """A float32 plan x of kind i % 4: going back and forth, forward, standing still now and then (coincident points: NaN where the search
+  stops there), or on a lane-line distance or one float32 step beside it."""
+  kind, x32 = i % 4, X.astype(np.float32)
+  if kind == 0: return (rng.standard_normal(33) * 60).astype(np.float32)
+  if kind == 1: return np.cumsum(rng.uniform(0, 10, 33)).astype(np.float32)
+  if kind == 2: return np.round(np.cumsum(rng.uniform(-2, 9, 33))).astype(np.float32)
+  plan_x = x32 * np.float32(rng.uniform(0.6, 1.4))
+  k = rng.integers(1, 32, 6)
+  plan_x[k] = np.nextafter(x32[k], x32[k] + np.float32(rng.choice([-1, 0, 1])), dtype=np.float32)
+  plan_x[k + 1] = np.where(rng.random(6) < 0.5, plan_x[k], plan_x[k + 1])
+  return plan_x
+
 def car(v_ego=25.0, left=False, right=False, pressed=False, torque=0.0, left_bsm=False, right_bsm=False) -> SimpleNamespace:
   """The carState fields modeld reads, as a stand-in object."""
   return SimpleNamespace(vEgo=v_ego, leftBlinker=left, rightBlinker=right, steeringPressed=pressed, steeringTorque=torque,

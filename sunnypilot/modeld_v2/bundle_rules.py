@@ -10,6 +10,7 @@ from sunnypilot.modeld_v2.format.warp_inputs import DRIVER_FRAMES, PACKED_FRAMES
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, parse_frame, parse_size
 from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import check_dm_heads
 from sunnypilot.modeld_v2.model.parse_model_outputs import check_head_sizes
+from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, check_recorded
 
 def warp_geometry(meta: dict) -> tuple[NV12Frame, tuple[int, int]]:
   """A warp's frame, a camera layout, and its model size, even and positive."""
@@ -29,10 +30,12 @@ def check_warp(extras: dict) -> None:
     raise ValueError(f"the warp's frame inputs {got} do not hold {frame.spec} frames")
 
 def check_model(extras: dict) -> None:
-  """A model's output_slices name each openpilot head with a size openpilot's parse reads."""
+  """A model's output_slices name each openpilot head with a size openpilot's parse reads; the float block its graph parses into, where it
+  has one, is a layout its output holds."""
   if "output_slices" in (meta := extras["metadata"]):
     try: check_head_sizes(meta["output_slices"])
     except ValueError as e: raise ValueError(f"output_slices: {e}") from None
+  if meta.get(FLOAT_BLOCK) is not None: check_recorded(meta[FLOAT_BLOCK], extras.get("output_specs", {}).get(FLOAT_BLOCK, [None])[0])
 
 def check_dm_warp(extras: dict) -> None:
   """A driver-monitoring warp (compile_dm_warp): its geometry, a border fill (a pixel value, or null: clamped), one frame input that holds

@@ -17,7 +17,9 @@ every other input is a host input under its ONNX name and shape. A queued bundle
 that the generation does not push on a prepare-only frame (generations.py) keep their entries, so the frame after a drop is still one
 launch. The generation is derived from the ONNX inputs and heads, or given with --generation where more than one or none fits, and recorded
 in the bundle. Host inputs are float32, cast in the graph to the model's dtype;
-`outputs` is float32 (the models' outputs concatenated in the order given). docs/FORMAT.md has the metadata each bundle carries.
+`outputs` is float32 (the models' outputs concatenated in the order given). The bundle also returns `message_floats`: openpilot's output
+parse, in the graph (compile/output_parse.py), as the float block modeld copies into modelV2, drivingModelData and cameraOdometry
+(model/published_floats.py); --host-parse leaves it out. docs/FORMAT.md has the metadata each bundle carries.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,20 +46,24 @@ from sunnypilot.modeld_v2.compile.input_queues import (  # POLICY_INPUTS, derive
 )
 from sunnypilot.modeld_v2.compile.model_plan import DMONITORING, Plan, QueuedPlan, add_model_flags, plan_model
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError
+from sunnypilot.modeld_v2.compile.output_parse import message_floats
 from sunnypilot.modeld_v2.format.bundle import next_name
 from sunnypilot.modeld_v2.model.generations import GENERATIONS
+from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, FloatLayout, trace
 
 __all__ = ["compile_model", "main", "make_step",  # then the seed's names (see compat.py)
            "POLICY_INPUTS", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues"]
 
 # *** the compiled step ***
 
-def _write(output_buffers: dict, values: dict) -> None:
-  """Compute every value before writing any buffer, so a caller may alias next_X to X (the part reads X before it writes next_X)."""
+def _write(output_buffers: dict, values: dict, parse: Callable | None = None) -> None:
+  """Compute every value before writing any buffer, so a caller may alias next_X to X (the part reads X before it writes next_X). `parse`:
+  the output vector -> the messages' float block, written into output_buffers[FLOAT_BLOCK] (the in-graph parse, output_parse)."""
   from tinygrad import Tensor
   temps = {k: v.contiguous() for k, v in values.items()}
   Tensor.realize(*temps.values())
-  Tensor.realize(*(output_buffers[k].assign(t) for k, t in temps.items()))
+  parsed = [output_buffers[FLOAT_BLOCK].assign(parse(temps["outputs"]))] if parse is not None else []
+  Tensor.realize(*(output_buffers[k].assign(t) for k, t in temps.items()), *parsed)
 
 def _as(t, dtype: Any):
   """`t` in a numpy dtype's tinygrad equivalent, cast in the graph only if it differs."""
@@ -67,12 +74,14 @@ def _as(t, dtype: Any):
   narrowed = dtypes.is_float(t.dtype) and dtypes.is_float(target) and target.itemsize < t.dtype.itemsize
   return t.cast(target).contiguous() if narrowed else t.cast(target)  # tinygrad folds cast(cast(x, half), float) to x: keep the rounding
 
-def make_step(plan: Plan, runners: dict):
-  """The function TinyJit captures for a plan, with an OnnxRunner per model."""
+def make_step(plan: Plan, runners: dict, floats: FloatLayout | None = None):
+  """The function TinyJit captures for a plan, with an OnnxRunner per model; with `floats`, the output parse in the graph too (output_parse:
+  the messages' float block of that layout, as the output FLOAT_BLOCK)."""
+  parse = functools.partial(message_floats, slices=plan.slices, layout=floats) if floats is not None else None
   if not isinstance(plan, QueuedPlan):
     def native(output_buffers, **inputs):
       out = runners["model"]({name: _as(inputs[name], dtype) for name, dtype in plan.dtypes["model"].items()})
-      _write(output_buffers, {k: _as(out[k], plan.out_specs[k][1]) for k in output_buffers})
+      _write(output_buffers, {k: _as(out[k], plan.out_specs[k][1]) for k in output_buffers if k != FLOAT_BLOCK}, parse)
     return native
 
   def run(model: str, values: dict):
@@ -84,7 +93,7 @@ def make_step(plan: Plan, runners: dict):
   def queued(output_buffers, new_img, prepare_only, **inputs):
     state = {name: inputs.pop(name) for name in queues.queues}
     out, new = queues.step(state, new_img, prepare_only, inputs, runs)
-    _write(output_buffers, {"outputs": out} | {next_name(name): q for name, q in new.items()})
+    _write(output_buffers, {"outputs": out} | {next_name(name): q for name, q in new.items()}, parse)
   return queued
 
 # *** compile ***
@@ -93,29 +102,35 @@ logger = logging.getLogger(__name__)
 
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
                   off_policy: str | None = None, on_policy: str | None = None, log=logger.info, beam: int | None = None, fuse_layers: bool = False,
-                  generation: str | None = None) -> dict:
+                  generation: str | None = None, host_parse: bool = False) -> dict:
   """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
   Returns a summary. Fails before any work when `output` cannot be written or `beam` cannot search here. `beam`: search every kernel
   with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see bundle_compile.layer_boundaries).
-  `generation`: the model's generation (generations.GENERATIONS) when its ONNX does not tell."""
+  `generation`: the model's generation (generations.GENERATIONS) when its ONNX does not tell. `host_parse`: leave the output parse out of
+  the graph (modeld parses on the host, as with bundles built before the parse was in the graph)."""
   from tinygrad.nn.onnx import OnnxRunner
   job = BundleCompile(output, (onnx, vision, policy, off_policy, on_policy), beam)
   plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip, generation)
   frame_skip = plan.queues.frame_skip if isinstance(plan, QueuedPlan) else None
   log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), generation {plan.generation} ({plan.generation_source}), "
       f"frame_skip {frame_skip}, on {job.device}")
-  jit, part, inputs = job.capture(lambda: make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()}),
-                                  lambda: job.random_inputs(plan.specs) | {"output_buffers": job.random_inputs(plan.out_specs)}, fuse_layers, log)
+  try: floats = None if host_parse or plan.layout == DMONITORING else trace(plan.slices)  # driverStateV2 parses on the host
+  except ValueError as e: raise ModelError(f"{', '.join(plan.paths.values())}: the output parse cannot go in the graph: {e} (--host-parse)") from None
+  if floats is not None and not len(floats.sources): floats = None  # no head the messages publish: nothing for the graph to parse
+  out_specs = plan.out_specs | ({FLOAT_BLOCK: ((len(floats.sources),), np.float32)} if floats is not None else {})
+  jit, part, inputs = job.capture(lambda: make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()}, floats),
+                                  lambda: job.random_inputs(plan.specs) | {"output_buffers": job.random_inputs(out_specs)}, fuse_layers, log)
   metadata = {"kind": "dmonitoring_model" if plan.layout == DMONITORING else "model", "layout": plan.layout, "generation": plan.generation,
               "generation_source": plan.generation_source,
               "layer_boundaries": not fuse_layers,
               "frame_skip": frame_skip, "output_slices": plan.slices, "input_roles": plan.input_roles,
               "onnx_roles": plan.roles, "input_shapes": {n: list(s) for n, s in plan.input_shapes.items()},
               "output_shapes": {k: list(s) for k, (s, _) in plan.out_specs.items()},
+              FLOAT_BLOCK: floats.to_json() if floats is not None else None,
               "stand_in": plan.metadata.get("stand_in"), "sources": {k: os.path.basename(p) for k, p in plan.paths.items()},
               "source_sha256": {k: file_sha256(p) for k, p in (("onnx", onnx), ("vision", vision), ("policy", policy), ("off_policy", off_policy),
                                                                ("on_policy", on_policy)) if p}}  # by compile_model keyword, as the flags name them
-  summary = job.write(part, plan.specs, plan.out_specs, metadata) | {"layout": plan.layout, "jit": jit, "part": part, "inputs": inputs}
+  summary = job.write(part, plan.specs, out_specs, metadata) | {"layout": plan.layout, "jit": jit, "part": part, "inputs": inputs}
   log(f"wrote {output}: {summary['kernels']} kernels ({summary['programs']} programs), {summary['weight_bytes'] / 1e6:.1f} MB weights, "
       f"{summary['bytes'] / 1e6:.1f} MB bundle, {summary['compile_s']:.1f} s" + (f"  [{plan.metadata['stand_in']}]" if plan.metadata.get("stand_in") else ""))
   return summary
@@ -128,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--generation", choices=tuple(GENERATIONS), help="the model's generation, which decides modeld's rules (curvature source, "
                       "prev_desired_curv feed, smoothing, prepare-only pushes; see README). Default: derived from the ONNX inputs and heads; "
                       "required when they fit none or several")
+  parser.add_argument("--host-parse", action="store_true", help="leave openpilot's output parse out of the model's graph: modeld then parses "
+                      "the output vector in Python each frame, as for bundles built before the parse was in the graph (for comparison)")
   parser.add_argument("--frame-skip", help="frames between the queues' samples, at least 1 (default: the ONNX's frame_skip, else 1 for a "
                       "features_buffer of >= 99 entries, else 4)")
   add_compile_flags(parser)
@@ -135,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
     compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
-                  log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation)
+                  log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation, host_parse=args.host_parse)
   except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0

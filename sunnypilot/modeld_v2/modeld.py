@@ -45,6 +45,7 @@ from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
 from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
 from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs, cameras_of
+from sunnypilot.modeld_v2.daemon.graph_parse import GraphParse, graph_parse_of
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, ModelSet, ModelSets, Trust
@@ -54,9 +55,18 @@ from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Statu
 from sunnypilot.modeld_v2.format.bundle import read_header
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size, warp_matrices
-from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, camera_odometry_fields, driving_model_data_fields, model_v2_fields
+from sunnypilot.modeld_v2.model.fill_model_msg import (
+  SERVICES,
+  FrameInfo,
+  camera_odometry_fields,
+  driving_model_data_fields,
+  host_fields,
+  model_v2_fields,
+)
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
+from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
+from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 if TYPE_CHECKING:
@@ -83,6 +93,8 @@ class Prepared:
   warp: str
   digest: str  # the model bundle's content hash: which model runs, published as model_id
   planes: list | None  # the model's new_img shape: what a warp must make for it
+  graph: GraphParse | None = None  # the model's output parse in its graph, when it has one this build publishes (else parsed on the host)
+  parse_note: str = ""  # where its outputs are parsed and why: said when frames first run on it
 
   @property
   def model_id(self) -> int:
@@ -104,7 +116,9 @@ class ModelD:
     self.state = DrivingState()  # what crosses frames besides the model's states: the input side reads it, the output side advances it
     self.bytes = MessageBytes(self.episodes.once)  # the messages' bytes, through a template per service
     self.send_raw = send_raw
-    self.parser: OutputParser | None = None  # the loaded model's output parse
+    self.parser: OutputParser | None = None  # the loaded model's output parse on the host
+    self.reads: ParsedReads | None = None  # what the driving state reads of the host's parse
+    self.graph: GraphParse | None = None  # the loaded model's output parse in its graph, when it has one this build publishes
     self.missing: dict[str, dict[str, str]] | None = None  # per service, the fields a model's first frame leaves default: said once
     self.inputs = FrameInputs(BusInputs(self.episodes), rhd, camera_offset)  # the bus state -> the model's host inputs, frame by frame
     self.camera = CameraSync(self.exit, self.episodes)
@@ -176,7 +190,9 @@ class ModelD:
     report = self.episodes.once if waiting else log.warning
     def load(model_path: str, warp: str, verify: Verify, digests: dict[str, str]) -> Prepared:
       adapter = ModelRunner(model_path, warp, verify=verify)
-      try: prepared = Prepared(adapter, HostInputs(adapter.numpy_inputs, report), sensor, warp, digests[model_path], planes)
+      notes: list[str] = []
+      try: prepared = Prepared(adapter, HostInputs(adapter.numpy_inputs, report), sensor, warp, digests[model_path], planes,
+                               graph_parse_of(adapter, notes.append), "".join(notes))
       except ArtifactError:
         adapter.close()  # a later load for the same geometry must not find a half-bound one
         raise
@@ -209,6 +225,10 @@ class ModelD:
     prepared = candidate.handle
     self.adapter, self.host_inputs, self.model_set, self.model_id = prepared.adapter, prepared.host_inputs, candidate.model_set, prepared.model_id
     self.parser, self.missing = OutputParser(prepared.adapter.output_slices), {s: {} for s in SERVICES}
+    self.reads = ParsedReads.of(self.parser.parsed)  # views of the parser's buffer, refilled by each parse
+    self.graph = prepared.graph
+    if self.graph is not None: self.graph.unbind()  # its first frame is parsed on the host: that builds the templates its block goes into
+    if prepared.parse_note: self.episodes.once(prepared.parse_note)
     generation, source = of_bundle(prepared.adapter.metadata)
     self.state.rules = GENERATIONS[generation]
     self.episodes.once(f"generation {generation} ({source}): {self.state.rules.about}")
@@ -234,21 +254,23 @@ class ModelD:
     if loaded and not was_loaded: self.running()  # after waiting for a warp or a model that loads
     return loaded
 
-  def published_finite(self, frame: FrameInfo, parsed: dict[str, np.ndarray]) -> FrameInfo:
+  def published_finite(self, frame: FrameInfo, values: np.ndarray, reads: ParsedReads) -> FrameInfo:
     """`frame`, marked invalid when what was computed from finite outputs is not finite (outputs near float32's limits can make an
     infinite curvature or std): what is published is checked, not only what the model returned."""
-    if self.state.published_finite(self.parser.buffer, parsed):
+    if self.state.published_finite(values, reads):
       if frame.outputs_finite: self.episodes.ended("published", "computed values finite again")
       return frame
     self.episodes.happened("published", f"frame {frame.frame_id}: values computed from the outputs are not finite (outputs near float32's limits): "
                            "its messages marked valid=False, the action starts again from zero")
     return dataclasses.replace(frame, outputs_finite=False)
 
-  def publish(self, pm: Any, parsed: dict[str, np.ndarray], outputs: np.ndarray, frame: FrameInfo, fed: Any) -> tuple[int, int, int]:
+  def publish(self, pm: Any, parsed: dict[str, np.ndarray] | None, outputs: np.ndarray, frame: FrameInfo, fed: Any) -> tuple[int, int, int]:
     """One frame's three messages: the driving state advanced, then modelV2 filled, made and sent (what controls wait for) before the
-    other two. The monotonic ns after modelV2 was filled, made and sent."""
-    state = self.state.update(parsed, frame, fed.car, fed.lateral_active)
-    frame, missing = self.published_finite(frame, parsed), self.missing or dict.fromkeys(SERVICES)
+    other two. The monotonic ns after modelV2 was filled, made and sent. `parsed`: the host's parse, None when the graph's is published
+    (publish_block)."""
+    if parsed is None: return self.publish_block(pm, outputs, frame, fed)
+    state = self.state.update(self.reads, frame, fed.car, fed.lateral_active)
+    frame, missing = self.published_finite(frame, self.parser.values, self.reads), self.missing or dict.fromkeys(SERVICES)
     valid = frame.valid
     fields = model_v2_fields(parsed, state, frame, outputs if self.send_raw else None, missing["modelV2"])
     fields["locationMonoTimeDEPRECATED"] = self.model_id  # which model ran this frame: log.capnp has no field for it (README, "Model sets")
@@ -265,6 +287,30 @@ class ModelD:
       for service, gaps in self.missing.items():
         for path, reason in gaps.items(): self.episodes.once(f"{service}.{path} stays default: {reason}")
       self.missing = None
+    if self.graph is not None and self.graph.writers is None and not self.graph.bind(self.bytes, self.daemon_fields(state, frame, outputs)):
+      self.graph = None  # the templates cannot take the block (said): this model is parsed on the host from now on
+    return t_fill, t_serialize, t_send
+
+  def daemon_fields(self, state: Any, frame: FrameInfo, outputs: np.ndarray) -> dict[str, dict[str, Any]]:
+    """With the parse in the graph, each message's fields that are not the block's: host_fields, and the model's identity (see publish)."""
+    host = host_fields(state, frame, outputs if self.send_raw else None, self.graph.layout.fcw)
+    host["modelV2"]["locationMonoTimeDEPRECATED"] = self.model_id
+    return host
+
+  def publish_block(self, pm: Any, outputs: np.ndarray, frame: FrameInfo, fed: Any) -> tuple[int, int, int]:
+    """publish with the output parse in the model's graph: the driving state from the block's views, then per service the host's fields
+    and the block's floats copied into its byte template (graph_parse)."""
+    graph = self.graph
+    state = self.state.update(graph.reads, frame, fed.car, fed.lateral_active)
+    frame = self.published_finite(frame, graph.checked_values(), graph.reads)
+    valid, host = frame.valid, self.daemon_fields(state, frame, outputs)
+    t_fill = time.monotonic_ns()
+    model_v2 = graph.bytes_of("modelV2", host["modelV2"], valid["modelV2"], t_fill)
+    t_serialize = time.monotonic_ns()
+    pm.send("modelV2", model_v2)
+    t_send = time.monotonic_ns()
+    pm.send("drivingModelData", graph.bytes_of("drivingModelData", host["drivingModelData"], valid["drivingModelData"], time.monotonic_ns()))
+    pm.send("cameraOdometry", graph.bytes_of("cameraOdometry", host["cameraOdometry"], valid["cameraOdometry"], time.monotonic_ns()))
     return t_fill, t_serialize, t_send
 
   def running(self) -> None:
@@ -344,6 +390,8 @@ class ModelD:
       self.adapter.run()
       t_run = time.monotonic_ns()
       outputs = self.adapter.output_array()
+      in_graph = self.graph is not None and self.graph.writers is not None
+      if in_graph: self.adapter.output_array(FLOAT_BLOCK)  # the graph's parse, into the array graph.block (waits for the device)
       t_readback = time.monotonic_ns()
       finite = self.outputs_finite(outputs, meta_main.frame_id)
       if dropped > 0:  # prepare-only: the frame went through the queues the generation pushes then, nothing is published
@@ -352,7 +400,7 @@ class ModelD:
         continue
       self.episodes.ended("drops", "frame ids jumped on consecutive frames")
       filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in the action history
-      parsed = self.parser(filled)
+      parsed = None if in_graph else self.parser(filled)  # the graph parses the same way: non-finite outputs as 0
       execution_time = time.perf_counter() - t0
       road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else meta_main.frame_id
       frame = FrameInfo(meta_main.frame_id, meta_extra.frame_id, meta_main.timestamp_eof, road_frame, drop_perc, dropped, execution_time,

@@ -35,9 +35,10 @@ def test_the_stubbed_loop_runs_modelds_frame_loop_and_leaves_nothing_behind(monk
   from sunnypilot.modeld_v2.modeld import STAGE_STAMPS
   monkeypatch.setenv("OPENPILOT_PREFIX", "bench_stub_test_outer")
   before = set(os.listdir("/dev/shm"))
-  rows = run_stubbed(*stand_in_layout("split_current"), "split_current", frames=5, idle_s=0.001)
-  assert [row[0] for row in rows] == [1, 2, 3, 4, 5] and all(len(row) == 1 + len(STAGE_STAMPS) for row in rows)
-  assert all(row[1:] == sorted(row[1:]) for row in rows), "stamps in the loop's order"
+  for parse in ("host", "graph"):
+    rows = run_stubbed(*stand_in_layout("split_current"), "split_current", frames=5, idle_s=0.001, parse=parse)
+    assert [row[0] for row in rows] == [1, 2, 3, 4, 5] and all(len(row) == 1 + len(STAGE_STAMPS) for row in rows)
+    assert all(row[1:] == sorted(row[1:]) for row in rows), "stamps in the loop's order"
   assert gc.isenabled() and os.environ["OPENPILOT_PREFIX"] == "bench_stub_test_outer" and set(os.listdir("/dev/shm")) <= before
   gc.disable()
   try:
@@ -53,7 +54,8 @@ def test_the_options_each_mode_takes():
     args = parser.parse_args(argv)
     assert checked_args(parser, args) == ([0], [20.0, 100.0, 0.0], (1928, 1208)), argv
     assert args.publish_idle_ms == (50.0 if "--stub-loop" in argv else 0.0), argv
+    assert args.parse == (["host", "graph"] if "--stub-loop" in argv else ["graph"]), argv
   for argv in (["--stub-loop", "--publish-layouts"], ["--stub-loop", "--publish-idle-ms", "0"], ["--stub-loop", "--stub-spin-ms", "60"],
-               ["--baseline", "x"], ["--frames", "0"], ["--rates", "a"]):
+               ["--baseline", "x"], ["--frames", "0"], ["--rates", "a"], ["--count-calls"], ["--parse", "gpu"], ["--stub-loop", "--parse", ""]):
     with pytest.raises(SystemExit) as e: checked_args(parser, parser.parse_args(argv))
     assert e.value.code == 2, argv

@@ -20,24 +20,13 @@ from openpilot_reference import GATE, Openpilot, drive_bundle, step_inputs
 STEPS = 20
 FRAME = camerad_frame(1344, 760)  # the frames of native_artifacts' warps
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  """Each generation's tiny stand-in and bundle, built the first time a test asks for it."""
-  tmp, cache = tmp_path_factory.mktemp("generations"), {}
-  def get(generation: str) -> tuple[dict, dict]:
-    if generation not in cache:
-      files = stand_in_models.write(generation, "tiny", str(tmp / f"{generation}.onnx"), seed=7)["files"]
-      cache[generation] = files, compile_model(str(tmp / f"{generation}.bin"), **files, log=lambda s: None)
-    return cache[generation]
-  return get
-
 def integer_transform(rng) -> np.ndarray:
   """A scale-2 warp with an even shift: every source coordinate (Y and UV) is an integer, so no pixel sits on a rounding tie."""
   return np.array([[2, 0, 2 * rng.integers(0, 160)], [0, 2, 2 * rng.integers(0, 124)], [0, 0, 1]], np.float32)
 
 @pytest.mark.parametrize("generation", stand_in_models.NAMES)
-def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
-  files, summary = built(generation)
+def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(stand_in_bundles, generation):
+  files, summary = stand_in_bundles(generation)
   reference = Openpilot(files)
   model = load_bundle(summary["output"])
   specs = model.input_specs
@@ -61,8 +50,8 @@ def test_bundle_matches_onnxruntime_and_the_tinyjit_replay(built, generation):
   assert set(specs) == {"new_img", *reference.host, *states} | ({"desire"} if reference.desire_key else set()) | queued, "every input by its role"
 
 @pytest.mark.parametrize("generation", stand_in_models.NAMES)
-def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(built, native_artifacts, generation):
-  files, summary = built(generation)
+def test_fused_adapter_reads_camera_buffers_and_matches_onnxruntime(stand_in_bundles, native_artifacts, generation):
+  files, summary = stand_in_bundles(generation)
   reference = Openpilot(files)
   adapter = ModelRunner(summary["output"], f"{native_artifacts}/warp_split.bin")
   assert adapter.in_place, "VisionIPC-shaped buffers are read in place"
@@ -154,10 +143,10 @@ def prepare_only(reference: Openpilot, generation: str, new_img: np.ndarray, des
   if PREPARE_PUSHES_DESIRE[generation] and reference.desire_key: reference.push(reference.desire_key, desire.reshape(-1))
 
 @pytest.mark.parametrize("generation", list(PREPARE_PUSHES_DESIRE))
-def test_prepare_only_frames_push_what_the_generation_pushes(built, generation):
+def test_prepare_only_frames_push_what_the_generation_pushes(stand_in_bundles, generation):
   """Frames after a drop run with the gate on: afterwards the desire and feature queues hold what openpilot's buffers hold, and every
   later frame's outputs equal onnxruntime fed openpilot's inputs."""
-  files, summary = built(generation)
+  files, summary = stand_in_bundles(generation)
   reference, model = Openpilot(files), load_bundle(summary["output"])
   specs = model.input_specs
   assert model.metadata["generation"] == generation and model.metadata["input_roles"]["prepare_only"] == "gate"

@@ -1,5 +1,6 @@
 """The message bytes seam (daemon/message_bytes.py) against pycapnp: for every generation's output layout, over many frames, what
-MessageBytes.to_bytes writes decodes to exactly what pycapnp writes for the same fields (set_fields, then to_bytes)."""
+MessageBytes.to_bytes writes decodes to exactly what pycapnp writes for the same fields (set_fields, then to_bytes); and the in-graph
+parse's path (BlockWriter) writes to_bytes' bytes."""
 import numpy as np
 import pytest
 
@@ -7,8 +8,10 @@ from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import log, new_message, set_fields
-from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, frame_fields
+from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, frame_fields, host_fields
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
+from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
+from sunnypilot.modeld_v2.model.published_floats import reference_block, trace
 from sunnypilot.modeld_v2.tools.stand_in_models import NAMES
 from sunnypilot.modeld_v2.tools.stand_in_models import output_layout as layout
 
@@ -41,7 +44,7 @@ def test_template_bytes_decode_to_what_pycapnp_writes(generation, send_raw):
     outputs = (rng.standard_normal((1, width)) * 3).astype(np.float32)
     frame, car_state, active = info(i, rng), car(v_ego=float(rng.uniform(0, 35)), left=i % 17 > 12), bool(i % 3)
     parsed = parser(outputs)
-    fields = frame_fields(parsed, state.update(parsed, frame, car_state, active), frame, outputs if send_raw else None)
+    fields = frame_fields(parsed, state.update(ParsedReads.of(parsed), frame, car_state, active), frame, outputs if send_raw else None)
     for service in SERVICES:
       valid, mono = frame.valid[service], 10**12 + i
       assert decoded(seam.to_bytes(service, fields[service], valid, mono)) == decoded(pycapnp(service, fields[service], valid, mono)), \
@@ -60,7 +63,7 @@ def test_a_layout_change_mid_run_builds_a_new_template():
     slices = layouts[i // 4]
     outputs = rng.standard_normal((1, max(stop for _, stop in slices.values()))).astype(np.float32)
     parsed, frame = OutputParser(slices)(outputs), info(i, rng)
-    fields = frame_fields(parsed, state.update(parsed, frame, car(), True), frame)
+    fields = frame_fields(parsed, state.update(ParsedReads.of(parsed), frame, car(), True), frame)
     for service in SERVICES:
       assert decoded(seam.to_bytes(service, fields[service], True, i)) == decoded(pycapnp(service, fields[service], True, i)), f"frame {i} {service}"
     made.append(seam.templates["modelV2"])
@@ -88,3 +91,24 @@ def test_what_a_template_cannot_place_goes_through_pycapnp():
     fields = {"carFingerprint": "CAR" * (i + 1), "mass": 1500.5 + i}
     assert decoded(seam.to_bytes("carParams", fields, True, i)) == decoded(pycapnp("carParams", fields, True, i))
   assert "carParams" in seam.unsupported and "carParams" not in seam.templates
+
+@pytest.mark.parametrize("generation", NAMES)
+@pytest.mark.parametrize("send_raw", [False, True])
+def test_the_block_path_writes_the_fill_paths_bytes(generation, send_raw):
+  """With the parse in the graph modeld publishes the block (its floats as the host parse gives them here, the in-graph parse being held to
+  that in tests/compile/test_output_parse.py) and the host's fields through BlockWriter: byte for byte what the fill functions and
+  to_bytes write, on the template the first frame built, frame after frame."""
+  slices, rng = layout(generation), np.random.default_rng(3 + len(generation))
+  floats, parser, state, seam = trace(slices), OutputParser(slices), DrivingState(), MessageBytes()
+  reads, width, writers = ParsedReads.of(parser.parsed), max(stop for _, stop in slices.values()), None
+  for i in range(30):
+    outputs = (rng.standard_normal((1, width)) * 3).astype(np.float32)
+    frame, block = info(i, rng), reference_block(parser, floats, outputs)  # parser's views now hold this frame's parse
+    frame_state = state.update(reads, frame, car(v_ego=float(rng.uniform(0, 35))), bool(i % 3))
+    raw = outputs if send_raw else None
+    fields, host = frame_fields(parser.parsed, frame_state, frame, raw), host_fields(frame_state, frame, raw, floats.fcw)
+    expected = {s: seam.to_bytes(s, fields[s], frame.valid[s], 10**12 + i) for s in SERVICES}
+    writers = writers or {s: seam.block_writer(s, [(p, n) for t, p, n in floats.fields if t == s], host[s]) for s in SERVICES}
+    for service, (start, stop) in floats.services.items():
+      got = writers[service].bytes_of(list(host[service].values()), block[start:stop], frame.valid[service], 10**12 + i)
+      assert got == expected[service], f"{generation} frame {i} {service}"

@@ -450,3 +450,35 @@ def test_each_delay_counts_once(split_action, split_09, openpilot_prefix, tmp_pa
     assert daemon.stop() == 0
     assert [daemon.raw(i) for i in range(12)] == reference(folder, list(range(12)), lat_delay=lat, long_delay=long), \
       f"{folder}: action_t and lateral_control_params with each delay once"
+
+def test_the_graph_parse_publishes_what_the_host_parse_does(artifacts, native_artifacts, tmp_path_factory, openpilot_prefix):
+  """One model compiled with the output parse in its graph (the default) and with --host-parse (as bundles built before it), fed the same
+  frames: each says once how it parses, and publishes the same fields of all three messages with the same values (floats within 1e-6
+  relative: the graph's float32 arithmetic), the same raw outputs, and once both are calibrated the same valid flags."""
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.format.bundle import content_digest
+  from sunnypilot.modeld_v2.replay.route_replay import flatten
+  host = tmp_path_factory.mktemp("host_parse")
+  compile_model(str(host / "model.bin"), onnx=os.path.join(native_artifacts, "native.onnx"), log=lambda s: None, host_parse=True)
+  shutil.copy(os.path.join(artifacts, "warp_split.bin"), host / "warp_split.bin")
+  published, said = [], []
+  for folder in (artifacts, str(host)):
+    daemon = Daemon(folder)
+    daemon.exchange(range(30))
+    assert daemon.stop() == 0
+    published.append({i: {s: (flatten(m.to_dict()), valid) for s, (m, valid) in daemon.messages[i].items()} for i in range(30)})
+    said.append("".join(daemon.lines))
+  assert said[0].count("the output parse runs in the model's graph") == 1 and "parsed on the host" not in said[0]
+  assert said[1].count("has no output parse in its graph") == 1
+  for i in range(30):
+    for service, (graph, valid) in published[0][i].items():
+      hosted, host_valid = published[1][i][service]
+      assert graph.keys() == hosted.keys() and (valid == host_valid or i < 21), f"frame {i} {service}"  # calibrated by frame 21 in both
+      for path, value in graph.items():
+        if path == "modelExecutionTime": continue  # the time each took
+        if path == "locationMonoTimeDEPRECATED":  # which bundle ran: each its own
+          assert (value, hosted[path]) == tuple(int(content_digest(os.path.join(f, "model.bin"))[:16], 16) for f in (artifacts, host))
+          continue
+        if isinstance(value, float) or (isinstance(value, list) and value and isinstance(value[0], float)):
+          np.testing.assert_allclose(value, hosted[path], rtol=1e-6, atol=1e-37, err_msg=f"frame {i} {service}.{path}")
+        else: assert value == hosted[path], f"frame {i} {service}.{path}"

@@ -565,11 +565,24 @@ def test_camera_timestamps_that_stop_are_paired_by_frame_id_and_published_invali
   assert said == ["stopped" if clock == "frozen" else "went back"] and "no extra frame within" not in lines, lines
 
 # outputs near float32's maximum on one frame: finite, so the raw check passes, but the curvature a slow car's plan gives (2 yaw / (v t))
-# and the path fitted to the plan overflow float32, the message's type
-HUGE_OUTPUTS = ("-c", "import sys, numpy as np; from sunnypilot.modeld_v2 import modeld; from sunnypilot.modeld_v2.runtime import model_runner; calls = [0]\n"
-                "read = model_runner.ModelRunner.output_array\n"
-                "def huge(self):\n  calls[0] += 1\n  out = read(self)\n  return np.clip(out * 1e38, -3e38, 3e38) if calls[0] == 30 else out\n"
-                "model_runner.ModelRunner.output_array = huge; sys.exit(modeld.main())")
+# and the path fitted to the plan overflow float32, the message's type. The graph's parse of them is the host parse's (test_output_parse
+# holds the one to the other), written into the block's array as the graph would
+HUGE_OUTPUTS = ("-c", """import sys, numpy as np
+from sunnypilot.modeld_v2 import modeld
+from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
+from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, reference_block, trace
+from sunnypilot.modeld_v2.runtime import model_runner
+calls, read = [0], model_runner.ModelRunner.output_array
+def huge(self, name="outputs"):
+  calls[0] += name == "outputs"
+  out = read(self, name)
+  if calls[0] != 30: return out
+  raw = np.clip(read(self) * 1e38, -3e38, 3e38)
+  if name == "outputs": return raw
+  out[:] = reference_block(OutputParser(self.output_slices), trace(self.output_slices), raw)
+  return out
+model_runner.ModelRunner.output_array = huge
+sys.exit(modeld.main())""")
 
 def test_values_computed_from_finite_outputs_are_checked_too(artifacts, openpilot_prefix):
   """Outputs finite but near float32's maximum made modeld publish action.desiredCurvature = -inf with valid=True: the check covered the

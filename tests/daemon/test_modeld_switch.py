@@ -42,16 +42,18 @@ def poisoned(src: str, dst: str, onnx_path: str, value: float, head: bool = Fals
 @pytest.fixture(scope="module")
 def sets(artifacts, tmp_path_factory):
   """Installed sets: b (another tiny native stand-in), inf (b with an infinite weight: finite at warm-up, not on camera frames), nan
-  (b with a NaN weight in its head: fails its warm-up)."""
+  (b with a NaN weight in its head: fails its warm-up), old (b built with --host-parse, as bundles from before the parse was in the
+  graph)."""
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.tools import stand_in_models
   root, work = tmp_path_factory.mktemp("sets"), tmp_path_factory.mktemp("sources")
   stand_in_models.write("native", "tiny", str(work / "b.onnx"), seed=7)
-  for name in ("b", "inf", "nan"): os.makedirs(root / name)
+  for name in ("b", "inf", "nan", "old"): os.makedirs(root / name)
   compile_model(str(root / "b" / "model.bin"), onnx=str(work / "b.onnx"), log=lambda s: None)
+  compile_model(str(root / "old" / "model.bin"), onnx=str(work / "b.onnx"), log=lambda s: None, host_parse=True)
   poisoned(str(root / "b" / "model.bin"), str(root / "inf" / "model.bin"), str(work / "b.onnx"), np.inf)
   poisoned(str(root / "b" / "model.bin"), str(root / "nan" / "model.bin"), str(work / "b.onnx"), np.nan, head=True)
-  for name in ("b", "inf", "nan"):
+  for name in ("b", "inf", "nan", "old"):
     shutil.copy(os.path.join(artifacts, "warp_split.bin"), root / name / "warp_split.bin")
     install(root / name, name)
   return root
@@ -96,6 +98,27 @@ def test_a_switch_publishes_every_frame_and_the_new_set_starts_from_zero(artifac
   assert [daemon.raw(i) for i in sent[first_b:]] == reference(str(root / "b"), sent[first_b:]), "b from zero states and queues"
   assert [daemon.raw(i) for i in sent[:first_b]] == reference(artifacts, sent[:first_b])
   assert (root / LAST_RAN_FILE).read_text() == "b\n"
+
+def test_each_set_publishes_through_its_own_parse(artifacts, root, openpilot_prefix):
+  """From the default (its parse in its graph) to old (a bundle parsed on the host) to b (in its graph again): every frame's fields equal
+  openpilot's formulas on that frame's own rawPredictions, so each set publishes its own parse, never the block of the set before it."""
+  from sunnypilot.modeld_v2.runtime.loader import load_bundle
+  slices = load_bundle(os.path.join(artifacts, "model.bin")).metadata["output_slices"]
+  assert load_bundle(str(root / "b" / "model.bin")).metadata["output_slices"] == slices, "one stand-in layout: one reference"
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))
+  end = 25
+  for name in ("old", "b"):
+    (root / "active").write_text(name + "\n")
+    end = exchange_until(daemon, f"switched to set {name}", end)
+    end = exchange_until(daemon, f"set {name} passed its first 20 frames", end)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0 and daemon.published == list(range(end + 5))
+  ids = [published_id(daemon, i) for i in range(end + 5)]
+  assert [model_id(f) for f in (artifacts, root / "old", root / "b")] == list(dict.fromkeys(ids)), "default, then old, then b"
+  for i in range(end + 5): test_modeld.check_fields({s: m for s, (m, _) in daemon.messages[i].items()}, slices)
+  said = "".join(daemon.lines)
+  assert said.count("has no output parse in its graph") == 1 and "the output parse runs in the model's graph" in said
 
 def test_non_finite_outputs_in_the_first_frames_go_back_to_the_previous_set(artifacts, root, openpilot_prefix):
   daemon = Daemon(artifacts, args=("--model-sets", str(root)))

@@ -111,6 +111,19 @@ def test_output_slices_are_checked(part, tmp_bundle, capsys, slices, message):
   extras = {"output_specs": {"outputs": [[1, n], "<f4", "CPU"]}, "metadata": {"kind": "model", "output_slices": slices}}
   rejected_everywhere(crafted(tmp_bundle, *part, extras), capsys, message)
 
+GOOD_FLOATS = {"version": 1, "fields": [["modelV2", "position.x", 3]], "sources": [0, 1, 2, 5], "published": 3, "reads": {}, "fcw": False, "unchecked": []}
+
+@pytest.mark.parametrize("floats,shape,message", [(GOOD_FLOATS, [5], "its layout has 4 floats"), ({"fields": []}, [4], "not a float block's layout"),
+                                                  (GOOD_FLOATS | {"sources": [0, -1, 2, 5]}, [4], "sources are not indices"),
+                                                  (GOOD_FLOATS | {"published": 2}, [4], "fields hold 3 floats, it publishes 2"),
+                                                  (GOOD_FLOATS | {"fields": [["modelV2", "x", 0]]}, [4], "fields are not")])
+def test_the_float_block_is_checked(part, tmp_bundle, capsys, floats, shape, message):
+  """modeld takes views of the in-graph parse's block by its recorded layout: one that its output cannot hold is refused when read."""
+  n = int(np.prod(part[0]["returns"]["tensors"][0]["shape"]))
+  extras = {"output_specs": {"outputs": [[1, n], "<f4", "CPU"], "message_floats": [shape, "<f4", "CPU"]},
+            "metadata": {"kind": "model", "message_floats": floats}}
+  rejected_everywhere(crafted(tmp_bundle, *part, extras), capsys, message)
+
 def test_a_fifo_is_refused_before_reading(tmp_path, capsys):
   """Opening a FIFO for reading blocks until a writer comes: refused at once instead, in the CLI and the loader."""
   fifo = str(tmp_path / "model.bin")

@@ -17,9 +17,10 @@ from sunnypilot.modeld_v2.model.drive_helpers import action_times
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, frame_fields
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, Rules
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser, parse_outputs
+from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 from sunnypilot.modeld_v2.tools.stand_in_models import NAMES, output_layout
 
-from openpilot_reference import T, X, car, openpilot_plan_t_idxs, sig
+from openpilot_reference import T, X, car, openpilot_plan_t_idxs, sig, varied_plan_x
 
 # openpilot's constants, written out
 DT = 0.05
@@ -74,7 +75,7 @@ class Publisher:
   def __call__(self, raws: dict[str, np.ndarray], info: FrameInfo | None = None, car_state=None, lat_active=True):
     info, vec, slices = info or frame(), *pack(raws)
     parsed, missing = OutputParser(slices)(vec), {}
-    values = frame_fields(parsed, self.state.update(parsed, info, car_state or car(), lat_active), info, missing=missing)
+    values = frame_fields(parsed, self.state.update(ParsedReads.of(parsed), info, car_state or car(), lat_active), info, missing=missing)
     msgs = {}
     for service, fields in values.items():
       msgs[service] = new_message(service, valid=info.valid[service])
@@ -181,6 +182,9 @@ def per_head_parse(vec: np.ndarray, slices: dict[str, list[int]]) -> dict[str, n
   if "planplus" in out: out["plan"] = out["plan"] + out["planplus"]
   out |= {name: 1.0 / (1.0 + exp(-raw[name])) for name in ("lead_prob", "lane_lines_prob", "meta") if name in raw}
   out |= {name: softmax(raw[name].reshape(shape)) for name, shape in (("desire_state", (8,)), ("desire_pred", (4, 8))) if name in raw}
+  if "plan" in out:  # what openpilot's fill_model_msg.py computes from the plan: the lane lines' times, the path's polynomials
+    out["plan_t"] = np.array(openpilot_plan_t_idxs(out["plan"][:, 0]), np.float32)
+    out["path"] = np.polynomial.polynomial.polyfit(T, out["plan"][:, :3].astype(np.float64), 4).astype(np.float32)
   return out | ({"hidden_state": raw["hidden_state"]} if "hidden_state" in raw else {})
 
 @pytest.mark.parametrize("generation", NAMES)
@@ -194,7 +198,9 @@ def test_one_parse_plan_per_layout_gives_the_per_head_parse_bit_for_bit(generati
     if i % 4 == 0 and "plan" in slices and slices["plan"][1] - slices["plan"][0] > 990: vec[slices["plan"][0] + 990::991][:5] = 1.5  # tied logits
     got, want = parser(vec[None]), per_head_parse(vec, slices)
     assert got.keys() == want.keys()
-    for name in want: np.testing.assert_array_equal(got[name], want[name], err_msg=f"{generation} {name}")
+    for name in want:
+      if name == "path": np.testing.assert_allclose(got[name], want[name], rtol=1e-6, err_msg=f"{generation} {name}")  # polyfit's own solve
+      else: np.testing.assert_array_equal(got[name], want[name], err_msg=f"{generation} {name}")
 
 def test_planplus_is_added_to_the_plan_and_lat_planner_solution_is_parsed():
   """sunnypilot's split runner: plan = plan + planplus (means); lat_planner_solution a single (33, 4) mean/std pair."""
@@ -535,18 +541,10 @@ def test_output_slices_take_both_layouts_of_plan_and_lead():
 def test_lane_line_times_equal_openpilots_loop_bit_for_bit():
   """plan_t_idxs (Python floats, the search carried on) writes what openpilot's loop writes, as float32, on plans that go back and
   forth, stand still (coincident points: NaN), end short of the distances, or land on a distance or just beside it."""
-  from sunnypilot.modeld_v2.model.fill_model_msg import plan_t_idxs
-  rng, x32 = np.random.default_rng(21), X.astype(np.float32)
+  from sunnypilot.modeld_v2.model.parse_model_outputs import plan_t_idxs
+  rng = np.random.default_rng(21)
   for i in range(600):
-    kind = i % 4
-    if kind == 0: plan_x = (rng.standard_normal(33) * 60).astype(np.float32)
-    elif kind == 1: plan_x = np.cumsum(rng.uniform(0, 10, 33)).astype(np.float32)
-    elif kind == 2: plan_x = np.round(np.cumsum(rng.uniform(-2, 9, 33))).astype(np.float32)
-    else:  # on a distance or one float32 step beside it, sometimes the next point too (coincident: NaN where the search stops there)
-      plan_x = x32 * np.float32(rng.uniform(0.6, 1.4))
-      k = rng.integers(1, 32, 6)
-      plan_x[k] = np.nextafter(x32[k], x32[k] + np.float32(rng.choice([-1, 0, 1])), dtype=np.float32)
-      plan_x[k + 1] = np.where(rng.random(6) < 0.5, plan_x[k], plan_x[k + 1])
+    plan_x = varied_plan_x(rng, i)
     np.testing.assert_array_equal(plan_t_idxs(plan_x), np.array(openpilot_plan_t_idxs(plan_x), np.float32), err_msg=f"plan {i}")
 
 def test_fcw_history_compares_as_openpilots_float32_arrays():

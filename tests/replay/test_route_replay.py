@@ -86,8 +86,8 @@ def test_replay_in_lockstep_matches_onnxruntime(route, native_artifacts, tmp_pat
 
 def test_jobs_against_a_bundle_and_the_fallbacks_for_a_log_without_calibration_or_car_state(route, native_artifacts, tmp_path):
   """Two segments in parallel processes, one of them with no liveCalibration and no carState: a warning each, the default calibration
-  (every message invalid until a calibration arrives), vEgo 0. Each is checked --against the bundle modeld runs: bit for bit, and the fleet
-  report over both says so."""
+  (every message invalid until a calibration arrives), vEgo 0. Each is checked --against the bundle modeld runs: its outputs bit for bit,
+  and the fleet report over both says so."""
   import json
   drive = tmp_path / "realdata"
   shutil.copytree(route, drive / "2026-12-03--04-00-00--0")
@@ -103,7 +103,9 @@ def test_jobs_against_a_bundle_and_the_fallbacks_for_a_log_without_calibration_o
     models = [e for e in LogReader(str(out / seg / "modeld_rlog.zst")) if e.which() == "modelV2"]
     assert [e.modelV2.frameId for e in models] == list(range(FIRST_ID, FIRST_ID + FRAMES)) and all(e.valid == calibrated for e in models)
     check = json.loads((out / seg / "check.json").read_text())
-    assert check["passed"] and check["frames"] == FRAMES and check["field_max"] == 0 and all(h["max"] == 0 for h in check["heads"].values()), check
+    assert check["passed"] and check["frames"] == FRAMES and all(h["max"] == 0 for h in check["heads"].values()), check
+    # the published fields: modeld's in-graph parse against the reference's host parse, their float32 arithmetic apart (1e-6 relative)
+    assert check["field_max"] <= 1e-5, check["fields_past_tolerance"]
   fleet = json.loads((out / "fleet.json").read_text())  # one report for both: every head bit for bit over the fleet too
   assert (fleet["executor"], fleet["passed"], fleet["frames"]) == ("2 local processes", 2, 2 * FRAMES) and all(h["max"] == 0 for h in fleet["heads"].values())
   assert "fleet (2 local processes): 2/2 segments: 2 passed, 0 failed, 0 errors" in run.stdout and (out / "fleet.png").exists()

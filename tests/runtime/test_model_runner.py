@@ -43,7 +43,8 @@ def test_each_layout_gets_its_feed_and_readback(adapters):
   if kind == "CPU": expected = [ViewedOutput] * 3  # the direct CPU replay writes the outputs in place
   elif kind == "CUDA": expected = [PinnedOutput, PinnedOutput, CopiedOutput]  # the graph writes registered host memory, unless mapping is off
   else: pytest.skip(f"no expectation written for {kind}")
-  assert [type(a.readback) for a in adapters.values()] == expected
+  assert [type(a.readbacks["outputs"]) for a in adapters.values()] == expected
+  assert all(type(a.readbacks["message_floats"]) is type(a.readbacks["outputs"]) for a in adapters.values()), "the in-graph parse's block alike"
   packed = adapters["packed"]
   assert np.shares_memory(packed.frame_feed.frames, packed.packed_input) and packed.frame_feed.frames.shape == (2, FRAME.size), "in the host buffer"
 

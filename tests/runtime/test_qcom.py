@@ -61,11 +61,12 @@ def test_mock_qcom_replays_on_null_without_compiling(bundles):
 import numpy as np
 from tinygrad import Device, Tensor
 from sunnypilot.modeld_v2.runtime.loader import load_bundle, load_fused
-specs = load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", allow_device=True).input_specs  # buffers made before the check
+specs, out_specs = (lambda b: (b.input_specs, b.output_specs))(load_fused({bundles['model']!r}, {bundles['split']!r}, "NULL", allow_device=True))
 frame, big = (Tensor(np.zeros({FRAME.size}, np.uint8)).realize() for _ in range(2))
 m = Tensor(np.zeros((2, 3, 3), np.float32)).realize()
 states = {{k: Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in specs.items() if k.startswith("state")}}
-outs = {{"outputs": Tensor(np.zeros((1, 6499), np.float32)).realize()}} | {{f"next_{{k}}": v for k, v in states.items()}}
+outs = {{k: Tensor(np.zeros(s.shape, s.dtype)).realize() for k, s in out_specs.items() if not k.startswith("next_")}}  # outputs, message_floats
+outs |= {{f"next_{{k}}": v for k, v in states.items()}}
 host = Tensor(np.zeros(specs["host"].shape, np.uint8), device="NPY")
 Device[Device.DEFAULT]
 {NO_COMPILE}

@@ -36,6 +36,16 @@ def test_inspect_shows_the_generation_recorded_or_derived(native_artifacts, tmp_
   write_bundle(old := str(tmp_path / "old.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()}, extras)
   assert main(["inspect", old]) == 0
   assert "  generation: native (derived: the bundle records none)" in capsys.readouterr().out
+
+def test_inspect_says_where_the_output_parse_runs(native_artifacts, tmp_path, capsys):
+  from sunnypilot.modeld_v2.format.bundle import read_parts
+  assert main(["inspect", f"{native_artifacts}/model.bin"]) == 0
+  assert "  output parse: in the graph: message_floats holds modelV2 1440, drivingModelData 19, cameraOdometry 24 floats" in capsys.readouterr().out
+  parts, extras = read_parts(f"{native_artifacts}/model.bin")  # as a bundle from before the parse was in the graph records it
+  extras["metadata"] = {k: v for k, v in extras["metadata"].items() if k != "message_floats"}
+  write_bundle(old := str(tmp_path / "old.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()}, extras)
+  assert main(["inspect", old]) == 0
+  assert "  output parse: on the host (built before the parse was in the graph, or with --host-parse)" in capsys.readouterr().out
 def test_profile_reports_each_kernels_flops_bytes_time_and_roofline(tmp_path, capsys):
   """A bundle of one (64x128) @ (128x32) float32 matmul: tinygrad's estimates recorded with the kernel must be its FLOPs (2*M*N*K, one
   multiply and one add per term) and at least the bytes of its operands and result, each once; the bound is max(FLOPs/peak, bytes/peak)."""

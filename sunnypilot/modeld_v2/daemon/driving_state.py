@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from sunnypilot.modeld_v2.model.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH, Plan
+from sunnypilot.modeld_v2.model.constants import DESIRE_LEN, DT_MDL, LAT_PLANNER_SOLUTION_WIDTH
 from sunnypilot.modeld_v2.model.desire_helper import CarStateLike, Desire, DesireHelper
 from sunnypilot.modeld_v2.model.drive_helpers import LAT_SMOOTH_SECONDS, LONG_SMOOTH_SECONDS, T_AXIS64, Action, get_action
-from sunnypilot.modeld_v2.model.fill_model_msg import POLY_PATH_LIMIT, Confidence, FrameInfo, FrameState, HardBrake, meta_layout
+from sunnypilot.modeld_v2.model.fill_model_msg import Confidence, FrameInfo, FrameState, HardBrake
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, Rules
+from sunnypilot.modeld_v2.model.parse_model_outputs import POLY_PATH_LIMIT
+from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 
 DESIRE_PULSES = np.eye(DESIRE_LEN, dtype=np.float32)  # row d: the desire input on the frame desire d starts; row 0 (none): all zero
 DESIRE_PULSES[0] = 0
@@ -36,31 +38,29 @@ class DrivingState:
     self.prev_desire = now
     return pulse
 
-  def update(self, parsed: dict[str, np.ndarray], frame: FrameInfo, car_state: CarStateLike, lateral_active: bool) -> FrameState:
-    """Advance every state by this published frame's parsed outputs; what its messages publish of them. `car_state`: carState (a reader
-    or any CarStateLike); `lateral_active`: carControl.latActive."""
-    if "plan" in parsed:
-      self.action = get_action(parsed, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0), self.rules,
+  def update(self, reads: ParsedReads, frame: FrameInfo, car_state: CarStateLike, lateral_active: bool) -> FrameState:
+    """Advance every state by this published frame's parsed outputs (`reads`: their views, ParsedReads); what its messages publish of
+    them. `car_state`: carState (a reader or any CarStateLike); `lateral_active`: carControl.latActive."""
+    if reads.speeds is not None:
+      self.action = get_action(reads, self.action, frame.lat_action_t, frame.long_action_t, max(float(car_state.vEgo), 0.0), self.rules,
                                self.lat_smooth_s, self.long_smooth_s)
-    if "lat_planner_solution" in parsed:  # sunnypilot modeld.py @002f69b0: the solution's yaw and curvature one frame ahead
-      solution = parsed["lat_planner_solution"]
-      self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_AXIS64, solution[:, 2]), np.interp(DT_MDL, T_AXIS64, solution[:, 3])]
+    if reads.lat_planner is not None:  # sunnypilot modeld.py @002f69b0: the solution's yaw and curvature one frame ahead
+      self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_AXIS64, reads.lat_planner[0]), np.interp(DT_MDL, T_AXIS64, reads.lat_planner[1])]
     hard_brake, confidence = False, "green"
-    if (layout := meta_layout(parsed, None)) is not None:  # .item: a Python float of the float32 value, no numpy scalar
-      meta = parsed["meta"]
-      hard_brake = self.hard_brake.update(meta.item(layout.hard_brake_5.start), meta.item(layout.hard_brake_3.start))
-      confidence = self.confidence.update(frame.frame_id, meta[layout.gas_disengage], meta[layout.brake_disengage], meta[layout.steer_override])
-    state = parsed.get("desire_state")  # DesireHelper sees the lane-change probability just published (0 without a desire_state head)
+    if reads.hard_brake_5 is not None:  # .item: a Python float of the float32 value, no numpy scalar
+      hard_brake = self.hard_brake.update(reads.hard_brake_5.item(0), reads.hard_brake_3.item(0))
+      confidence = self.confidence.update(frame.frame_id, reads.gas, reads.brake, reads.steer)
+    state = reads.desire_state  # DesireHelper sees the lane-change probability just published (0 without a desire_state head)
     self.desire_helper.update(car_state, lateral_active, state.item(Desire.laneChangeLeft) + state.item(Desire.laneChangeRight) if state is not None else 0.0)
-    return FrameState(self.action if "plan" in parsed else None, hard_brake, confidence, int(self.desire_helper.lane_change_state),
+    return FrameState(self.action if reads.speeds is not None else None, hard_brake, confidence, int(self.desire_helper.lane_change_state),
                       int(self.desire_helper.lane_change_direction))
 
-  def published_finite(self, parsed_values: np.ndarray, parsed: dict[str, np.ndarray]) -> bool:
-    """Whether what this frame publishes is finite as float32: every parsed value (`parsed_values`, the parser's whole buffer), the action
-    (a slow car's curvature, 2 yaw / (v t), overflows float32 first) and the path fitted to the plan. When not, the action and
-    lat_planner_state start again from zero: the next frame is smoothed against them."""
+  def published_finite(self, parsed_values: np.ndarray, reads: ParsedReads) -> bool:
+    """Whether what this frame publishes is finite as float32: every parsed value (`parsed_values`: the parse's values, its derived
+    lane-line times aside, which may be NaN), the action (a slow car's curvature, 2 yaw / (v t), overflows float32 first) and the path
+    fitted to the plan. When not, the action and lat_planner_state start again from zero: the next frame is smoothed against them."""
     if np.isfinite(parsed_values).all() and np.isfinite(self.lat_planner_state).all() \
        and abs(self.action.desired_curvature) <= FLOAT32_MAX and abs(self.action.desired_acceleration) <= FLOAT32_MAX \
-       and ("plan" not in parsed or np.abs(parsed["plan"][:, Plan.POSITION]).max() < POLY_PATH_LIMIT): return True
+       and (reads.positions is None or np.abs(reads.positions).max() < POLY_PATH_LIMIT): return True
     self.action, self.lat_planner_state[:] = Action(), 0.0
     return False

@@ -1,6 +1,7 @@
 """`to_bytes(service, fields, valid, log_mono_time)`: a frame's message as Event bytes, written into a template of that message's bytes
 instead of through pycapnp's setters. The seam of modeld's output path: the fill functions give {dotted path: value}, this gives bytes,
-and nothing else knows how.
+and nothing else knows how. With the output parse in the model's graph, `block_writer` gives the same bytes from the graph's float block
+and the daemon's fields (BlockWriter): one scatter of the block into the template instead of the fill functions' fields.
 
 modeld publishes the same three messages every frame with the same fields and list lengths; only the numbers change. The first frame of
 a layout (and any frame whose field paths or lengths differ) builds the Event with messaging.set_fields, copies it into one segment (no
@@ -11,7 +12,7 @@ type. Wire format: capnproto.org/encoding.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,20 +54,7 @@ class Template:
     self.mono, self.valid = self._data(event, "logMonoTime", root, -1), self._data(event, "valid", root, -1)
     service_struct, at, sdw = self._struct(event, root, dw, [service])
     self.leaves = [self._field(service_struct, at, sdw, i, path, value) for i, (path, value) in enumerate(fields.items())]
-    # dtype -> (a getter of its array fields, the buffer their one concatenate fills, their element indices, [(index, SCALAR|SEQUENCE|
-    # ENUM)] of the other fields, their element indices): arrays go in through one concatenate, Python numbers through one conversion
-    groups: dict[str, tuple[list, list, list, list]] = {}
-    values = list(fields.values())
-    for i, leaf in enumerate(self.leaves):
-      if leaf is None or leaf[0] in ("bool", "data"): continue
-      arrays, array_dest, others, other_dest = groups.setdefault(leaf[0], ([], [], [], []))
-      if type(values[i]) is np.ndarray and values[i].ndim and i not in self.enums: arrays.append(i); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
-      else:
-        others.append((i, ENUM if i in self.enums else SEQUENCE if _is_sequence(values[i]) else SCALAR))
-        other_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
-    self.groups = {k: (_getter(a), np.empty(len(ad), DTYPES[k]), np.asarray(ad, np.int64), o, np.asarray(od, np.int64)) for k, (a, ad, o, od) in groups.items()}
-    self.bools = [(i, leaf[1]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "bool"]
-    self.data = [(i, leaf[1], leaf[2]) for i, leaf in enumerate(self.leaves) if leaf is not None and leaf[0] == "data"]
+    self.writer = FieldWriter(self, range(len(self.leaves)), list(fields.values()))
 
   def _struct(self, node: Any, word: int, data_words: int, names: list[str]) -> tuple[Any, int, int]:
     """The struct at a path of field names (a number: an element of a struct list), its wire word and data size; (None, ...) where this
@@ -121,11 +109,41 @@ class Template:
     if kind == "enum": self.enums[i] = dict(f.schema.enumerants)
     return kind, 8 * at // np.dtype(DTYPES[kind]).itemsize + slot.offset, 1
 
+  def stamp(self, body: bytearray, valid: bool, log_mono_time: int) -> None:
+    """The Event's own fields, logMonoTime and valid, into a copy of `body`."""
+    np.frombuffer(body, np.uint64)[self.mono[1]] = log_mono_time
+    _set_bit(body, self.valid[1], valid)
+
   def bytes_of(self, values: list[Any], valid: bool, log_mono_time: int) -> bytes:
     """The Event with `values` (the fields' values, in the template's order) written in; ValueError when their lengths differ."""
     body = bytearray(self.body)
-    np.frombuffer(body, np.uint64)[self.mono[1]] = log_mono_time
-    _set_bit(body, self.valid[1], valid)
+    self.stamp(body, valid, log_mono_time)
+    self.writer.write(body, values)
+    return self.head + bytes(body)
+
+class FieldWriter:
+  """Writes the values of some of a template's fields (`indices` into its leaves, their first `values` telling arrays from Python numbers)
+  into a copy of its bytes: per element type, arrays through one concatenate and Python numbers through one conversion, one scatter
+  each; bools bit by bit, data by slice."""
+  def __init__(self, template: Template, indices: Iterable[int], values: list[Any]):
+    # dtype -> (a getter of its array fields, the buffer their one concatenate fills, their element indices, [(position, SCALAR|SEQUENCE|
+    # ENUM)] of the other fields, their element indices); positions are in `values`
+    groups: dict[str, tuple[list, list, list, list]] = {}
+    leaves = [(j, template.leaves[i], template.enums.get(i)) for j, i in enumerate(indices)]
+    self.enums = {j: enums for j, _, enums in leaves if enums is not None}  # position of an enum -> its enumerants (names or numbers)
+    for j, leaf, _ in leaves:
+      if leaf is None or leaf[0] in ("bool", "data"): continue
+      arrays, array_dest, others, other_dest = groups.setdefault(leaf[0], ([], [], [], []))
+      if type(values[j]) is np.ndarray and values[j].ndim and j not in self.enums: arrays.append(j); array_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+      else:
+        others.append((j, ENUM if j in self.enums else SEQUENCE if _is_sequence(values[j]) else SCALAR))
+        other_dest.extend(range(leaf[1], leaf[1] + leaf[2]))
+    self.groups = {k: (_getter(a), np.empty(len(ad), DTYPES[k]), np.asarray(ad, np.int64), o, np.asarray(od, np.int64)) for k, (a, ad, o, od) in groups.items()}
+    self.bools = [(j, leaf[1]) for j, leaf, _ in leaves if leaf is not None and leaf[0] == "bool"]
+    self.data = [(j, leaf[1], leaf[2]) for j, leaf, _ in leaves if leaf is not None and leaf[0] == "data"]
+
+  def write(self, body: bytearray, values: list[Any]) -> None:
+    """`values` (in this writer's order) into `body`; ValueError when their lengths differ from the template's."""
     for dtype, (arrays, joined, array_dest, others, other_dest) in self.groups.items():
       view = np.frombuffer(body, DTYPES[dtype])
       if arrays is not None: view[array_dest] = np.concatenate(arrays(values), out=joined, casting="same_kind")
@@ -140,7 +158,34 @@ class Template:
     for i, start, count in self.data:
       if len(values[i]) != count: raise ValueError(f"{count} bytes of data, got {len(values[i])}")
       body[start:start + count] = values[i]
-    return self.head + bytes(body)
+
+class BlockWriter:
+  """One service's Event bytes from its template, with the model's floats from the in-graph parse's block (model/published_floats.py):
+  those copied in one scatter (`floats`: their (path, count) in block order), the daemon's fields (`host`, the first frame's values) written
+  as the template writes them, every other field (the constant axes) left as the template holds it. Unsupported when the template
+  has not these fields as float32 lists of these lengths."""
+  def __init__(self, template: Template, floats: Sequence[tuple[str, int]], host: dict[str, Any]):
+    index = {path: i for i, path in enumerate(template.keys)}
+    if absent := [p for p, _ in floats if p not in index] + [p for p in host if p not in index]:
+      raise Unsupported(f"the template has no field {', '.join(absent[:3])}")
+    dest, src, at = [], [], 0
+    for path, n in floats:
+      if (leaf := template.leaves[index[path]]) is not None:  # None: this schema lacks it, as the template skips it
+        if leaf[0] != "float32" or leaf[2] != n: raise Unsupported(f"{path}: {leaf[2]} {leaf[0]} in the template, {n} floats in the block")
+        dest.extend(range(leaf[1], leaf[1] + n))
+        src.extend(range(at, at + n))
+      at += n
+    self.template, self.keys, self.size = template, tuple(host), at
+    self.dest, self.src = np.asarray(dest, np.int64), None if src == list(range(at)) else np.asarray(src, np.int64)
+    self.host = FieldWriter(template, [index[k] for k in host], list(host.values()))
+
+  def bytes_of(self, host: list[Any], floats: np.ndarray, valid: bool, log_mono_time: int) -> bytes:
+    """The Event with this frame's host values (in `keys` order) and block floats (this service's, float32) written in."""
+    body = bytearray(self.template.body)
+    np.frombuffer(body, np.float32)[self.dest] = floats if self.src is None else floats[self.src]
+    self.template.stamp(body, valid, log_mono_time)
+    self.host.write(body, host)
+    return self.template.head + bytes(body)
 
 def _getter(indices: list[int]) -> Callable[[list], tuple] | None:
   """The values at `indices` of a list, as a tuple, in one C call (None for none)."""
@@ -159,6 +204,15 @@ class MessageBytes:
   schema lacks (openpilot's cereal and the bundled one differ)."""
   def __init__(self, report: Callable[[str], None] = lambda line: None):
     self.report, self.templates, self.unsupported = report, {}, {}
+
+  def block_writer(self, service: str, floats: Sequence[tuple[str, int]], host: dict[str, Any]) -> BlockWriter | None:
+    """A writer of `service`'s messages from the in-graph parse's floats and these host fields, on the template the last to_bytes of it
+    used; None without one, or when it cannot take them (then publish through to_bytes)."""
+    if (template := self.templates.get(service)) is None: return None
+    try: return BlockWriter(template, floats, host)
+    except Unsupported as e:
+      self.report(f"{service}: the in-graph parse's floats do not fit its byte template ({e}): its fields are filled on the host")
+      return None
 
   def to_bytes(self, service: str, fields: dict[str, Any], valid: bool, log_mono_time: int) -> bytes:
     template = self.templates.get(service)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sunnypilot.modeld_v2.model.constants import DT_MDL, T_IDXS, Plan
+from sunnypilot.modeld_v2.model.constants import DT_MDL, T_IDXS
 from sunnypilot.modeld_v2.model.generations import Rules
+from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 
 MIN_SPEED = 1.0  # m/s: curvature from yaw divides by speed
 V_EGO_STOPPING = 0.05  # m/s: the plan stops when its speed at action_t and 1 s later is below this
@@ -59,14 +60,13 @@ def curv_from_psis(psi_target: float, psi_rate: float, v_ego: float, action_t: f
 def get_curvature_from_plan(yaws: np.ndarray, yaw_rates: np.ndarray, t_idxs: np.ndarray | list[float], v_ego: float, action_t: float) -> float:
   return curv_from_psis(float(np.interp(action_t, t_idxs, yaws)), float(yaw_rates[0]), v_ego, action_t)
 
-def get_action(parsed: dict[str, np.ndarray], prev: Action, lat_action_t: float, long_action_t: float, v_ego: float, rules: Rules,
+def get_action(reads: ParsedReads, prev: Action, lat_action_t: float, long_action_t: float, v_ego: float, rules: Rules,
                lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS) -> Action:
   """This frame's action from the parsed outputs (plan required), smoothed against the previous frame's as the generation's rules say."""
-  plan = parsed["plan"]
-  accel, should_stop = get_accel_from_plan(plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], T_AXIS64, long_action_t)
+  accel, should_stop = get_accel_from_plan(reads.speeds, reads.accels, T_AXIS64, long_action_t)
   accel = smooth_value(accel, prev.desired_acceleration, long_smooth_s)
-  if "desired_curvature" in parsed and not rules.curvature_from_plan: curvature = float(parsed["desired_curvature"][0])
-  else: curvature = get_curvature_from_plan(plan[:, Plan.T_FROM_CURRENT_EULER][:, 2], plan[:, Plan.ORIENTATION_RATE][:, 2], T_AXIS64, v_ego, lat_action_t)
+  if reads.desired_curvature is not None and not rules.curvature_from_plan: curvature = float(reads.desired_curvature[0])
+  else: curvature = get_curvature_from_plan(reads.yaws, reads.yaw_rates, T_AXIS64, v_ego, lat_action_t)
   if rules.smooth_and_hold:
     curvature = smooth_value(curvature, prev.desired_curvature, lat_smooth_s) if v_ego > MIN_LAT_CONTROL_SPEED else prev.desired_curvature
   return Action(curvature, accel, bool(should_stop))

@@ -11,6 +11,10 @@ fill_model_msg sets them ("laneLines.2.y": one element of a struct list), so a r
 pointer fields keep the order the project's messages have always allocated them in (temporalPose beside the plan, the disengage arrays
 gas first), so the bytes are those of every earlier release. What crosses frames (the action, FCW, confidence, the lane change) comes in
 as a FrameState, computed by the daemon's DrivingState. A field whose head the model lacks is left out, its reason in `missing`.
+
+Every value taken from the model is a view of the parse's buffer (the lane lines' times and the path's polynomials too: the parse
+derives them from the plan), which is how model/published_floats.py finds where each published float comes from; the daemon's values
+come from the small helpers (model_v2_frame, fill_action, fill_meta_state, ...) that host_fields calls for the in-graph parse.
 """
 from __future__ import annotations
 
@@ -24,7 +28,6 @@ from sunnypilot.modeld_v2.model.constants import (
   DISENGAGE_WIDTH,
   FCW_THRESHOLDS_3MS2,
   FCW_THRESHOLDS_5MS2,
-  IDX_N,
   LEAD_MHP_SELECTION,
   LEAD_T_IDXS,
   LEAD_T_OFFSETS,
@@ -33,7 +36,6 @@ from sunnypilot.modeld_v2.model.constants import (
   MODEL_FREQ,
   NUM_LANE_LINES,
   NUM_ROAD_EDGES,
-  POLY_PATH_DEGREE,
   RYG_GREEN,
   RYG_YELLOW,
   T_IDXS,
@@ -48,40 +50,6 @@ from sunnypilot.modeld_v2.model.drive_helpers import Action
 T_AXIS, X_AXIS, META_T_AXIS = np.array(T_IDXS, np.float32), np.array(X_IDXS, np.float32), np.array(META_T_IDXS, np.float32)
 LEAD_T_AXIS = np.array(LEAD_T_IDXS, np.float32)
 for axis in (T_AXIS, X_AXIS, META_T_AXIS, LEAD_T_AXIS): axis.flags.writeable = False
-# numpy compares a float32 plan point with a Python float in float32; X_IDXS (3 k^2 / 16 m) are exact in float32, so a float64 compare agrees
-assert all(float(np.float32(x)) == x for x in X_IDXS), "X_IDXS must be float32 values for plan_t_idxs' compares"
-
-def plan_t_idxs(plan_x: np.ndarray) -> np.ndarray:
-  """The time at which the plan reaches each X_IDXS distance, linear between plan points: 0 at the first; 10 s for the first distance
-  beyond the plan's end and NaN after it; NaN where two plan points coincide. On Python floats (numpy scalars cost ~10x per step);
-  openpilot restarts its search at the first plan point for every distance, this carries it on: the distances grow, so it stops at the
-  same point."""
-  px, t, ti = plan_x.tolist(), [0.0] + [float("nan")] * (IDX_N - 1), 0
-  for xi in range(1, IDX_N):
-    while ti < IDX_N - 1 and px[ti + 1] < X_IDXS[xi]: ti += 1  # the last plan point short of this distance
-    if ti == IDX_N - 1:
-      t[xi] = T_IDXS[-1]
-      break
-    x0, x1 = px[ti], px[ti + 1]
-    p = (X_IDXS[xi] - x0) / (x1 - x0) if abs(x1 - x0) > 1e-9 else float("nan")
-    t[xi] = p * T_IDXS[ti + 1] + (1 - p) * T_IDXS[ti]
-  return np.array(t, np.float32)  # the message's float32: the byte template concatenates it with the other float32 arrays, no cast
-
-def _poly_fit_matrix() -> np.ndarray:
-  """numpy.polynomial's polyfit on the fixed T_IDXS as one matrix: the least-squares solve of its column-scaled Vandermonde matrix (the
-  pseudo-inverse with polyfit's rcond), then its scaling undone, so a fit is one product instead of an SVD per frame."""
-  vander = np.polynomial.polynomial.polyvander(np.asarray(T_IDXS, np.float64), POLY_PATH_DEGREE)
-  scale = np.sqrt(np.square(vander).sum(0))
-  return np.linalg.pinv(vander / scale, rcond=len(T_IDXS) * np.finfo(np.float64).eps) / scale[:, None]
-
-POLY_FIT = _poly_fit_matrix()
-# plan positions below this in magnitude give path coefficients float32 can hold (each is a weighted sum of positions)
-POLY_PATH_LIMIT = float(np.finfo(np.float32).max / np.abs(POLY_FIT).sum(axis=1).max())
-
-def poly_path(position: np.ndarray) -> np.ndarray:
-  """The plan's (33, 3) position as degree-4 polynomials of time, lowest power first (numpy.polynomial's polyfit, as openpilot): (5, 3)."""
-  return POLY_FIT @ np.asarray(position, np.float64)
-
 class HardBrake:
   """FCW: hard braking is predicted when the 5 m/s2 probability (2 s ahead) stayed above its thresholds over the last 5 frames and the
   3 m/s2 one over the last 2. The histories are float32 values held as Python floats: each compare is the float32 one, without numpy calls.
@@ -98,16 +66,17 @@ class HardBrake:
 
 class Confidence:
   """Every 2 s (frame ids divisible by 40) the per-2 s-slice disengage probabilities enter a rolling buffer of the last 5 updates; the
-  score averages, across those updates, the probability each gave for the slice that ends now."""
-  def __init__(self): self.buffer = np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32)
+  score averages, across those updates, the probability each gave for the slice that ends now; its color is kept between updates."""
+  def __init__(self): self.buffer, self.color = np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32), "green"
 
   def update(self, frame_id: int, gas: np.ndarray, brake: np.ndarray, steer: np.ndarray) -> str:
     if frame_id % (2 * MODEL_FREQ) == 0:
       any_disengage = 1 - (1 - brake) * (1 - gas) * (1 - steer)
       independent = np.r_[any_disengage[0], np.diff(any_disengage) / (1 - any_disengage[:-1])]  # P(first disengage in slice k)
       self.buffer = np.concatenate([self.buffer[DISENGAGE_WIDTH:], independent.astype(np.float32)])
-    score = self.score
-    return "green" if score < RYG_GREEN else "yellow" if score < RYG_YELLOW else "red"
+      score = self.score
+      self.color = "green" if score < RYG_GREEN else "yellow" if score < RYG_YELLOW else "red"
+    return self.color
 
   @property
   def score(self) -> float:
@@ -170,6 +139,17 @@ def model_v2_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInf
                     missing: dict[str, str] | None = None) -> dict[str, Any]:
   """modelV2's fields of one frame from the parsed outputs `p` (their arrays are the parser's views: copy what must outlive the frame).
   `raw`: the output vector, published as rawPredictions when given."""
+  f = model_v2_frame(frame)
+  fill_plan(f, p, missing)
+  fill_action(f, state, missing)
+  fill_lines(f, p, missing)
+  fill_leads(f, p, missing)
+  fill_meta(f, p, state, missing)
+  fill_raw(f, raw)
+  return f
+
+def model_v2_frame(frame: FrameInfo) -> dict[str, Any]:
+  """modelV2's fields of the frame itself: camera frame ids and time, how far it lags, drops, how long the model took."""
   f: dict[str, Any] = {}
   f["frameId"] = frame.frame_id
   f["frameIdExtra"] = frame.frame_id_extra
@@ -177,17 +157,18 @@ def model_v2_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInf
   f["frameDropPerc"] = frame.frame_drop_perc
   f["timestampEof"] = frame.timestamp_eof
   f["modelExecutionTime"] = frame.model_execution_time
-  fill_plan(f, p, missing)
+  return f
+
+def fill_action(f: dict[str, Any], state: FrameState, missing: dict[str, str] | None) -> None:
+  """The action controlsd follows (modelV2 and drivingModelData): computed by the driving state from the plan."""
   if state.action is not None:
     f["action.desiredCurvature"] = state.action.desired_curvature
     f["action.desiredAcceleration"] = state.action.desired_acceleration
     f["action.shouldStop"] = state.action.should_stop
   elif missing is not None: missing["action"] = "the model has no plan output"
-  fill_lines(f, p, missing)
-  fill_leads(f, p, missing)
-  fill_meta(f, p, state, missing)
+
+def fill_raw(f: dict[str, Any], raw: np.ndarray | None) -> None:
   if raw is not None: f["rawPredictions"] = np.ascontiguousarray(raw, np.float32).tobytes()
-  return f
 
 def struct_list_keys(field: str, n: int, names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
   """The flat paths of a struct list's elements' fields ("laneLines.2.x"), made once: a frame fills them without formatting strings."""
@@ -216,8 +197,8 @@ def fill_plan(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, st
     f["temporalPose.rot"], f["temporalPose.rotStd"] = p["plan"][0, Plan.ORIENTATION_RATE], p["plan_std"][0, Plan.ORIENTATION_RATE]
 
 def fill_lines(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
-  """modelV2's lane lines and road edges (t, x, y, z of each), their t the time the plan reaches each X_IDXS distance."""
-  t = plan_t_idxs(p["plan"][:, Plan.POSITION][:, 0]) if "plan" in p else None
+  """modelV2's lane lines and road edges (t, x, y, z of each), their t the time the plan reaches each X_IDXS distance (the parse's plan_t)."""
+  t = p.get("plan_t")
   if has(p, ("lane_lines", "plan"), ("laneLines", "laneLineStds"), missing):
     for keys, (y, z) in zip(LANE_LINE_KEYS, p["lane_lines"].transpose(0, 2, 1)): f.update(zip(keys, (t, X_AXIS, y, z)))
     f["laneLineStds"] = p["lane_lines_std"][:, 0, 0]
@@ -229,8 +210,8 @@ def fill_lines(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, s
 def fill_leads(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
   """modelV2's leads, one per time offset: t, x, y, v, a, their stds, the probability (a 0-d view: one value) and its time."""
   if not has(p, ("lead", "lead_prob"), ("leadsV3",), missing): return
-  for keys, lead, std, prob, prob_time in zip(LEAD_KEYS, p["lead"].transpose(0, 2, 1), p["lead_std"].transpose(0, 2, 1), p["lead_prob"], LEAD_T_OFFSETS):
-    f.update(zip(keys, (LEAD_T_AXIS, *lead, *std, prob[...], prob_time)))
+  for i, (keys, lead, std, prob_time) in enumerate(zip(LEAD_KEYS, p["lead"].transpose(0, 2, 1), p["lead_std"].transpose(0, 2, 1), LEAD_T_OFFSETS)):
+    f.update(zip(keys, (LEAD_T_AXIS, *lead, *std, p["lead_prob"][i, ...], prob_time)))
 
 def fill_meta(f: dict[str, Any], p: dict[str, np.ndarray], state: FrameState, missing: dict[str, str] | None) -> None:
   """modelV2's meta: desires, the engaged and disengage probabilities of its layout, FCW, confidence, the lane change."""
@@ -243,38 +224,42 @@ def fill_meta(f: dict[str, Any], p: dict[str, np.ndarray], state: FrameState, mi
     for field, attr in DISENGAGE_FIELDS.items():
       if (where := getattr(layout, attr)) is not None: f[f"meta.disengagePredictions.{field}"] = meta[where]
       elif missing is not None: missing[f"meta.disengagePredictions.{field}"] = f"the {len(meta)}-entry meta layout has no such entries"
+  fill_meta_state(f, state, layout is not None)
+
+def fill_meta_state(f: dict[str, Any], state: FrameState, fcw: bool) -> None:
+  """modelV2's meta from the driving state: FCW and confidence (`fcw`: where the meta head has a known layout), the lane change."""
+  if fcw:
     f["meta.hardBrakePredicted"] = state.hard_brake_predicted
     f["confidence"] = state.confidence
+  fill_lane_change(f, state)
+
+def fill_lane_change(f: dict[str, Any], state: FrameState) -> None:
   f["meta.laneChangeState"] = state.lane_change_state
   f["meta.laneChangeDirection"] = state.lane_change_direction
 
 def driving_model_data_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, missing: dict[str, str] | None = None) -> dict[str, Any]:
   """drivingModelData's fields of one frame: the action, the plan's path as polynomials, the lane lines nearest the car."""
+  f = driving_model_data_frame(frame)
+  fill_action(f, state, missing)
+  if has(p, ("plan",), ("path",), missing): f["path.xCoefficients"], f["path.yCoefficients"], f["path.zCoefficients"] = p["path"].T
+  if has(p, ("lane_lines",), ("laneLineMeta.leftY", "laneLineMeta.rightY"), missing):  # one value each, as 0-d views
+    f["laneLineMeta.leftY"], f["laneLineMeta.rightY"] = p["lane_lines"][1, 0, 0, ...], p["lane_lines"][2, 0, 0, ...]
+  if has(p, ("lane_lines_prob",), ("laneLineMeta.leftProb", "laneLineMeta.rightProb"), missing):
+    f["laneLineMeta.leftProb"], f["laneLineMeta.rightProb"] = lane_line_probs(p)[1, ...], lane_line_probs(p)[2, ...]
+  fill_lane_change(f, state)
+  return f
+
+def driving_model_data_frame(frame: FrameInfo) -> dict[str, Any]:
   f: dict[str, Any] = {}
   f["frameId"] = frame.frame_id
   f["frameIdExtra"] = frame.frame_id_extra
   f["frameDropPerc"] = frame.frame_drop_perc
   f["modelExecutionTime"] = frame.model_execution_time
-  if state.action is not None:
-    f["action.desiredCurvature"] = state.action.desired_curvature
-    f["action.desiredAcceleration"] = state.action.desired_acceleration
-    f["action.shouldStop"] = state.action.should_stop
-  elif missing is not None: missing["action"] = "the model has no plan output"
-  if has(p, ("plan",), ("path",), missing):
-    f["path.xCoefficients"], f["path.yCoefficients"], f["path.zCoefficients"] = poly_path(p["plan"][:, Plan.POSITION]).T
-  if has(p, ("lane_lines",), ("laneLineMeta.leftY", "laneLineMeta.rightY"), missing):
-    f["laneLineMeta.leftY"], f["laneLineMeta.rightY"] = float(p["lane_lines"][1, 0, 0]), float(p["lane_lines"][2, 0, 0])
-  if has(p, ("lane_lines_prob",), ("laneLineMeta.leftProb", "laneLineMeta.rightProb"), missing):
-    f["laneLineMeta.leftProb"], f["laneLineMeta.rightProb"] = float(lane_line_probs(p)[1]), float(lane_line_probs(p)[2])
-  f["meta.laneChangeState"] = state.lane_change_state
-  f["meta.laneChangeDirection"] = state.lane_change_direction
   return f
 
 def camera_odometry_fields(p: dict[str, np.ndarray], frame: FrameInfo, missing: dict[str, str] | None = None) -> dict[str, Any]:
   """cameraOdometry's fields of one frame: the pose heads (openpilot's fill_pose_msg)."""
-  f: dict[str, Any] = {}
-  f["frameId"] = frame.frame_id
-  f["timestampEof"] = frame.timestamp_eof
+  f = camera_odometry_frame(frame)
   if has(p, ("pose",), ("trans", "rot", "transStd", "rotStd"), missing):
     f["trans"], f["rot"], f["transStd"], f["rotStd"] = p["pose"][:3], p["pose"][3:], p["pose_std"][:3], p["pose_std"][3:]
   if has(p, ("wide_from_device_euler",), ("wideFromDeviceEuler", "wideFromDeviceEulerStd"), missing):
@@ -282,6 +267,21 @@ def camera_odometry_fields(p: dict[str, np.ndarray], frame: FrameInfo, missing: 
   if has(p, ("road_transform",), ("roadTransformTrans", "roadTransformTransStd"), missing):
     f["roadTransformTrans"], f["roadTransformTransStd"] = p["road_transform"][:3], p["road_transform_std"][:3]
   return f
+
+def camera_odometry_frame(frame: FrameInfo) -> dict[str, Any]:
+  f: dict[str, Any] = {}
+  f["frameId"] = frame.frame_id
+  f["timestampEof"] = frame.timestamp_eof
+  return f
+
+def host_fields(state: FrameState, frame: FrameInfo, raw: np.ndarray | None, fcw: bool) -> dict[str, dict[str, Any]]:
+  """Each message's fields that come from the daemon, not from the parsed outputs (the frame, the action, the driving state, the raw
+  outputs), by the same helpers the fill functions use: with the parse in the model's graph, these and the graph's floats are the whole
+  messages (model/published_floats.py). `fcw`: the model's meta head has a known layout."""
+  v2, dmd = model_v2_frame(frame), driving_model_data_frame(frame)
+  fill_action(v2, state, None), fill_meta_state(v2, state, fcw), fill_raw(v2, raw)
+  fill_action(dmd, state, None), fill_lane_change(dmd, state)
+  return {"modelV2": v2, "drivingModelData": dmd, "cameraOdometry": camera_odometry_frame(frame)}
 
 def frame_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, raw: np.ndarray | None = None,
                  missing: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:

@@ -106,8 +106,10 @@ class ReferenceCheck:
     from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs
     from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
     from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
+    from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
     self.reference, self.slices, self.segment = reference, metadata["output_slices"], segment
     self.state, self.parser = DrivingState(GENERATIONS[of_bundle(metadata)[0]]), OutputParser(self.slices)
+    self.reads = ParsedReads.of(self.parser.parsed)  # views of the parser's buffer, refilled by each call
     self.inputs = FrameInputs(BusInputs(Episodes(lambda s: None)), args.rhd, args.camera_offset)
     self.inputs.use_cameras(segment.sensor, main_wide=False)  # the replay serves the road camera as the main stream
     self.delays = Delays(args.lat_delay, args.long_delay, "route_replay's --lat-delay/--long-delay")
@@ -144,7 +146,7 @@ class ReferenceCheck:
     info = FrameInfo(cam.frame_id, cam.frame_id, cam.eof, cam.frame_id, 0.0, 0, 0.0, fed.calibrated, fed.lat_t, fed.long_t)
     parsed = self.parser(outputs)
     msgs = {}
-    for service, fields in frame_fields(parsed, self.state.update(parsed, info, fed.car, fed.lateral_active), info).items():
+    for service, fields in frame_fields(parsed, self.state.update(self.reads, info, fed.car, fed.lateral_active), info).items():
       set_fields(getattr(msg := new_message(service), service), fields)
       msgs[service] = flatten(getattr(msg, service).to_dict())
     self.pending[cam.frame_id] = outputs.reshape(-1), msgs

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 from tinygrad import Tensor
 
-from sunnypilot.modeld_v2.format.bundle import next_name
+from sunnypilot.modeld_v2.format.bundle import TensorSpec, next_name
 from sunnypilot.modeld_v2.format.part import device_kind
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, DRIVER_BUFFER, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
@@ -49,10 +49,11 @@ class ModelRunner:
     self.numpy_inputs = {name: np.ndarray(shape, dtype=np.float32, buffer=self.packed_input, offset=self.layout.host_layout[name])
                          for name, shape in self.layout.host_shapes.items()}
     self.frame_feed = self._frame_feed()
-    self.readback = self._readback(map_camera_buffers and kind == "CUDA")
-    self.outputs = {name: Tensor(np.zeros(spec.shape, spec.dtype), device=self.model_device).realize() for name, spec in self.bundle.output_specs.items()
-                    if name != "outputs" and name not in {next_name(n) for n in self.states}}
-    self.outputs["outputs"] = self.readback.tensor
+    # every output but the states' next values comes back to the host: `outputs` (the raw vector) and, in a bundle with the output parse
+    # in its graph, the messages' float block
+    pinned, nexts = map_camera_buffers and kind == "CUDA", {next_name(n) for n in self.states}
+    self.readbacks = {name: self._readback(spec, pinned) for name, spec in self.bundle.output_specs.items() if name not in nexts}
+    self.outputs = {name: readback.tensor for name, readback in self.readbacks.items()}
     for name, state in self.states.items(): self.outputs[next_name(name)] = state  # next_X is written into X
     if self.split and map_camera_buffers and not self.in_place:
       log.warning("%s cannot read camera buffers in place: frames are uploaded each step", self.model_device)
@@ -61,8 +62,7 @@ class ModelRunner:
     if not self.split: return PackedFrames(self.packed_input[self.layout.host_layout["frames"]:].reshape(2, self.warp_frame_size))
     return (InPlaceFrames if self.in_place else UploadFrames)(self.model_device, self.warp_frame_size)
 
-  def _readback(self, pinned: bool) -> OutputReadback:
-    spec = self.bundle.output_specs["outputs"]
+  def _readback(self, spec: TensorSpec, pinned: bool) -> OutputReadback:
     if pinned: return PinnedOutput(spec, self.model_device)
     return (ViewedOutput if self.replay.outputs_in_place else CopiedOutput)(spec, self.model_device)
 
@@ -96,7 +96,7 @@ class ModelRunner:
   def close(self) -> None:
     """Let go of the camera buffers and, on CUDA, of the registered host inputs and outputs (the adapter is being replaced)."""
     self.drop_camera_buffers()
-    self.readback.close()
+    for readback in self.readbacks.values(): readback.close()
     if self._host_cuda: self._host_cuda.unmap_all()
 
   def reset_warmup_buffers(self) -> None:
@@ -115,6 +115,7 @@ class ModelRunner:
     self.replay(host=self.host, **self.states, **self.frame_feed.inputs, output_buffers=self.outputs)
     return self.outputs["outputs"]
 
-  def output_array(self) -> np.ndarray:
-    """This step's outputs (1, N) as numpy, valid until the next run() (see output_readbacks)."""
-    return self.readback.read()
+  def output_array(self, name: str = "outputs") -> np.ndarray:
+    """This step's output `name` as numpy (`outputs`: the raw (1, N) vector), valid until the next run() (see output_readbacks); the same
+    array every step."""
+    return self.readbacks[name].read()

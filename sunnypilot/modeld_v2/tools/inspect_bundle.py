@@ -20,7 +20,16 @@ from sunnypilot.modeld_v2.common.cli import finite_float, interruptible, non_neg
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError
 
-LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles")  # printed line by line, or too long for one
+LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles", "message_floats")  # line by line, or too long
+
+def parse_line(floats: dict | None) -> str:
+  """Where a model bundle's output parse runs: in its graph (the float block's size per service), or on the host."""
+  if not floats: return "on the host (built before the parse was in the graph, or with --host-parse)"
+  per = collections.Counter()
+  for service, _, n in floats["fields"]: per[service] += n
+  tail = len(floats["sources"]) - floats["published"]
+  return (f"in the graph: message_floats holds {', '.join(f'{s} {n}' for s, n in per.items())} floats"
+          + (f", and {tail} the host reads alone" if tail else "") + f" (layout version {floats['version']})")
 
 def describe(path: str) -> str:
   from sunnypilot.modeld_v2.format.bundle import check_parts, read_bundle
@@ -35,6 +44,7 @@ def describe(path: str) -> str:
     from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
     generation, source = of_bundle(meta)
     lines.append(f"  generation: {generation} ({source}): {GENERATIONS[generation].about}")
+    lines.append(f"  output parse: {parse_line(meta.get('message_floats'))}")
   for model, roles in meta.get("onnx_roles", {}).items(): lines.append(f"  onnx {model}: {', '.join(f'{n} ({r})' for n, r in roles.items())}")
   roles = meta.get("input_roles", {})
   for kind in ("input_specs", "output_specs"):
