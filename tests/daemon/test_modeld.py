@@ -320,16 +320,21 @@ def test_frame_drop_filter():
   ids = list(range(15)) + [18, 19, 20]
   assert [round(drops.update(i)[1], 9) for i in ids] == [round(x, 9) for x in expected_drop_perc(ids)]
 
-def test_demo_runs(artifacts, native_artifacts, tmp_path):
+def test_demo_runs(artifacts, native_artifacts, dm_artifacts, tmp_path):
+  """Both daemons on the demo's folder: modeld's bundles and dmonitoringmodeld's, each beside the stand-in it records it was built from."""
   folder = tmp_path / "artifacts"
   folder.mkdir()
   shutil.copy(os.path.join(artifacts, "model.bin"), folder / "model.bin")
-  shutil.copy(os.path.join(native_artifacts, "native.onnx"), folder / "native_tiny_stand_in.onnx")  # the stand-in it records it was built from
+  shutil.copy(os.path.join(native_artifacts, "native.onnx"), folder / "native_tiny_stand_in.onnx")
   shutil.copy(os.path.join(artifacts, "warp_split.bin"), folder / "warp_1344x760_split.bin")
+  for src, dst in (("dmonitoring_model.bin", "dmonitoring_model.bin"), ("dmonitoring_model.onnx", "dmonitoring_tiny_stand_in.onnx"),
+                   ("dm_warp_1344x760.bin", "dm_warp_1344x760.bin")): shutil.copy(os.path.join(dm_artifacts, src), folder / dst)
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.tools.demo", "--frames", "20", "--camera", "1344x760", "--artifacts", str(folder),
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stdout + out.stderr
   assert "frames out (modelV2 published):   20" in out.stdout and "random-weight stand-in" in out.stdout
+  assert "frames out (driverStateV2 published): 20, 0 with valid=False" in out.stdout, out.stdout
+  assert "modeld exit code 0, dmonitoringmodeld exit code 0, fake_camerad exit code 0" in out.stdout
   assert "compiling" not in out.stderr, "the demo reused the prebuilt bundles"
   assert (tmp_path / "demo_latency.png").stat().st_size > 1000 and (tmp_path / "demo_preview.png").stat().st_size > 1000
 
