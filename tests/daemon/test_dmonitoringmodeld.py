@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from sunnypilot.modeld_v2.compile_dm_warp import compile_dm_warp
 from sunnypilot.modeld_v2.daemon.camera_sync import VisionStreamType
 from sunnypilot.modeld_v2.format import bundle
 from sunnypilot.modeld_v2.format.bundle import read_bundle
@@ -216,6 +217,23 @@ def test_it_waits_with_one_line_then_runs(folder, tmp_path, openpilot_prefix, ca
   assert daemon.stop() == 0
   assert not set(daemon.published) & set(range(100, 110)) and sum(line in x for x in daemon.lines) == 1, "".join(daemon.lines)
 
+@pytest.mark.parametrize("case", ["a size no comma camera has", "no driver stream"])
+def test_it_waits_from_the_start_with_one_line(folder, openpilot_prefix, case):
+  """camerad is there from the start with buffers the daemon cannot run: one line, nothing published, frames run once camerad serves the
+  comma 4 driver camera."""
+  if case == "a size no comma camera has": bad, line = {"frame": unpadded_frame(640, 480)}, "driver camera: no known sensor has 640x480 frames"
+  else: bad, line = {"frame": FRAME, "driver": False, "road": True}, "but no driver stream (1): waiting for one"
+  daemon = DMDaemon(folder, ready=None, **bad)
+  daemon.wait_for_line(line)
+  for frame_id in range(10): daemon.send(frame_id)
+  seen = len(daemon.lines)
+  daemon.restart_camerad(FRAME)
+  daemon.wait_for_line("running:", after=seen)
+  daemon.exchange(range(100, 103))
+  assert daemon.stop() == 0
+  assert not set(daemon.published) & set(range(10)) and sum(line in x for x in daemon.lines) == 1, "".join(daemon.lines)
+  assert "Traceback" not in "".join(daemon.lines)
+
 # the calibration check switched off: a NaN calib reaches the model, and only the output check stands between it and the bus
 UNCHECKED_CALIB = ("-c", "import sys; from sunnypilot.modeld_v2 import dmonitoringmodeld; from sunnypilot.modeld_v2.daemon import bus_inputs; "
                    "bus_inputs.BusInputs.calibration = lambda self, sm: tuple(sm['liveCalibration'].rpyCalib) if sm.seen['liveCalibration'] else (0, 0, 0); "
@@ -262,7 +280,8 @@ def crafted(src: str, dst, edit) -> str:
 
 def test_bad_artifacts_are_one_line_and_exit_2(folder, native_artifacts, tmp_path):
   """Checked before waiting for camerad: no model, a warp where the model should be, a model without output_slices or with a head of the
-  wrong size, a driving model where a warp is expected (skipped with a line) and so no dm_warp at all."""
+  wrong size; a driving model, a driving warp or a dm_warp for another model input where a dm_warp is expected (each skipped with a line)
+  and so no dm_warp at all."""
   model, warp = os.path.join(folder, "dmonitoring_model.bin"), os.path.join(folder, "dm_warp_1344x760.bin")
   slices = lambda head: head["extras"]["metadata"]["output_slices"]
   def shorter(head):  # face_descs_rhd one value short
@@ -275,7 +294,14 @@ def test_bad_artifacts_are_one_line_and_exit_2(folder, native_artifacts, tmp_pat
            "a head of the wrong size": ({"dmonitoring_model.bin": lambda d: crafted(model, d, shorter), "dm_warp_1344x760.bin": warp},
                                         "face_descs_rhd has 11 values, openpilot's driver-monitoring parse reads 12"),
            "a model where a warp is expected": ({"dmonitoring_model.bin": model, "dm_warp_1344x760.bin": os.path.join(native_artifacts, "model.bin")},
-                                                "no dm_warp bundle for this device and model")}
+                                                "no dm_warp bundle for this device and model"),
+           "a driving warp where a dm_warp is expected": ({"dmonitoring_model.bin": model, "dm_warp_1344x760.bin": os.path.join(folder, "warp_split.bin")},
+                                                          "no dm_warp bundle for this device and model"),
+           "a dm_warp for another model size": ({"dmonitoring_model.bin": model, "dm_warp_1344x760.bin": lambda d: compile_dm_warp(FRAME.spec, str(d),
+                                                 "720x480", log=lambda s: None)}, "no dm_warp bundle for this device and model")}
+  skips = {"a model where a warp is expected": "a model bundle, not a dm_warp (only dmonitoring_model.bin is read as the model)",
+           "a driving warp where a dm_warp is expected": "a warp bundle, not a dm_warp",
+           "a dm_warp for another model size": f"it makes [1, {720 * 480}] planes, the model takes input_img [1, {1440 * 960}]"}
   for case, (files, message) in cases.items():
     case_dir = tmp_path / case.replace(" ", "_")
     case_dir.mkdir()
@@ -288,6 +314,5 @@ def test_bad_artifacts_are_one_line_and_exit_2(folder, native_artifacts, tmp_pat
     assert out.returncode == 2 and message in lines[-1] and lines[-1].startswith("dmonitoringmodeld: error:"), (case, out.stderr)
     assert "Traceback" not in out.stderr
     skipped = [line for line in lines if "skipping" in line]
-    assert skipped == ([f"dmonitoringmodeld: skipping {case_dir}/dm_warp_1344x760.bin: a model bundle, not a dm_warp (only dmonitoring_model.bin is read "
-                        "as the model)"] if case == "a model where a warp is expected" else []), (case, lines)
+    assert skipped == ([f"dmonitoringmodeld: skipping {case_dir}/dm_warp_1344x760.bin: {skips[case]}"] if case in skips else []), (case, lines)
     assert len(lines) == 1 + len(skipped), (case, lines)

@@ -82,7 +82,9 @@ def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[st
       continue
     try:
       if (found := read_header(path)["extras"].get("metadata", {}).get("kind")) != kind.warp_kind:
-        report(f"skipping {path}: a {found or 'plain'} bundle, not a {kind.warp_kind} (only {kind.model_name} is read as the model)")
+        model = found in (DRIVING.model_kind, DRIVER_MONITORING.model_kind)  # a model under a warp's name: say where the model goes
+        why = f" (only {kind.model_name} is read as the model)" if model else ""
+        report(f"skipping {path}: a {found or 'plain'} bundle, not a {kind.warp_kind}{why}")
         continue
       head, _ = read_bundle(path)
       if (meta := head["extras"].get("metadata", {})).get("kind") != kind.warp_kind:  # replaced since its header was read
