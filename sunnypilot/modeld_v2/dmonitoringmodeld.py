@@ -1,6 +1,6 @@
 """The driver-monitoring daemon: camerad's driver stream in, one fused DM warp + model run per frame, driverStateV2 out.
 
-  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--send-raw] [--max-frames N]
+  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--send-raw] [--max-frames N] [--timings FILE]
 
 `--artifacts` holds dmonitoring_model.bin (compile_modeld of openpilot's DM ONNX) and a dm_warp bundle (compile_dm_warp) per driver-camera
 geometry it may meet; modeld's model.bin and warps may sit beside them, and are passed over. The daemon picks the dm_warp whose frame
@@ -38,7 +38,7 @@ from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, Trust, open_set
 from sunnypilot.modeld_v2.daemon.process import config_realtime, core_arg, exit_code, stop_on_signals
-from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
+from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS, STATUS_EVERY_S, FrameDrops, Status
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import dm_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.model.fill_driver_state import driver_state_fields
@@ -53,8 +53,10 @@ DEVICE_CORE, REALTIME_PRIORITY = 7, 5  # openpilot's dmonitoringmodeld: config_r
 log = logging.getLogger(__name__)
 
 class DMonitoringModelD:
-  def __init__(self, artifacts: str, send_raw: bool = False, reconnect_after_s: float = RECONNECT_AFTER_S, status_every_s: float = STATUS_EVERY_S):
+  def __init__(self, artifacts: str, send_raw: bool = False, reconnect_after_s: float = RECONNECT_AFTER_S, status_every_s: float = STATUS_EVERY_S,
+               timings: list | None = None):
     self.artifacts, self.send_raw, self.reconnect_after_s = artifacts, send_raw, reconnect_after_s
+    self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
     self.camera = DriverCamera(self.exit, self.episodes)
@@ -170,15 +172,23 @@ class DMonitoringModelD:
       if t_recv >= self.status.next_ns: log.info(self.status.line(t_recv, published))
       t0 = time.perf_counter()
       self.host.write({HOST_TRANSFORM: self.transform, "calib": self.bus.calibration(sm)})
-      t1 = time.perf_counter()
+      t1, t_inputs = time.perf_counter(), time.monotonic_ns()
       self.adapter.copy_frames({DRIVER_BUFFER: buf})
+      t_copy = time.monotonic_ns()
       self.adapter.run()
+      t_run = time.monotonic_ns()
       outputs = self.adapter.output_array()
-      t2 = time.perf_counter()
+      t2, t_readback = time.perf_counter(), time.monotonic_ns()
       finite = self.outputs_finite(outputs, meta.frame_id)
       filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)
       fields = driver_state_fields(self.parser(filled), self.parser.probs, meta.frame_id, t2 - t0, t2 - t1, filled.tobytes() if self.send_raw else b"")
-      pm.send(SERVICE, self.bytes.to_bytes(SERVICE, fields, finite, time.monotonic_ns()))
+      t_fill = time.monotonic_ns()
+      data = self.bytes.to_bytes(SERVICE, fields, finite, t_fill)
+      t_serialize = time.monotonic_ns()
+      pm.send(SERVICE, data)
+      if self.timings is not None:  # modeld's stamps; driverStateV2 is the only message, so its send ends the frame ("others" = "send")
+        t_send = time.monotonic_ns()
+        self.timings.append([meta.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, t_send, t_send])
       self.status.times.append(t2 - t0)
       published += 1
       if published == 1: gc.collect()  # the first frame built the message template (pycapnp's schema objects hold reference cycles)
@@ -200,17 +210,28 @@ def main(argv: list[str] | None = None) -> int:
                       f"the daemon re-attaches to camerad, which may have restarted (default {RECONNECT_AFTER_S:g})")
   parser.add_argument("--status-every", type=finite_float(0, 3600), default=STATUS_EVERY_S, help="seconds between status lines (frames "
                       f"published and dropped, modelExecutionTime p50 and max) while frames run; 0: none (default {STATUS_EVERY_S:g})")
+  parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON "
+                      "here (benchmarks.bench_daemon --daemon dmonitoringmodeld)")
   args = parser.parse_args(argv)
+  if args.timings:
+    from sunnypilot.modeld_v2.common.files import check_output_path
+    try: check_output_path(args.timings)
+    except ArtifactError as e: parser.exit(2, f"dmonitoringmodeld: error: --timings: {e}\n")
   prefix = os.environ.get("OPENPILOT_PREFIX")
   bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
   if (claim := claim_bus("dmonitoringmodeld")) is None: parser.exit(2, f"dmonitoringmodeld: error: another dmonitoringmodeld is already running on {bus}\n")
-  daemon = DMonitoringModelD(args.artifacts, args.send_raw, args.reconnect_after, args.status_every)
+  daemon = DMonitoringModelD(args.artifacts, args.send_raw, args.reconnect_after, args.status_every, [] if args.timings else None)
   stopped_by = stop_on_signals(daemon.exit)
   try: daemon.planes = check_artifacts(args.artifacts, report=daemon.episodes.once, kind=DRIVER_MONITORING)
   except ArtifactError as e: parser.exit(2, f"dmonitoringmodeld: error: {e}\n")
   try: code = daemon.run(args.max_frames, args.core)
   except msgq.MultiplePublishersError: parser.exit(2, f"dmonitoringmodeld: error: another process took over publishing {SERVICE} on {bus}: exiting\n")
   finally: claim.close()
+  if args.timings:
+    import json
+
+    from sunnypilot.modeld_v2.common.files import replaced_atomically
+    with replaced_atomically(args.timings) as (tmp,), open(tmp, "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": daemon.timings}, f)
   return exit_code(stopped_by, code)
 
 if __name__ == "__main__":

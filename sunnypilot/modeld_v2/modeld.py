@@ -51,7 +51,7 @@ from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, ModelSet, ModelSets, Trust
 from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, Candidate, ModelSwitch
 from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime, core_arg, exit_code, stop_on_signals
-from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
+from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS, STATUS_EVERY_S, FrameDrops, Status
 from sunnypilot.modeld_v2.format.bundle import read_header
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size, warp_matrices
@@ -72,10 +72,6 @@ from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 if TYPE_CHECKING:
   from sunnypilot.modeld_v2.runtime.loader import Verify
 
-# what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
-# launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
-# wait for, so it goes first), drivingModelData and cameraOdometry filled, serialized and sent
-STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
 SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # sm.update each frame
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)

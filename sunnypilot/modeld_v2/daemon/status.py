@@ -6,6 +6,11 @@ import time
 from sunnypilot.modeld_v2.model.constants import DT_MDL
 
 STATUS_EVERY_S = 5.0  # seconds between a daemon's status lines (frames, drops, execution time)
+# what a daemon's --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames
+# bound, model launched, outputs read back (the device done), outputs parsed and the first message filled, serialized, sent (modeld's
+# modelV2: what controls wait for, so it goes first), then the other messages filled, serialized and sent (modeld's drivingModelData and
+# cameraOdometry; dmonitoringmodeld has none: its "others" is its "send")
+STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
 
 class FirstOrderFilter:
   def __init__(self, x0: float, rc: float, dt: float):
