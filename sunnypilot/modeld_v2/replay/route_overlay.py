@@ -167,7 +167,7 @@ def plot_driver(face, probs, states: list[tuple[float, Any]], rhd: bool) -> None
   for k, name in enumerate(("pitch", "yaw", "roll")):
     face.plot(t, [d.faceOrientation[k] if len(d.faceOrientation) > k else np.nan for d in data], ls="--", label=f"faceOrientation {name} (rad)")
   face.set_ylabel(f"{'right' if rhd else 'left'}-hand driver's face")
-  face.legend(fontsize=7, ncol=5, loc="upper right")
+  face.legend(fontsize=7, ncol=5, loc="best")
   fields = [f for f in DRIVER_PROBS if data and f in data[0].schema.fieldnames and any(getattr(d, f) for d in data)]
   for f in fields: probs.plot(t, [getattr(d, f) for d in data], label=f)
   probs.plot(t, [d.wheelOnRightProb for _, d in states], color="gray", lw=0.8, label="wheelOnRightProb")
