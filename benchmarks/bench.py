@@ -153,23 +153,27 @@ class OrtPeer:
     return self.peer.step()
 
 class PeerAdapter:
-  """A peer (onnxruntime or torch) behind the adapter interface the timing loop drives: host inputs by the ONNX's names."""
-  def __init__(self, peer):
-    self.peer = peer
-    self.numpy_inputs = {HOST_TRANSFORM: np.zeros((2, 3, 3), np.float32)} | {k: np.zeros(tuple(v.shape), np.float32) for k, v in peer.peer.host.items()}
+  """A peer (onnxruntime or torch) behind the adapter interface the timing loop drives: host inputs by the ONNX's names, the camera
+  buffers of `cameras` passed to its step in that order (a driving model's road and wide; the driver-monitoring model's driver) with the
+  warp's transform of `transform` shape."""
+  def __init__(self, peer, cameras: tuple[str, ...] = CAMERA_BUFFERS, transform: tuple[int, ...] = (2, 3, 3)):
+    self.peer, self.cameras = peer, cameras
+    self.numpy_inputs = {HOST_TRANSFORM: np.zeros(transform, np.float32)} | {k: np.zeros(tuple(v.shape), np.float32) for k, v in peer.peer.host.items()}
 
   def copy_frames(self, bufs: dict) -> None: self.bufs = bufs
 
   def run(self) -> None:
-    self.out = self.peer.step(*(np.frombuffer(self.bufs[k].data, np.uint8) for k in CAMERA_BUFFERS), self.numpy_inputs)
+    self.out = self.peer.step(*(np.frombuffer(self.bufs[k].data, np.uint8) for k in self.cameras), self.numpy_inputs)
 
   def output_array(self) -> np.ndarray: return self.out
 
 TORCH_PEERS = {"eager": "torch eager (CUDA)", "graph": "torch CUDA graph", "compile": "torch.compile max-autotune (CUDA graph)"}
 
-def make_peers(files: dict[str, str], frame, torch_modes: list[str], log) -> dict:
-  """onnxruntime on CPU always; the PyTorch peers in `torch_modes` where torch sees a GPU. Each starts from zeroed states and queues."""
-  peers = {"onnxruntime (CPU EP, numpy warp)": PeerAdapter(OrtPeer(files, frame))}
+def make_peers(files: dict[str, str], frame, torch_modes: list[str], log, ort_peer=None, torch_peer=None, **adapter) -> dict:
+  """onnxruntime on CPU always; the PyTorch peers in `torch_modes` where torch sees a GPU. Each starts from zeroed states and queues.
+  A driving model's peers (OrtPeer, TorchPeer on `files`), or `ort_peer` and `torch_peer(mode)`'s (another model's, such as
+  bench_dm's), each behind a PeerAdapter(peer, **adapter)."""
+  peers = {"onnxruntime (CPU EP, numpy warp)": PeerAdapter(ort_peer or OrtPeer(files, frame), **adapter)}
   try:
     import torch
   except ImportError: return peers
@@ -178,7 +182,7 @@ def make_peers(files: dict[str, str], frame, torch_modes: list[str], log) -> dic
     for mode in torch_modes:
       log(f"building the {TORCH_PEERS[mode]} peer ...")
       t = time.perf_counter()
-      try: peers[TORCH_PEERS[mode]] = PeerAdapter(TorchPeer(files, frame, mode))
+      try: peers[TORCH_PEERS[mode]] = PeerAdapter(torch_peer(mode) if torch_peer else TorchPeer(files, frame, mode), **adapter)
       except Exception as e: log(f"bench: skipping the {TORCH_PEERS[mode]} peer: {type(e).__name__}: {e}")  # a peer must not sink the run
       else: log(f"  ready in {time.perf_counter() - t:.1f} s")
   return peers

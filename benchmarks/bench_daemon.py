@@ -1,4 +1,5 @@
-"""modeld end to end, as a user sees it: camera frames in over VisionIPC, modelV2 out on the bus, modeld in its own process.
+"""modeld end to end, as a user sees it: camera frames in over VisionIPC, modelV2 out on the bus, modeld in its own process (or
+dmonitoringmodeld: --daemon dmonitoringmodeld, below).
 
   python -m benchmarks.bench_daemon [--model full] [--generation native] [--camera 1928x1208] [--beams 0,2] [--rates 20,100,0]
                                     [--parse graph,host] [--frames 2000] [--json out/bench_daemon.json]
@@ -29,6 +30,14 @@ that slept. --count-calls adds modeld's Python calls and CPU time per frame back
 stub camera's own work left out), each in a fresh process, and those of --baseline's tree (a tree from before the in-graph parse). It
 takes only these options.
 
+  python -m benchmarks.bench_daemon --daemon dmonitoringmodeld [--model full] [--camera 1928x1208] [--beams 0,2] [--rates 20,100,0]
+                                    [--frames 2000] [--json out/bench_daemon_dm.json]
+
+measures dmonitoringmodeld the same way: the DM stand-in (bench_dm.build_dm: dmonitoring_model.bin and the dm_warp) per --beams level,
+camerad's 18 driver buffers (a cabin_scene face) served by FakeCamerad's driver stream after one liveCalibration, latency from the
+driver frame's VisionIPC send returning to driverStateV2 received here, and its --timings stamps split the same way (its only message
+is driverStateV2: "the other two" is empty).
+
   python -m benchmarks.bench_daemon --publish-layouts [--baseline DIR] [--publish-runs 300] [--json out/publish.json]
 
 times only that in-process split, on every stand-in generation's output layout (no bundle built, no daemon); with --baseline, another
@@ -52,7 +61,7 @@ import numpy as np
 
 from benchmarks.bench import build, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.modeld import STAGE_STAMPS
+from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS
 
 WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
 
@@ -67,12 +76,16 @@ def cpu_seconds(pid: int) -> float:
   with open(f"/proc/{pid}/stat") as f: fields = f.read().rsplit(")", 1)[1].split()
   return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+# the daemons --daemon runs and the message whose arrival ends a frame's latency
+DAEMONS = {"modeld": "modelV2", "dmonitoringmodeld": "driverStateV2"}
+
 class Receiver:
-  """modelV2 arrivals: frame id -> monotonic ns when the message was taken off the socket (before it is parsed)."""
-  def __init__(self):
+  """`service` (modelV2, or dmonitoringmodeld's driverStateV2) arrivals: frame id -> monotonic ns when the message was taken off the socket
+  (before it is parsed)."""
+  def __init__(self, service: str = "modelV2"):
     import msgq
-    self.poller = msgq.Poller()
-    self.sock = msgq.sub_sock("modelV2", poller=self.poller, conflate=False)
+    self.poller, self.service = msgq.Poller(), service
+    self.sock = msgq.sub_sock(service, poller=self.poller, conflate=False)
     self.arrived: dict[int, int] = {}
 
   def wait(self, until_ns: int, frame_id: int | None = None) -> None:
@@ -82,7 +95,7 @@ class Receiver:
       if not self.poller.poll(max(1, left // 1_000_000)): continue
       while (raw := self.sock.receive(non_blocking=True)) is not None:
         t = time.monotonic_ns()
-        with log.Event.from_bytes(raw) as event: self.arrived[event.modelV2.frameId] = t
+        with log.Event.from_bytes(raw) as event: self.arrived[getattr(event, self.service).frameId] = t
 
 STAGES = STAGE_STAMPS[1:]  # each named for the stamp that ends it, from modeld's receive on
 # the model run is inputs -> readback (copy, run, readback); modelV2 is sent at "send"
@@ -96,9 +109,10 @@ def modeld_split(stamps: list[list[int]]) -> dict:
           "model_run_ms": percentiles([ms(r[READBACK] - r[INPUTS]) for r in stamps]),
           "stages_ms": {name: percentiles([ms(r[i + 1] - r[i]) for r in stamps]) for i, name in enumerate(STAGES)}}
 
-def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None, bus: bool = True) -> dict:
-  """One modeld process (pinned to `core` if given: modeld --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep
-  frames; with `bus`, bus_traffic() published before each frame."""
+def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None, bus: bool = True, daemon: str = "modeld") -> dict:
+  """One modeld process (or `daemon`: dmonitoringmodeld, fed the driver stream, a cabin_scene face, after one liveCalibration; pinned to
+  `core` if given: --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep frames; with `bus`, bus_traffic()
+  published before each frame."""
   from benchmarks.car_bus import BUS_SERVICES, bus_traffic
   from sunnypilot.modeld_v2.daemon.messaging import pub_master
   from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad, synthetic_frames
@@ -106,20 +120,26 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
-  source = synthetic_frames(frame)
+  dm = daemon == "dmonitoringmodeld"
+  if dm:
+    from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
+    source = [cabin_scene(frame, i) for i in range(40)]
+  else: source = synthetic_frames(frame)
   timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
-  replay = FakeCamerad(frame)
-  receiver = Receiver()
+  replay = FakeCamerad(frame, driver=dm)
+  receiver = Receiver(DAEMONS[daemon])
   traffic, bus_pm = (bus_traffic(), pub_master(list(BUS_SERVICES))) if bus else ({}, None)
-  modeld = Modeld(artifacts, ["--timings", timings, *(["--core", str(core)] if core is not None else [])], echo=False)
+  modeld = Modeld(artifacts, ["--timings", timings, *(["--core", str(core)] if core is not None else [])], echo=False, daemon=daemon)
   try:
     modeld.wait_running(300)
+    if dm: replay.send_calibration()  # dmonitoringmodeld's calib (FakeCamerad.send publishes it with road frames)
     sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
     def send(frame_id: int) -> None:
       for service, raw in traffic.items(): bus_pm.send(service, raw)  # before the frame: the car's messages of the last 50 ms
       t = time.monotonic_ns()
       # start-of-frame on camerad's 20 Hz sensor clock whatever the send rate: modeld pairs road and wide frames by it (25 ms)
-      sent[frame_id] = replay.send(frame_id, *source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
+      if dm: sent[frame_id] = replay.send_driver(frame_id, source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
+      else: sent[frame_id] = replay.send(frame_id, *source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
       publish_ns[frame_id] = time.monotonic_ns() - t
     def lockstep(frame_id: int) -> None:
       send(frame_id)
@@ -303,6 +323,9 @@ def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
   args.parse = (args.parse if args.parse is not None else "host,graph" if args.stub_loop else "graph").split(",")
   if not args.parse or not set(args.parse) <= {"host", "graph"}: parser.error(f"--parse takes host and graph, comma separated, got {','.join(args.parse)!r}")
   if args.publish_runs < 1: parser.error("--publish-runs must be positive")
+  if args.daemon == "dmonitoringmodeld" and (args.stub_loop or args.publish_layouts or args.publish_only or args.parse != ["graph"]):
+    parser.error("--daemon dmonitoringmodeld runs the daemon end to end only (its parse is on the host): no --stub-loop, --publish-layouts, "
+                 "--publish-only or --parse")
   if args.publish_idle_ms is None: args.publish_idle_ms = 50.0 if args.stub_loop else 0.0
   if not 0 <= args.publish_idle_ms <= 1000: parser.error("--publish-idle-ms must be within 0 to 1000")
   if args.stub_loop and args.publish_layouts: parser.error("--stub-loop and --publish-layouts are separate runs: give one")
@@ -314,6 +337,8 @@ def arg_parser() -> argparse.ArgumentParser:
   from sunnypilot.modeld_v2.modeld import core_arg
   from sunnypilot.modeld_v2.tools import stand_in_models
   parser = cli_parser("benchmarks.bench_daemon", __doc__)
+  parser.add_argument("--daemon", default="modeld", choices=tuple(DAEMONS), help="the daemon measured: modeld (camera frames in, modelV2 out) or "
+                      "dmonitoringmodeld (the driver camera in, driverStateV2 out; the DM stand-in of --model, built with compile_dm_warp's warp)")
   parser.add_argument("--model", default="tiny", choices=("tiny", "full"), help="random-weight stand-in size")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES)
   parser.add_argument("--camera", default="1928x1208")
@@ -351,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
   log = lambda s: print(s, file=sys.stderr, flush=True)
   if args.publish_layouts: return publish_layouts(args, log)
   if args.stub_loop: return stub_loop(args, log)
+  if args.daemon == "dmonitoringmodeld": return dm_runs(args, beams, rates, size, log)
   runs, split = [], {}
   for beam in beams:
     artifacts = {parse: os.path.join(args.workdir, f"beam{beam}" + ("_host_parse" if parse == "host" else "")) for parse in args.parse}
@@ -369,6 +395,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nBEAM={beam} bundle's layout, in this process{idle_note(args)} (p50 / p10 / p99 ms): " + split_line(s))
   write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "device": Device.DEFAULT, "runs": runs,
                          "publish_split_ms": split, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+  return 0
+
+def dm_runs(args: argparse.Namespace, beams: list[int], rates: list[float], size: tuple[int, ...], log) -> int:
+  """--daemon dmonitoringmodeld: the DM stand-in (--model) and its dm_warp per --beams level, dmonitoringmodeld at each rate, measured as
+  modeld is (its --timings give the same stamps; driverStateV2 is its one message, parsed on the host)."""
+  from tinygrad import Device
+
+  from benchmarks.bench_dm import build_dm
+  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+  runs, frame = [], camerad_frame(*size)
+  for beam in beams:
+    folder = os.path.join(args.workdir, f"dmonitoring_beam{beam}")
+    build_dm(args.model, [size], folder, log, beam)
+    for rate in rates:
+      log(f"dmonitoringmodeld, BEAM={beam}: {args.frames} frames, {rate_name(rate)} ...")
+      runs.append(run_rate(folder, frame, rate, args.frames, log, args.modeld_core, not args.no_bus, "dmonitoringmodeld") | {"beam": beam, "parse": "host"})
+      write_json(args.json, {"daemon": args.daemon, "model": args.model, "camera": args.camera, "runs": runs, "partial": True})  # row by row
+  print(f"dmonitoringmodeld end to end: {args.model} driver-monitoring stand-in (random weights), {args.camera} driver camera, device "
+        f"{Device.DEFAULT}, latencies in ms (to driverStateV2 received), {args.frames} timed frames per row; 'modeld' columns are dmonitoringmodeld's")
+  print(table(runs))
+  write_json(args.json, {"daemon": args.daemon, "model": args.model, "camera": args.camera, "device": Device.DEFAULT, "runs": runs,
+                         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   return 0
 
 STUB_WARMUP = 20  # frames of the stubbed loop left out of its figures: the templates' and the parser's first frames

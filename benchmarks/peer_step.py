@@ -101,3 +101,25 @@ class PeerStep:
     return self.ops.cat(list(outs.values()), 1)
 
   def input_shape(self, name: str) -> tuple: return next(spec[name][0] for spec in self.inputs.values() if name in spec)
+
+class DMPeerStep:
+  """One frame of the driver-monitoring model as dmonitoringmodeld runs it, for the peers: `step()` warps `frames[0]` (one driver-camera
+  buffer) with `m_inv[0]` into the model's input_img (`warp(frame_bytes, m_inv)`: the Y plane, compile_dm_warp's rule), runs the ONNX with
+  `host["calib"]` and returns its (1, N) float32 outputs. Buffers are made once and updated in place (one CUDA graph on torch); the
+  attribute names are PeerStep's, so the torch peer drives either."""
+  def __init__(self, path: str, frame, ops: Any, run_model: Any, warp: Any, cast_dtype: Any = lambda d: d):
+    self.ops, self.run_model, self.warp = ops, run_model, warp
+    self.f32 = cast_dtype(np.float32)
+    info = load_onnx(path)
+    self.output, shapes = main_output(path, info), {n: s for n, (s, _) in info["inputs"].items()}
+    self.dtypes = {n: cast_dtype(d) for n, (_, d) in info["inputs"].items()}
+    self.frames = ops.zeros((1, frame.size), cast_dtype(np.uint8))
+    self.m_inv = ops.zeros((1, 3, 3), cast_dtype(np.float32))
+    self.host = {"calib": ops.zeros(shapes["calib"], cast_dtype(np.float32))}
+    self.input_shape = shapes["input_img"]
+    self.images, self.queues, self.states = {}, {}, {}  # none: every frame stands alone
+
+  def step(self):
+    img = self.ops.cast(self.warp(self.frames[0], self.m_inv[0]).reshape(self.input_shape), self.dtypes["input_img"])
+    out = self.run_model("onnx", {"input_img": img, "calib": self.ops.cast(self.host["calib"], self.dtypes["calib"])})
+    return self.ops.cast(out[self.output], self.f32)

@@ -1,5 +1,6 @@
-"""The PyTorch peers of the benchmark: the same ONNX graphs, the same warp math and openpilot's input queues (peer_step) run by torch on
+"""The PyTorch peers of the benchmarks: the same ONNX graphs, the same warp math and openpilot's input queues (peer_step) run by torch on
 a GPU: eagerly, as a CUDA-graph replay, and compiled by torch.compile (max-autotune: Triton kernels, autotuned) inside a CUDA graph.
+TorchPeer runs a driving model's frame (two cameras), TorchDMPeer the driver-monitoring model's (the driver camera, benchmarks.bench_dm).
 
 A small interpreter of the ONNX ops the driving models use (the stand-ins' set), with the ONNX's own weights: no converter needed. It walks
 plain Python node records made once from the protobuf, so torch.compile's tracer (dynamo) sees only lists, tuples, strings and ints.
@@ -10,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from benchmarks.peer_step import PeerStep
+from benchmarks.peer_step import DMPeerStep, PeerStep
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 
 MODES = ("eager", "graph", "compile")
@@ -105,6 +106,24 @@ class TorchWarp:
     coord = lambda v, hi: torch.minimum(torch.clamp(torch.nan_to_num(torch.round(v / sw)), min=0), hi).long()  # NaN/inf stay in the image
     return frame_bytes[self.base + coord(sy, self.max_y) * self.stride + coord(sx, self.max_x) * self.step]
 
+class TorchDMWarp:
+  """The driver camera's warp of warp.make_dm_warp in torch: (size,) uint8 + (3, 3) -> (1, W*H) uint8, the Y plane, the nearest source
+  pixel (round half to even), `border_fill` outside the image (a NaN coordinate too), or clamped (None)."""
+  def __init__(self, frame, device: str, size: tuple[int, int], border_fill: int | None):
+    import torch
+    (w, h), self.torch, self.frame, self.fill = size, torch, frame, border_fill
+    self.y, self.x = (g.float() for g in torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij"))
+
+  def __call__(self, frame_bytes, m_inv):
+    torch, f = self.torch, self.frame
+    sx, sy, sw = (m_inv[r, 0] * self.x + m_inv[r, 1] * self.y + m_inv[r, 2] for r in range(3))
+    fx, fy = torch.round(sx / sw), torch.round(sy / sw)
+    ix = torch.clamp(torch.nan_to_num(fx, nan=0.0), 0, f.width - 1).long()
+    iy = torch.clamp(torch.nan_to_num(fy, nan=0.0), 0, f.height - 1).long()
+    out = frame_bytes[iy * f.stride + ix]
+    if self.fill is not None: out = torch.where((fx >= 0) & (fx <= f.width - 1) & (fy >= 0) & (fy <= f.height - 1), out, self.fill)
+    return out.reshape(1, -1)
+
 class TorchOps:
   """peer_step's array operations on torch (in-place updates with copy_, so a CUDA graph replays them)."""
   def __init__(self, device: str):
@@ -127,9 +146,8 @@ class TorchPeer:
     self.torch, self.frame, self.device = torch, frame, device
     previous = self._primary_context() if device == "cuda" else None
     models = {k: TorchOnnx(p, device) for k, p in files.items()}
-    torch_dtype = lambda d: getattr(torch, np.dtype(d).name)
-    self.peer = PeerStep(files, frame, TorchOps(device), lambda key, feeds: models[key](feeds), TorchWarp(frame, device), torch_dtype)
-    self.pinned = torch.zeros(2, frame.size, dtype=torch.uint8).pin_memory() if device == "cuda" else None
+    self.peer = self.make_step(files, frame, lambda key, feeds: models[key](feeds), lambda d: getattr(torch, np.dtype(d).name))
+    self.pinned = torch.zeros(tuple(self.peer.frames.shape), dtype=torch.uint8).pin_memory() if device == "cuda" else None
     compute = self.peer.step
     if mode == "compile": compute = torch.compile(self.peer.step, mode="max-autotune-no-cudagraphs", dynamic=False)
     self.graph = None
@@ -144,6 +162,10 @@ class TorchPeer:
     self.compute = compute
     self.reset()
     self._restore(previous)
+
+  def make_step(self, files: dict[str, str], frame, run_model, torch_dtype) -> PeerStep:
+    """The frame's computation over torch buffers: a driving model's (PeerStep, with the road warp)."""
+    return PeerStep(files, frame, TorchOps(self.device), run_model, TorchWarp(frame, self.device), torch_dtype)
 
   def reset(self) -> None:
     """Zero every queue and state in place (the CUDA graph keeps their addresses): the next step starts where the other paths start."""
@@ -165,9 +187,10 @@ class TorchPeer:
     cuda.cuCtxSetCurrent(self._ctx)
     return previous
 
-  def step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+  def step(self, *frames_and_host) -> np.ndarray:
+    """step(road, wide, host) for a driving model, step(driver, host) for TorchDMPeer: each camera buffer (uint8), then the host inputs."""
     previous = self._primary_context() if self.device == "cuda" else None
-    try: return self._step(road, wide, host)
+    try: return self._step(frames_and_host[:-1], frames_and_host[-1])
     finally: self._restore(previous)
 
   @staticmethod
@@ -177,14 +200,23 @@ class TorchPeer:
       from tinygrad.runtime.autogen import cuda
       cuda.cuCtxSetCurrent(previous)
 
-  def _step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
+  def _step(self, frames: tuple[np.ndarray, ...], host: dict[str, np.ndarray]) -> np.ndarray:
     torch, peer = self.torch, self.peer
-    staging = self.pinned if self.pinned is not None else torch.empty(2, self.frame.size, dtype=torch.uint8)
-    staging[0].numpy()[:] = road[:self.frame.size]
-    staging[1].numpy()[:] = wide[:self.frame.size]
+    staging = self.pinned if self.pinned is not None else torch.empty(tuple(peer.frames.shape), dtype=torch.uint8)
+    for k, buf in enumerate(frames): staging[k].numpy()[:] = buf[:self.frame.size]
     peer.frames.copy_(staging, non_blocking=True)
-    peer.m_inv.copy_(torch.from_numpy(host[HOST_TRANSFORM]))
+    peer.m_inv.copy_(torch.from_numpy(host[HOST_TRANSFORM]).view(peer.m_inv.shape))
     for k, v in peer.host.items(): v.copy_(torch.from_numpy(host[k]).view(v.shape))
     if self.graph is not None: self.graph.replay()
     else: self.out = self.compute()
     return self.out.cpu().numpy()
+
+class TorchDMPeer(TorchPeer):
+  """The driver-monitoring frame in torch (DMPeerStep with TorchDMWarp for the dm_warp's model `size` and `border_fill`): `step(driver,
+  host)`, host holding "tfm" (3, 3) and "calib"; eager, one CUDA-graph replay, or torch.compile's kernels in one CUDA graph."""
+  def __init__(self, path: str, frame, size: tuple[int, int], border_fill: int | None, mode: str = "eager", device: str = "cuda"):
+    self.size, self.border_fill = size, border_fill
+    super().__init__({"onnx": path}, frame, mode, device)
+
+  def make_step(self, files: dict[str, str], frame, run_model, torch_dtype) -> DMPeerStep:
+    return DMPeerStep(files["onnx"], frame, TorchOps(self.device), run_model, TorchDMWarp(frame, self.device, self.size, self.border_fill), torch_dtype)

@@ -50,6 +50,25 @@ def reference_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int 
   ties = np.stack([y_tie[0::2, 0::2], y_tie[1::2, 0::2], y_tie[0::2, 1::2], y_tie[1::2, 1::2], u_tie, u_tie])
   return planes, ties
 
+def reference_dm_warp(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, w: int, h: int, fill: int | None = 16) -> tuple[np.ndarray, np.ndarray]:
+  """Independent numpy driver-camera warp, after openpilot selfdrive/modeld/compile_dm_warp.py (warp_perspective_tinygrad with
+  border_fill_val=16): the Y plane, the nearest source pixel (round half to even) of M_inv @ (x, y, 1) in float32, `fill` where that pixel
+  is outside the image (a NaN coordinate too: openpilot's bounds compares are false for it), else (fill None) clamped. Returns the (1, w*h)
+  model input and a mask of the pixels within 1e-3 of a rounding tie."""
+  y_plane, _ = frame.planes(buf)
+  xs, ys = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+  m = m_inv.astype(np.float32)
+  sx, sy, sw = (m[r, 0] * xs + m[r, 1] * ys + m[r, 2] for r in range(3))
+  with np.errstate(divide="ignore", invalid="ignore"): fx, fy = sx / sw, sy / sw
+  tie = (np.abs(fx - np.floor(fx) - 0.5) < 1e-3) | (np.abs(fy - np.floor(fy) - 0.5) < 1e-3)
+  rx, ry = np.round(fx), np.round(fy)
+  with np.errstate(invalid="ignore"): inside = (rx >= 0) & (rx <= frame.width - 1) & (ry >= 0) & (ry <= frame.height - 1)
+  ix = np.clip(np.nan_to_num(rx, nan=0.0), 0, frame.width - 1).astype(np.int64)
+  iy = np.clip(np.nan_to_num(ry, nan=0.0), 0, frame.height - 1).astype(np.int64)
+  out = y_plane[iy, ix]
+  if fill is not None: out = np.where(inside, out, np.uint8(fill))
+  return out.reshape(1, w * h), tie.reshape(1, w * h)
+
 def warp_in_fresh_process(path: str, bufs: np.ndarray, m_inv: np.ndarray, folder) -> np.ndarray:
   """A --split-frames warp bundle replayed in a fresh process with the compiler disabled: its flat uint8 output."""
   np.save(folder / "bufs.npy", bufs), np.save(folder / "m.npy", m_inv)
@@ -85,6 +104,20 @@ def native_artifacts(tmp_path_factory) -> str:
   compile_model(str(folder / "model.bin"), onnx=str(folder / "native.onnx"), log=lambda s: None)
   compile_warp(camerad_frame(1344, 760).spec, "512x256", str(folder / "warp_split.bin"), split_frames=True)
   compile_warp(camerad_frame(1344, 760).spec, "512x256", str(folder / "warp_packed.bin"))
+  return str(folder)
+
+@pytest.fixture(scope="session")
+def dm_artifacts(tmp_path_factory) -> str:
+  """The driver-monitoring stand-in (openpilot's inputs and the current output layout), its bundle dmonitoring_model.bin and a dm_warp per
+  comma driver camera (1344x760, 1928x1208), built once per test run: the driver-monitoring half of an artifacts folder."""
+  from sunnypilot.modeld_v2.compile_dm_warp import compile_dm_warp
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+  from sunnypilot.modeld_v2.tools import stand_in_models
+  folder = tmp_path_factory.mktemp("dm_artifacts")
+  stand_in_models.write("dmonitoring", "tiny", str(folder / "dmonitoring_model.onnx"), seed=3)
+  compile_model(str(folder / "dmonitoring_model.bin"), onnx=str(folder / "dmonitoring_model.onnx"), log=lambda s: None)
+  for w, h in ((1344, 760), (1928, 1208)): compile_dm_warp(camerad_frame(w, h).spec, str(folder / f"dm_warp_{w}x{h}.bin"), log=lambda s: None)
   return str(folder)
 
 @pytest.fixture(scope="session")

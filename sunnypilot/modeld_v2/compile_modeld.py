@@ -1,8 +1,13 @@
-"""Compile an openpilot driving model (ONNX) of any generation into a plain bundle that takes the warp's output.
+"""Compile an openpilot driving model (ONNX) of any generation, or its driver-monitoring model, into a plain bundle that takes the warp's output.
 
   python -m sunnypilot.modeld_v2.compile_modeld --onnx driving.onnx --output driving.bin              # native or supercombo
   python -m sunnypilot.modeld_v2.compile_modeld --vision vision.onnx --policy policy.onnx --output driving.bin
   python -m sunnypilot.modeld_v2.compile_modeld --vision vision.onnx --off-policy off.onnx --on-policy on.onnx --output driving.bin
+  python -m sunnypilot.modeld_v2.compile_modeld --onnx dmonitoring_model.onnx --output dmonitoring_model.bin   # driver monitoring
+
+The driver-monitoring model is told by its `input_img` input (the warped driver camera, compile_dm_warp's output); it runs as
+`run(input_img=..., calib=..., output_buffers={"outputs": ...})`, its output_slices checked against the heads openpilot's dmonitoringmodeld
+parses, and its bundle's metadata kind is `dmonitoring_model` (dmonitoringmodeld reads it, modeld refuses it).
 
 Every bundle runs as `run(new_img=..., desire=..., <host inputs by ONNX name>=..., <states>=..., output_buffers={...})`. Input roles come
 from the ONNX's names and shapes. Native models (`new_img` + states): each input X with an output next_X is a state, every other input a
@@ -39,7 +44,7 @@ from sunnypilot.modeld_v2.compile.input_queues import (  # POLICY_INPUTS, derive
   make_split_input_queues,
   make_supercombo_input_queues,
 )
-from sunnypilot.modeld_v2.compile.model_plan import Plan, QueuedPlan, add_model_flags, plan_model
+from sunnypilot.modeld_v2.compile.model_plan import DMONITORING, Plan, QueuedPlan, add_model_flags, plan_model
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError
 from sunnypilot.modeld_v2.compile.output_parse import message_floats
 from sunnypilot.modeld_v2.format.bundle import next_name
@@ -109,13 +114,14 @@ def compile_model(output: str, onnx: str | None = None, vision: str | None = Non
   frame_skip = plan.queues.frame_skip if isinstance(plan, QueuedPlan) else None
   log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), generation {plan.generation} ({plan.generation_source}), "
       f"frame_skip {frame_skip}, on {job.device}")
-  try: floats = None if host_parse else trace(plan.slices)
+  try: floats = None if host_parse or plan.layout == DMONITORING else trace(plan.slices)  # driverStateV2 parses on the host
   except ValueError as e: raise ModelError(f"{', '.join(plan.paths.values())}: the output parse cannot go in the graph: {e} (--host-parse)") from None
   if floats is not None and not len(floats.sources): floats = None  # no head the messages publish: nothing for the graph to parse
   out_specs = plan.out_specs | ({FLOAT_BLOCK: ((len(floats.sources),), np.float32)} if floats is not None else {})
   jit, part, inputs = job.capture(lambda: make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()}, floats),
                                   lambda: job.random_inputs(plan.specs) | {"output_buffers": job.random_inputs(out_specs)}, fuse_layers, log)
-  metadata = {"kind": "model", "layout": plan.layout, "generation": plan.generation, "generation_source": plan.generation_source,
+  metadata = {"kind": "dmonitoring_model" if plan.layout == DMONITORING else "model", "layout": plan.layout, "generation": plan.generation,
+              "generation_source": plan.generation_source,
               "layer_boundaries": not fuse_layers,
               "frame_skip": frame_skip, "output_slices": plan.slices, "input_roles": plan.input_roles,
               "onnx_roles": plan.roles, "input_shapes": {n: list(s) for n, s in plan.input_shapes.items()},

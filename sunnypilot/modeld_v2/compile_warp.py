@@ -13,16 +13,10 @@ import numpy as np
 from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile.compile_job import add_compile_flags
-from sunnypilot.modeld_v2.model.calibration import sensor_for_size
-from sunnypilot.modeld_v2.model.camera_frame import camerad_frame, parse_frame, parse_size
+from sunnypilot.modeld_v2.compile.warp import add_frame_arguments, check_model_size, frame_arguments
+from sunnypilot.modeld_v2.model.camera_frame import parse_frame, parse_size
 
 logger = logging.getLogger(__name__)
-MAX_MODEL_PIXELS = 4096 * 4096  # a warp's output size: far above openpilot's models (512x256; driver monitoring 1440x960)
-
-def check_model_size(width: int, height: int) -> None:
-  """ValueError for a model input no warp should make: what it allocates grows with it, and past this it fails only after the capture."""
-  if width * height > MAX_MODEL_PIXELS:
-    raise ValueError(f"--warp-to {width}x{height} is more than {MAX_MODEL_PIXELS:,} pixels (openpilot's models take 512x256)")
 
 def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool = False, beam: int | None = None,
                  log: Callable[[str], None] = logger.info) -> dict:
@@ -53,22 +47,12 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
 @interruptible("compile_warp")
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("compile_warp", __doc__)
-  parser.add_argument("--frame", required=True, help="width,height,stride,y_height,uv_height,buffer_size (camerad's layout), "
-                      f"e.g. {camerad_frame(1928, 1208).spec} or {camerad_frame(1344, 760).spec}")
+  add_frame_arguments(parser)
   parser.add_argument("--warp-to", required=True, help="model input WxH, e.g. 512x256")
-  parser.add_argument("--output", required=True, help="bundle path to write")
   parser.add_argument("--split-frames", action="store_true", help="one input per camera (frame, big_frame), bound to the camera buffers by pointer")
-  parser.add_argument("--any-camera", action="store_true", help="build for a frame size no comma camera has (modeld runs only comma cameras, "
-                      "whose intrinsics it knows: for experiments and tests)")
   add_compile_flags(parser, layers=False)
   args = parser.parse_args(argv)
-  try: frame, size = parse_frame(args.frame), parse_size(args.warp_to)
-  except ValueError as e: parser.error(str(e))
-  try: sensor_for_size(frame.width, frame.height)
-  except ValueError as e:
-    if not args.any_camera: parser.error(f"{e} (--any-camera builds it anyway)")
-  try: check_model_size(*size)
-  except ValueError as e: parser.error(str(e))
+  frame_arguments(parser, args)
   from sunnypilot.modeld_v2.common.files import ArtifactError
   try: summary = compile_warp(args.frame, args.warp_to, args.output, args.split_frames, beam=args.beam)
   except ArtifactError as e: parser.exit(2, f"compile_warp: error: {e}\n")

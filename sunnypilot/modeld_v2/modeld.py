@@ -23,18 +23,15 @@ state frame_inputs.py's.
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import gc
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +39,7 @@ from sunnypilot.modeld_v2.common.cli import checked, finite_float, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import check_artifacts, driving_model, file_key, find_warp, model_planes
+from sunnypilot.modeld_v2.daemon.artifacts import NoWarp, check_artifacts, load_pair, model_file, model_planes
 from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, parse_camera_offset, parse_delay
 from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync, Geometry
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays
@@ -51,12 +48,13 @@ from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs, ca
 from sunnypilot.modeld_v2.daemon.graph_parse import GraphParse, graph_parse_of
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
-from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, WARP, ModelSet, ModelSets, Trust
+from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, ModelSet, ModelSets, Trust
 from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, Candidate, ModelSwitch
+from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime, core_arg, exit_code, stop_on_signals
+from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS, STATUS_EVERY_S, FrameDrops, Status
 from sunnypilot.modeld_v2.format.bundle import read_header
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size, warp_matrices
-from sunnypilot.modeld_v2.model.constants import DT_MDL
 from sunnypilot.modeld_v2.model.fill_model_msg import (
   SERVICES,
   FrameInfo,
@@ -71,81 +69,16 @@ from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
-# what --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames bound, model
-# launched, outputs read back (the device done), outputs parsed and modelV2 filled, modelV2 serialized, modelV2 sent (what controls
-# wait for, so it goes first), drivingModelData and cameraOdometry filled, serialized and sent
-STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
+if TYPE_CHECKING:
+  from sunnypilot.modeld_v2.runtime.loader import Verify
+
 SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # sm.update each frame
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
-STATUS_EVERY_S = 5.0  # seconds between modeld's status lines (frames, drops, execution time)
 # openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
 DEVICE_CORE, REALTIME_PRIORITY = 7, 54
 
 log = logging.getLogger(__name__)
-
-class FirstOrderFilter:
-  def __init__(self, x0: float, rc: float, dt: float):
-    self.x, self.k = x0, dt / (rc + dt)
-
-  def update(self, x: float) -> float:
-    self.x = (1 - self.k) * self.x + self.k * x
-    return self.x
-
-class FrameDrops:
-  """openpilot's drop accounting: dropped = frame ids skipped since the last one; filtered with rc=10 s; 0 for the first 10 runs."""
-  def __init__(self):
-    self.filter, self.runs, self.last_frame_id = FirstOrderFilter(0.0, 10.0, DT_MDL), 0, None
-
-  def update(self, frame_id: int) -> tuple[int, float]:
-    """(frames dropped before this one, frameDropPerc)."""
-    dropped = 0 if self.last_frame_id is None else max(0, frame_id - self.last_frame_id - 1)
-    self.last_frame_id = frame_id
-    filtered = self.filter.update(min(dropped, 10))
-    if self.runs < 10: self.filter.x = filtered = 0.0
-    self.runs += 1
-    return dropped, 100 * filtered / (1 + filtered)
-
-def config_realtime(core: int | None, realtime: bool) -> str:
-  """openpilot's config_realtime_process (common/realtime.py @0318f5a6): the garbage collector off, so that no collection pauses a frame
-  (the frame loop makes no reference cycles: modeld counts them on exit, the tests check it); with a core the process pinned to it; with
-  `realtime` (on a device, as openpilot does it there) SCHED_FIFO priority REALTIME_PRIORITY. Returns what it did, for the log."""
-  gc.disable()
-  done = ["garbage collector off"]
-  if core is not None:
-    os.sched_setaffinity(0, [core])
-    done.append(f"pinned to core {core}")
-  if realtime:
-    try:
-      os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
-      done.append(f"SCHED_FIFO {REALTIME_PRIORITY}")
-    except PermissionError: done.append(f"SCHED_FIFO {REALTIME_PRIORITY} not permitted here: normal priority")
-  return ", ".join(done)
-
-class Status:
-  """modeld's periodic status line: frames published, dropped and the model's execution time since the last line, every `every_s`
-  seconds of frames (never with 0)."""
-  def __init__(self, every_s: float = STATUS_EVERY_S):
-    self.every_ns = int(every_s * 1e9) if every_s > 0 else 1 << 62
-    self.published = 0
-    self.times: list[float] = []  # modelExecutionTime of each frame published since the last line
-    self.dropped = 0  # frames dropped since the last line
-    self.start(time.monotonic_ns())
-
-  def start(self, now_ns: int) -> None:
-    """Count from `now_ns` (frames start running)."""
-    self.since_ns, self.next_ns = now_ns, now_ns + self.every_ns
-
-  def line(self, now_ns: int, published: int) -> str:
-    times, elapsed = sorted(self.times), (now_ns - self.since_ns) / 1e9  # lines come with frames: after a stall, more than every_s
-    ms = f", modelExecutionTime p50 {times[len(times) // 2] * 1e3:.1f} ms, max {times[-1] * 1e3:.1f} ms" if times else ""
-    line = f"status: {published} frames published, {published - self.published} in the last {elapsed:.1f} s, {self.dropped} dropped{ms}"
-    self.times, self.dropped, self.published = [], 0, published
-    self.start(now_ns)
-    return line
-
-class NoWarp(ArtifactError):
-  """A set has no warp for the live camera geometry (find_warp has said what to build)."""
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
@@ -259,7 +192,7 @@ class ModelD:
           if not isinstance(e, NoWarp): self.episodes.once(f"{e}; waiting: tried again when one of them changes")  # NoWarp: said already
           return False
     self.use_prepared(candidate)
-    log.info(f"loaded {candidate.model_set}: {os.path.basename(driving_model(candidate.model_set))} + {os.path.basename(candidate.handle.warp)} for "
+    log.info(f"loaded {candidate.model_set}: {os.path.basename(model_file(candidate.model_set))} + {os.path.basename(candidate.handle.warp)} for "
              f"{geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms ({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     return True
 
@@ -273,18 +206,9 @@ class ModelD:
     waiting = threading.current_thread() is not self.switch.thread
     try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
     except ValueError as e: raise ArtifactError(str(e)) from None
-    model_path = driving_model(model_set)
-    planes = planes or model_planes(read_header(model_path))
+    planes = planes or model_planes(read_header(model_file(model_set)))
     report = self.episodes.once if waiting else log.warning
-    refused = {w for w, keys in self.refused.items() if keys == (file_key(model_path), file_key(w))} if waiting else set()
-    warp = find_warp(model_set.folder, geometry.main, geometry.extra, report=report, new_img=planes, refused=refused, paths=model_set.files(WARP),
-                     verify=model_set.verify)  # with trusted keys, an unsigned warp is never picked over a signed one
-    if warp is None: raise NoWarp(f"none of its warps fits {geometry} (said above)")
-    keys, digests = (file_key(model_path), file_key(warp)), {}  # keys before the read: a file fixed while it was read is tried again
-    def verify(path: str, digest: str, size: int) -> None:
-      model_set.verify(path, digest, size)
-      digests[path] = digest
-    try:
+    def load(model_path: str, warp: str, verify: Verify, digests: dict[str, str]) -> Prepared:
       adapter = ModelRunner(model_path, warp, verify=verify)
       notes: list[str] = []
       try:
@@ -294,11 +218,8 @@ class ModelD:
       except BaseException:  # whatever failed (a bundle's fault, a device error in the warm-up, Ctrl-C), the adapter goes with it
         adapter.close()
         raise
-    except ArtifactError as e:
-      if waiting: self.refused[warp] = keys
-      raise ArtifactError(f"cannot load {model_path} with {warp}: {e}") from None
-    self.refused.pop(warp, None)
-    return prepared
+      return prepared
+    return load_pair(model_set, geometry.main, geometry.extra, planes, load, report, self.refused if waiting else None)
 
   def warm_up(self, prepared: Prepared) -> None:
     """Three runs on a valid transform and zero frames, then their frames, bindings and states forgotten; ArtifactError when the outputs
@@ -452,7 +373,7 @@ class ModelD:
     params = self.params
     device = on_device()
     self.core = DEVICE_CORE if core is None and device else core
-    log.info(config_realtime(self.core, realtime=device))
+    log.info(config_realtime(self.core, REALTIME_PRIORITY if device else None))
     log.info(f"signatures: {self.sets.trust.describe()}")
     delays = self.flag_delays if params is None else read_car_params(params)
     log.info(f"delays from {delays.source}: lateral {delays.lateral:.3f} s until liveDelay publishes, longitudinal {delays.longitudinal:.3f} s")
@@ -516,31 +437,6 @@ class ModelD:
     log.info(f"exiting after {published} published frames")
     return 0
 
-def config_background(frame_core: int | None) -> str:
-  """The model switch thread loads beside the frames and must never be in their way: normal scheduling (the frame thread may be
-  SCHED_FIFO, which a thread inherits), nice 10, and off the frame thread's core when it is pinned. Linux applies each to the calling
-  thread alone. Returns what it did, for the log."""
-  done = []
-  with contextlib.suppress(OSError):
-    if os.sched_getscheduler(0) != os.SCHED_OTHER:
-      os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-      done.append("normal scheduling")
-  with contextlib.suppress(OSError):
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    done.append("nice 10")
-  if frame_core is not None and (others := set(range(os.cpu_count() or 1)) - {frame_core}):
-    with contextlib.suppress(OSError):
-      os.sched_setaffinity(0, others)
-      done.append(f"off core {frame_core}")
-  return ", ".join(done) or "as the frame thread"
-
-def core_arg(text: str) -> int:
-  """A CPU core this process may run on."""
-  try: core = int(text)
-  except ValueError: raise argparse.ArgumentTypeError(f"expected a CPU core number, got {text!r}") from None
-  if core not in (allowed := os.sched_getaffinity(0)): raise argparse.ArgumentTypeError(f"core {core} is not one this process may use: {sorted(allowed)}")
-  return core
-
 @interruptible("modeld")
 def main(argv: list[str] | None = None) -> int:
   import msgq
@@ -590,11 +486,7 @@ def main(argv: list[str] | None = None) -> int:
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,
                   args.reconnect_after, args.status_every, sets_root, trust)
-  stopped_by: list[int] = []
-  def stop(signum: int, _frame) -> None:
-    stopped_by.append(signum)
-    daemon.exit.set()
-  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, stop)
+  stopped_by = stop_on_signals(daemon.exit)
   try: check_artifacts(args.artifacts, report=daemon.episodes.once, trust=trust)
   except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
   try: code = daemon.run(args.max_frames, args.core)
@@ -602,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
   finally: claim.close()
   if args.timings:
     with replaced_atomically(args.timings) as (tmp,), open(tmp, "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": daemon.timings}, f)
-  return 128 + signal.SIGINT if signal.SIGINT in stopped_by else code  # Ctrl-C: the shell's convention, 130
+  return exit_code(stopped_by, code)  # Ctrl-C: the shell's convention, 130
 
 if __name__ == "__main__":
   sys.exit(main())

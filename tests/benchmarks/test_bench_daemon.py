@@ -59,3 +59,13 @@ def test_the_options_each_mode_takes():
                ["--baseline", "x"], ["--frames", "0"], ["--rates", "a"], ["--count-calls"], ["--parse", "gpu"], ["--stub-loop", "--parse", ""]):
     with pytest.raises(SystemExit) as e: checked_args(parser, parser.parse_args(argv))
     assert e.value.code == 2, argv
+
+def test_dmonitoringmodeld_runs_end_to_end_only():
+  """--daemon dmonitoringmodeld takes the daemon runs' options; the in-process modes (modeld's parse and publish path) and --parse are
+  refused with one line (exit 2)."""
+  parser = arg_parser()
+  args = parser.parse_args(["--daemon", "dmonitoringmodeld", "--beams", "0,2", "--rates", "20,0"])
+  assert checked_args(parser, args) == ([0, 2], [20.0, 0.0], (1928, 1208)) and args.daemon == "dmonitoringmodeld"
+  for extra in (["--stub-loop"], ["--publish-layouts"], ["--publish-only"], ["--parse", "host"]):
+    with pytest.raises(SystemExit) as e: checked_args(parser, parser.parse_args(["--daemon", "dmonitoringmodeld", *extra]))
+    assert e.value.code == 2, extra

@@ -36,3 +36,23 @@ def test_onnxruntime_peer_matches_the_fused_adapter(native_artifacts, tmp_path, 
   # prepare_only gates the queues on the frame after a drop: the benchmarks drop none, so it stays 0 and the peers have no such input
   assert set(peer.numpy_inputs) - {"tfm"} == set(adapter.numpy_inputs) - {"tfm", "prepare_only"}, "the peer takes the bundle's host inputs by name"
   adapter.close()
+
+def test_the_driver_monitoring_peer_matches_the_fused_dm_frame(dm_artifacts):
+  """bench_dm's onnxruntime peer (peer_step.DMPeerStep over the numpy dm_input warp) against the fused dm_warp + DM model, frame by frame,
+  on the comma 4's driver camera: its M_inv (0.75 px per model pixel) lands on exact halves, rounded to even by both warps, and a fifth of
+  the model's pixels fall outside the image (border 16)."""
+  from benchmarks.bench_dm import OrtDMPeer, set_inputs
+  from sunnypilot.modeld_v2.model.calibration import dm_warp_matrix
+  from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
+  adapter = ModelRunner(f"{dm_artifacts}/dmonitoring_model.bin", f"{dm_artifacts}/dm_warp_1344x760.bin")
+  peer = PeerAdapter(OrtDMPeer(f"{dm_artifacts}/dmonitoring_model.onnx", FRAME, (1440, 960), 16), cameras=("driver",), transform=(3, 3))
+  assert set(peer.numpy_inputs) == set(adapter.numpy_inputs) == {"tfm", "calib"}
+  for step in range(4):
+    buf, outs = {"driver": CameraBuffer(cabin_scene(FRAME, step * 9))}, []
+    for path in (adapter, peer):
+      set_inputs(path, step, dm_warp_matrix("os04c10"))
+      path.copy_frames(buf)
+      path.run()
+      outs.append(np.array(path.output_array()))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
+  adapter.close()

@@ -4,7 +4,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
@@ -19,6 +18,7 @@ from sunnypilot.modeld_v2.modeld import FrameDrops
 from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 
 from conftest import ROOT
+from daemon_process import DaemonProcess
 from openpilot_reference import T, openpilot_plan_t_idxs, sig
 
 FRAME, BIG_FRAME = camerad_frame(1344, 760), camerad_frame(1928, 1208)
@@ -65,7 +65,7 @@ def frames_for(frame_id: int, frame=FRAME) -> tuple[np.ndarray, np.ndarray]:
   rng = np.random.default_rng(frame_id)
   return rng.integers(0, 256, frame.size, dtype=np.uint8), rng.integers(0, 256, frame.size, dtype=np.uint8)
 
-class Daemon:
+class Daemon(DaemonProcess):
   """modeld in a subprocess (its own OPENPILOT_PREFIX via the fixture), a camerad stand-in and a subscriber in this process. Every modelV2
   published is recorded, and every line modeld logs. `command`: what starts modeld, if not its module; `args`, `env`: added to its own."""
   def __init__(self, artifacts: str, frame=FRAME, args: tuple[str, ...] = (), env: dict | None = None,
@@ -75,24 +75,11 @@ class Daemon:
     self.frame, self.replay = frame, FakeCamerad(frame)
     self.sm = sub_master(["modelV2", "cameraOdometry", "drivingModelData"])
     self.car = pub_master(["carState"])
-    self.proc = subprocess.Popen([sys.executable, *command, "--artifacts", artifacts, "--send-raw", *args], cwd=ROOT,
-                                 stderr=subprocess.PIPE, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}))
-    self.lines: list[str] = []
-    self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True)
-    self.reader.start()
     self.messages: dict[int, dict] = {}  # frameId -> {service: message}
     self.published: list[int] = []  # every modelV2 frameId, in arrival order
     self.made_at: dict[int, dict[str, int]] = {}  # frameId -> {service: Event.logMonoTime}, when modeld serialized it
-    self.wait_for_line("running:")
-
-  def wait_for_line(self, text: str, timeout: float = 60, after: int = 0) -> int:
-    """Wait until modeld logged a line containing `text` (after line number `after`); returns the number of lines seen then."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-      if any(text in line for line in self.lines[after:]): return len(self.lines)
-      assert self.proc.poll() is None, f"modeld exited: {''.join(self.lines)}"
-      time.sleep(0.02)
-    raise AssertionError(f"modeld never said {text!r}: {''.join(self.lines)}")
+    super().__init__(command, ("--artifacts", artifacts, "--send-raw", *args), env)
+    self.name = "modeld"
 
   def send(self, frame_id: int, v_ego: float = V_EGO) -> None:
     from sunnypilot.modeld_v2.daemon.messaging import new_message
@@ -130,17 +117,10 @@ class Daemon:
 
   def raw(self, frame_id: int) -> bytes: return bytes(self.messages[frame_id]["modelV2"][0].rawPredictions)
 
-  def stop(self) -> int:
-    self.proc.send_signal(signal.SIGTERM)
-    code = self.proc.wait(timeout=20)
-    self.reader.join(timeout=10)  # every line modeld wrote, its last ones included
+  def stop(self, signum: int = signal.SIGTERM) -> int:
+    code = super().stop(signum)
     self.replay.close()
     return code
-
-  def left_no_cycles(self) -> bool:
-    """modeld's exit line: its frame loop, with the collector off (openpilot's config_realtime_process), made no reference cycle that
-    would never be freed."""
-    return any("the frame loop left 0 objects in reference cycles" in line for line in self.lines)
 
 def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "warp_split.bin", sensor: str = "os04c10", lat_delay: float = LAT_DELAY,
               long_delay: float = LONG_DELAY, prepare_only: tuple[int, ...] = ()) -> list[bytes]:
@@ -340,16 +320,21 @@ def test_frame_drop_filter():
   ids = list(range(15)) + [18, 19, 20]
   assert [round(drops.update(i)[1], 9) for i in ids] == [round(x, 9) for x in expected_drop_perc(ids)]
 
-def test_demo_runs(artifacts, native_artifacts, tmp_path):
+def test_demo_runs(artifacts, native_artifacts, dm_artifacts, tmp_path):
+  """Both daemons on the demo's folder: modeld's bundles and dmonitoringmodeld's, each beside the stand-in it records it was built from."""
   folder = tmp_path / "artifacts"
   folder.mkdir()
   shutil.copy(os.path.join(artifacts, "model.bin"), folder / "model.bin")
-  shutil.copy(os.path.join(native_artifacts, "native.onnx"), folder / "native_tiny_stand_in.onnx")  # the stand-in it records it was built from
+  shutil.copy(os.path.join(native_artifacts, "native.onnx"), folder / "native_tiny_stand_in.onnx")
   shutil.copy(os.path.join(artifacts, "warp_split.bin"), folder / "warp_1344x760_split.bin")
+  for src, dst in (("dmonitoring_model.bin", "dmonitoring_model.bin"), ("dmonitoring_model.onnx", "dmonitoring_tiny_stand_in.onnx"),
+                   ("dm_warp_1344x760.bin", "dm_warp_1344x760.bin")): shutil.copy(os.path.join(dm_artifacts, src), folder / dst)
   out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.tools.demo", "--frames", "20", "--camera", "1344x760", "--artifacts", str(folder),
                         "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stdout + out.stderr
   assert "frames out (modelV2 published):   20" in out.stdout and "random-weight stand-in" in out.stdout
+  assert "frames out (driverStateV2 published): 20, 0 with valid=False" in out.stdout, out.stdout
+  assert "modeld exit code 0, dmonitoringmodeld exit code 0, fake_camerad exit code 0" in out.stdout
   assert "compiling" not in out.stderr, "the demo reused the prebuilt bundles"
   assert (tmp_path / "demo_latency.png").stat().st_size > 1000 and (tmp_path / "demo_preview.png").stat().st_size > 1000
 

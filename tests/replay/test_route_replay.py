@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from openpilot_logging.logreader import LogReader
 
-from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, get_warp_matrix
+from sunnypilot.modeld_v2.format.bundle import read_bundle
+from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, dm_warp_matrix, get_warp_matrix
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.replay.onnx_reference import OnnxReference
 from sunnypilot.modeld_v2.replay.route_replay import main
 from sunnypilot.modeld_v2.replay.synthetic_route import FIRST_ID, encode_hevc, write_log, write_segment
 from sunnypilot.modeld_v2.tools import stand_in_models
 
-from conftest import ROOT, reference_warp
+from conftest import ROOT, reference_dm_warp, reference_warp
 from openpilot_reference import Openpilot, step_inputs
 
 FRAME = camerad_frame(1344, 760)
@@ -61,28 +62,58 @@ def expected_outputs(route: str, onnx: str, m_invs: list | None = None) -> list[
     outs.append(reference.step(np.stack(warped), host["desire"], {n: host[n] for n in reference.host}).reshape(-1))
   return outs
 
-def test_replay_in_lockstep_matches_onnxruntime(route, native_artifacts, tmp_path):
+def expected_driver_outputs(route: str, dm_onnx: str) -> list[np.ndarray]:
+  """openpilot's dmonitoringmodeld inputs for this segment, written out: each dcamera.hevc frame's Y plane warped to 1440x960 with
+  M_inv = inv(dmonitoringmodel_intrinsics @ inv(the OS04C10 fisheye's)) (conftest's numpy warp, border 16), calib = the log's rpyCalib;
+  onnxruntime on them."""
+  import onnxruntime as ort
+  session, m_inv = ort.InferenceSession(dm_onnx, providers=["CPUExecutionProvider"]), dm_warp_matrix("os04c10")
+  calib = np.array([RPY], np.float32)
+  return [session.run(["outputs"], {"input_img": reference_dm_warp(buf, FRAME, m_inv, 1440, 960)[0], "calib": calib})[0].reshape(-1)
+          for buf in decoded(os.path.join(route, "dcamera.hevc"))]
+
+@pytest.fixture(scope="module")
+def both_artifacts(native_artifacts, dm_artifacts, tmp_path_factory) -> str:
+  """modeld's and dmonitoringmodeld's bundles in one artifacts folder, as a device has them."""
+  folder = tmp_path_factory.mktemp("both")
+  for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(native_artifacts, name), folder / name)
+  for name in ("dmonitoring_model.bin", "dm_warp_1344x760.bin"): shutil.copy(os.path.join(dm_artifacts, name), folder / name)
+  return str(folder)
+
+def test_replay_in_lockstep_matches_onnxruntime(route, native_artifacts, dm_artifacts, both_artifacts, tmp_path):
+  """modeld on the road cameras and dmonitoringmodeld on dcamera.hevc, both in lockstep: every frame's raw outputs against onnxruntime
+  computed here, driverStateV2's fields by openpilot's formulas on them, check.json passed for both, and the pictures."""
   import json
   out = tmp_path / "out"
-  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.replay.route_replay", route, "--artifacts", native_artifacts, "--onnx",
-                        os.path.join(native_artifacts, "native.onnx"), "--tolerance", "1e-4", "--frames", "4:20", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.replay.route_replay", route, "--artifacts", both_artifacts, "--onnx",
+                        os.path.join(native_artifacts, "native.onnx"), "--dm-onnx", os.path.join(dm_artifacts, "dmonitoring_model.onnx"),
+                        "--tolerance", "1e-4", "--frames", "4:20", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout + run.stderr
   segment = out / os.path.basename(route)
   events = list(LogReader(str(segment / "modeld_rlog.zst")))
-  ids = {s: [getattr(e, s).frameId for e in events if e.which() == s] for s in ("modelV2", "drivingModelData", "cameraOdometry")}
+  ids = {s: [getattr(e, s).frameId for e in events if e.which() == s] for s in ("modelV2", "drivingModelData", "cameraOdometry", "driverStateV2")}
   assert all(v == list(range(FIRST_ID, FIRST_ID + FRAMES)) for v in ids.values()), f"every frame published once, in order: {ids}"
   models = [e.modelV2 for e in events if e.which() == "modelV2"]
   assert all(e.valid for e in events), "a calibration was published before the first frame"
   expected = expected_outputs(route, os.path.join(native_artifacts, "native.onnx"))
   for k, (m, want) in enumerate(zip(models, expected, strict=True)):
     np.testing.assert_allclose(np.frombuffer(bytes(m.rawPredictions), np.float32), want, rtol=0, atol=1e-4, err_msg=f"frame {k} vs onnxruntime")
+  slices = read_bundle(os.path.join(dm_artifacts, "dmonitoring_model.bin"))[0]["extras"]["metadata"]["output_slices"]
+  states = [e.driverStateV2 for e in events if e.which() == "driverStateV2"]
+  for k, (d, want) in enumerate(zip(states, expected_driver_outputs(route, os.path.join(dm_artifacts, "dmonitoring_model.onnx")), strict=True)):
+    raw = np.frombuffer(bytes(d.rawPredictions), np.float32)
+    np.testing.assert_allclose(raw, want, rtol=0, atol=1e-4, err_msg=f"driver frame {k} vs onnxruntime")
+    face_prob, descs = (raw[slices[n][0]:slices[n][1]] for n in ("face_prob_lhd", "face_descs_rhd"))  # openpilot's fill: sigmoid, the first 6 as they are
+    assert d.leftDriverData.faceProb == pytest.approx(1 / (1 + np.exp(-face_prob[0])), rel=1e-5)
+    np.testing.assert_array_equal(list(d.rightDriverData.facePosition), descs[3:5])
   check = json.loads((segment / "check.json").read_text())
-  assert check["passed"] and check["frames"] == FRAMES and check["fields_compared"] > 100 and check["field_max"] <= 1e-4, check
-  assert max(h["max"] for h in check["heads"].values()) <= 1e-4
+  assert check["passed"] and check["frames"] == FRAMES and check["driver_frames"] == FRAMES and check["field_max"] <= 1e-4, check
+  assert check["fields_compared"] > 100 and check["driver_fields_compared"] >= 12, "driverStateV2's fields compared too (frameId, wheelOnRightProb, 5 per side)"
+  assert max(h["max"] for h in check["heads"].values()) <= 1e-4 and "driverStateV2:face_descs_lhd" in check["heads"], check["heads"].keys()
   with av.open(str(segment / "overlay.mp4")) as video: assert sum(1 for _ in video.decode(video=0)) == 16, "--frames 4:20 draws 16 frames"
   assert (segment / "plots.png").stat().st_size > 10_000
   assert "PASSED" in run.stdout and f"{FRAMES} frames sent, {FRAMES} published, 0 dropped" in run.stdout
+  assert f"driver camera: {FRAMES} frames sent, {FRAMES} driverStateV2 published" in run.stdout
 
 def test_jobs_against_a_bundle_and_the_fallbacks_for_a_log_without_calibration_or_car_state(route, native_artifacts, tmp_path):
   """Two segments in parallel processes, one of them with no liveCalibration and no carState: a warning each, the default calibration

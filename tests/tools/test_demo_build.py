@@ -8,7 +8,7 @@ import os
 import pytest
 from tinygrad.helpers import Context
 
-from sunnypilot.modeld_v2 import compile_modeld, compile_warp
+from sunnypilot.modeld_v2 import compile_dm_warp, compile_modeld, compile_warp
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError
 from sunnypilot.modeld_v2.format.bundle import write_bundle
 from sunnypilot.modeld_v2.tools import demo
@@ -30,8 +30,13 @@ def compiles(monkeypatch) -> list[str]:
     done.append(os.path.basename(output))
     meta = {"kind": "warp", "frame": spec, "model_size": [int(x) for x in size.split("x")], "split_frames": split_frames}
     write_bundle(output, {"run": ({"device": "CPU"}, bytes(16))}, {"metadata": meta}, check=False)
+  def dm_warp(spec, output, warp_to=None, border_fill=16, log=None):
+    done.append(os.path.basename(output))
+    meta = {"kind": "dm_warp", "frame": spec, "model_size": [1440, 960], "border_fill": border_fill}
+    write_bundle(output, {"run": ({"device": "CPU"}, bytes(16))}, {"metadata": meta}, check=False)
   monkeypatch.setattr(compile_modeld, "compile_model", model)
   monkeypatch.setattr(compile_warp, "compile_warp", warp)
+  monkeypatch.setattr(compile_dm_warp, "compile_dm_warp", dm_warp)
   return done
 
 def build(folder, models: dict, generation: str = "native") -> list[str]:
@@ -117,3 +122,22 @@ def test_the_latency_plot_leaves_dropped_frames_as_gaps():
   rows = [{"frameId": i, "ms": float(i)} for i in (10, 11, 14, 15)]
   ids, ms = demo.latency_series(rows)
   assert ids.tolist() == [10, 11, 12, 13, 14, 15] and np.isnan(ms[2:4]).all() and ms[[0, 1, 4, 5]].tolist() == [10.0, 11.0, 14.0, 15.0]
+
+def test_the_driver_monitoring_pair_follows_the_same_rule(tmp_path, compiles):
+  """dmonitoring_model.bin (the DM stand-in, else --dm-onnx) and the camera's dm_warp beside the driving model's bundles: each built once,
+  rebuilt when its own sources or the settings change, never because the other daemon's changed."""
+  folder, real = tmp_path / "artifacts", tmp_path / "dm.onnx"
+  real.write_bytes(b"a driver-monitoring model")
+  dm = lambda dm_onnx=None: lines_of(demo.build_dm_artifacts, str(folder), CAMERA, "tiny", dm_onnx)
+  assert rebuilds(dm()) == [] and compiles == ["dmonitoring_model.bin", "dm_warp_1344x760.bin"] and (folder / "dmonitoring_tiny_stand_in.onnx").exists()
+  build(folder, {})
+  assert rebuilds(dm()) == [] and compiles[2:] == ["model.bin", "warp_1344x760_split.bin"], "the driving model's bundles do not touch the DM pair"
+  lines = rebuilds(dm(str(real)))
+  assert compiles[4:] == ["dmonitoring_model.bin"] and len(lines) == 1 and f"this run builds {{'onnx': '{sha256(real)[:12]}'}}" in lines[0], lines
+  with Context(FLOAT16=1): assert len(rebuilds(dm(str(real)))) == 2 and compiles[5:] == ["dmonitoring_model.bin", "dm_warp_1344x760.bin"]
+  assert rebuilds(build(folder, {})) == [] and len(compiles) == 7, "the DM pair's rebuilds leave the driving model's bundles alone"
+
+def lines_of(function, *args) -> list[str]:
+  lines = []
+  function(*args, lines.append)
+  return lines

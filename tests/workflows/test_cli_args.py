@@ -35,7 +35,8 @@ def test_argument_types_accept_good_values():
 
 @pytest.mark.parametrize("argv,message", [(["--frames", "0"], "at least 1, got 0"), (["--frames", "x"], "got 'x'"),
                                           (["--camera", "100x100"], "no known sensor has 100x100 frames"), (["--out", "{file}"], "is not a folder"),
-                                          (["--artifacts", "{file}"], "is not a folder")])
+                                          (["--artifacts", "{file}"], "is not a folder"), (["--dm-onnx", "{file}x"], "--dm-onnx "),
+                                          (["--dm-onnx", "{file}", "--no-dm"], "--dm-onnx is for the driver-monitoring daemon")])
 def test_demo_before_any_compile(tmp_path, capsys, monkeypatch, argv, message):
   monkeypatch.setattr(demo, "build_artifacts", forbidden)
   (tmp_path / "file").write_text("not a folder")

@@ -72,7 +72,8 @@ def test_stand_in_next_command_names_a_bundle_beside_the_onnx(tmp_path, capsys):
   command = capsys.readouterr().out.strip().splitlines()[-1]
   assert command.startswith("compile with: ") and "model.bin" not in command, command
   words = shlex.split(command.removeprefix("compile with: "))
-  assert words[1:3] == ["-m", "sunnypilot.modeld_v2.compile.compile_onnx"] and words[words.index("--onnx") + 1] == str(tmp_path / "dm.onnx")
+  # the DM bundle dmonitoringmodeld runs: compile_modeld (its output_slices recorded)
+  assert words[1:3] == ["-m", "sunnypilot.modeld_v2.compile_modeld"] and words[words.index("--onnx") + 1] == str(tmp_path / "dm.onnx")
   assert words[words.index("--output") + 1] == str(tmp_path / "dm.bin")
   files = {"vision": str(tmp_path / "s_vision.onnx"), "policy": str(tmp_path / "s_policy.onnx")}
   words = shlex.split(stand_in_models.next_command("split_09", str(tmp_path / "s.onnx"), files))

@@ -1,9 +1,11 @@
-"""The plan of a driving model: everything about it but its weights. Which layout it is (native, supercombo, vision + policy, vision +
-off-policy + on-policy), each input's role, its generation, output slices, queues, and the bundle's input and output specs.
+"""The plan of an openpilot model: everything about it but its weights. Which layout it is (native, supercombo, vision + policy, vision +
+off-policy + on-policy, or the driver-monitoring model), each input's role, its generation, output slices, queues, and the bundle's input
+and output specs.
 
-Input roles come from the ONNX's names and shapes. Native models (`new_img` + states): each input X with an output next_X is a state,
-every other input a host input. Queued models: the images, the desire history, features_buffer and prev_desired_curv become openpilot's
-input queues, kept as states (input_queues); `desire` is this frame's one-hot pulse; every other input is a host input.
+Input roles come from the ONNX's names and shapes. Native models (`new_img` + states) and the driver-monitoring model (`input_img`, the
+warped driver camera, + `calib`): each input X with an output next_X is a state, every other input a host input. Queued models: the
+images, the desire history, features_buffer and prev_desired_curv become openpilot's input queues, kept as states (input_queues); `desire`
+is this frame's one-hot pulse; every other input is a host input.
 """
 from __future__ import annotations
 
@@ -31,12 +33,17 @@ from sunnypilot.modeld_v2.compile.input_queues import (
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError, load_onnx, main_output, merge_slices, model_slices
 from sunnypilot.modeld_v2.format.bundle import check_output_slices, next_name, state_names, unpaired_state_outputs
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, GenerationError, derive
+from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import check_dm_heads
 from sunnypilot.modeld_v2.model.parse_model_outputs import check_head_sizes
 
 LAYOUTS = {"native": ("model",), "supercombo": ("model",), "split": ("vision", "policy"), "multi_policy": ("vision", "off_policy", "on_policy")}
 FLAGS = {"model": "--onnx", "vision": "--vision", "policy": "--policy", "off_policy": "--off-policy", "on_policy": "--on-policy"}
 FRAMES, DESIRE, HOST, STATE, QUEUE, GATE = "frames", "desire", "host", "state", "queue", "gate"  # what each bundle input is
 PREPARE_ONLY = "prepare_only"  # the gate input of a queued bundle: (1, 1), above 0.5 on a prepare-only frame
+# the frames input of a one-model layout: a native driving model's warped planes, the driver-monitoring model's warped driver camera
+# (openpilot's dmonitoringmodeld feeds the DM warp's output as input_img)
+NATIVE_FRAMES, DM_FRAMES = "new_img", "input_img"
+DMONITORING = "dmonitoring"  # the driver-monitoring model's layout: no generation, its heads openpilot's dmonitoringmodeld parse
 RULES = ("images have 'img' in their name and shape (1, 6n, H, W), 'big' for the wide camera; the desire history is the 3-D input whose name "
          "starts with 'desire'; features_buffer and prev_desired_curv are fed back from hidden_state and desired_curvature; any other input "
          "that is not a (1, L>1, N) history is a host input")
@@ -53,7 +60,7 @@ def _native_roles(path: str, info: dict) -> dict[str, str]:
   for name in states:
     if outputs[next_name(name)] != inputs[name]:
       raise ModelError(f"{path}: state {name} {inputs[name]} and {next_name(name)} {outputs[next_name(name)]} differ in shape or dtype")
-  return {name: FRAMES if name == "new_img" else STATE if name in states else HOST for name in inputs}
+  return {name: FRAMES if name in (NATIVE_FRAMES, DM_FRAMES) else STATE if name in states else HOST for name in inputs}
 
 def _queued_roles(path: str, info: dict) -> dict[str, str]:
   roles = {}
@@ -101,12 +108,15 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
   frame_skip, queues, and the bundle's input and output specs. A queued model's plan is a QueuedPlan."""
   layout, paths = _paths(onnx, vision, policy, off_policy, on_policy)
   infos = {k: load_onnx(p) for k, p in paths.items()}
-  if "model" in infos: layout = "native" if "new_img" in infos["model"]["inputs"] else "supercombo"
+  if "model" in infos: layout = next((name for name, frames in ((DMONITORING, DM_FRAMES), ("native", NATIVE_FRAMES)) if frames in infos["model"]["inputs"]),
+                                      "supercombo")
+  if layout == DMONITORING and generation is not None: raise ModelError(f"{paths['model']}: a driver-monitoring model has no --generation")
   outputs = {k: main_output(paths[k], info) for k, info in infos.items()}
   own_slices = {k: model_slices(paths[k], info, outputs[k]) for k, info in infos.items()}
   widths = {k: infos[k]["outputs"][outputs[k]][0][-1] for k in infos}
-  for k in infos:  # the loader's own check of a bundle's output_slices, per file: a head modeld cannot parse fails here, not in the car
-    try: check_output_slices(own_slices[k], widths[k]), check_head_sizes(own_slices[k])
+  heads = check_dm_heads if layout == DMONITORING else check_head_sizes
+  for k in infos:  # the loader's own check of a bundle's output_slices, per file: a head a daemon cannot parse fails here, not in the car
+    try: check_output_slices(own_slices[k], widths[k]), heads(own_slices[k])
     except ValueError as e: raise ModelError(f"{paths[k]}: output_slices: {e}") from None
   slices = merge_slices({k: (own_slices[k], widths[k]) for k in infos})
   dtypes = {k: {n: d for n, (_, d) in info["inputs"].items()} for k, info in infos.items()}
@@ -115,20 +125,20 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
   for k, info in infos.items():
     for name, (shape, _) in info["inputs"].items():
       if shapes.setdefault(name, shape) != shape: raise ModelError(f"input {name} is {shapes[name]} in one model and {shape} in {paths[k]}")
-  try: found = derive(layout, shapes, slices, generation)
+  try: found = DMONITORING if layout == DMONITORING else derive(layout, shapes, slices, generation)
   except GenerationError as e: raise ModelError(f"{', '.join(paths.values())}: {e}") from None
   common = {"layout": layout, "paths": paths, "dtypes": dtypes, "outputs": outputs, "slices": slices, "metadata": metadata, "input_shapes": shapes,
             "generation": found, "generation_source": "onnx" if generation is None else "--generation"}
   try:
     if frame_skip is not None: frame_skip = check_frame_skip(frame_skip, "--frame-skip")
-    if layout == "native": return _plan_native(infos, **common)
+    if layout in ("native", DMONITORING): return _plan_native(infos, **common)
     return _plan_queued(infos, own_slices, frame_skip, **common)
   except QueueError as e: raise ModelError(f"{', '.join(paths.values())}: {e}") from None
 
 def _plan_native(infos: dict, **common) -> Plan:
   (path,), info = common["paths"].values(), infos["model"]
-  if "outputs" not in info["outputs"]:  # the fused part and modeld read `outputs`; states are the other outputs
-    raise ModelError(f"{path}: a native model's output vector must be named 'outputs' (it has {sorted(info['outputs'])})")
+  if "outputs" not in info["outputs"]:  # the fused part and the daemons read `outputs`; states are the other outputs
+    raise ModelError(f"{path}: a {common['layout']} model's output vector must be named 'outputs' (it has {sorted(info['outputs'])})")
   roles = _native_roles(path, info)
   states = {next_name(n): n for n, role in roles.items() if role == STATE}
   specs = {n: (s, np.uint8 if roles[n] == FRAMES else d if roles[n] == STATE else np.float32) for n, (s, d) in info["inputs"].items()}

@@ -1,5 +1,6 @@
-"""The daemon's cameras: connecting to camerad's VisionIPC streams, the live buffers' geometry, openpilot's main/extra frame sync and
-reconnecting when camerad restarts. `CameraSync.recv_frames()` gives the next synced pair (or None); the frame loop is modeld.py's."""
+"""The daemons' cameras: connecting to camerad's VisionIPC streams, the live buffers' geometry, openpilot's main/extra frame sync and
+reconnecting when camerad restarts. `CameraSync.recv_frames()` gives modeld the next synced road/wide pair (or None); `DriverCamera.recv()`
+gives dmonitoringmodeld the next driver frame (or None). The frame loops are modeld.py's and dmonitoringmodeld.py's."""
 from __future__ import annotations
 
 import enum
@@ -48,16 +49,69 @@ class Geometry:
     m = self.main
     return f"{m.width}x{m.height} frames (stride {m.stride}, uv_offset {m.uv_offset}, {m.size} bytes, streams {list(self.streams)})"
 
-class CameraSync:
-  """camerad's road (main) and wide (extra) streams, or the wide one alone as main when there is no road camera."""
+class CameraLink:
+  """What a daemon's link to camerad keeps whatever streams it reads: waiting for camerad, and when a frame last arrived (a stall is
+  camerad gone away or restarted). A subclass connects (`connect`)."""
   def __init__(self, exit_event: threading.Event, episodes: Episodes):
     self.exit, self.episodes = exit_event, episodes
+    self.streams: tuple[int, ...] = ()
+    self.last_frame = time.monotonic()  # when a camera frame last arrived
+
+  def connect(self) -> bool: raise NotImplementedError
+
+  def wait_for_camerad(self) -> bool:
+    log.info("waiting for camerad")
+    while not self.exit.is_set():
+      if self.connect(): return True
+      self.exit.wait(0.05)
+    return False
+
+  def alive(self) -> None:
+    """The camera counts as alive from now (a frame arrived, or the daemon just finished loading for it)."""
+    self.last_frame = time.monotonic()
+
+  def stalled(self, after_s: float) -> bool:
+    """No frame for `after_s` seconds: camerad may have gone away or restarted."""
+    return time.monotonic() - self.last_frame > after_s
+
+class DriverCamera(CameraLink):
+  """camerad's driver stream, as openpilot's dmonitoringmodeld reads it (VISION_STREAM_DRIVER, conflated: the newest frame)."""
+  def __init__(self, exit_event: threading.Event, episodes: Episodes):
+    super().__init__(exit_event, episodes)
+    self.client: Any = None
+
+  def connect(self) -> bool:
+    """Connected to the driver stream; False while camerad is not there or serves no driver stream (said once while it lasts)."""
+    from msgq.visionipc import VisionIpcClient
+    if not (streams := VisionIpcClient.available_streams("camerad", False)): return False
+    if VisionStreamType.DRIVER not in streams:
+      self.episodes.happened("driver stream", f"camerad serves streams {sorted(int(s) for s in streams)} but no driver stream "
+                             f"({int(VisionStreamType.DRIVER)}): waiting for one")
+      return False
+    client = VisionIpcClient("camerad", VisionStreamType.DRIVER, True)
+    if not client.connect(False): return False
+    self.episodes.ended("driver stream", "camerad serves a driver stream again")
+    self.client, self.streams = client, tuple(sorted(int(s) for s in streams))
+    return True
+
+  def live_geometry(self) -> Geometry:
+    """The driver stream's geometry; ValueError for buffers no warp can read."""
+    return Geometry(self.streams, live_frame(self.client), None)
+
+  def recv(self) -> tuple[Any, FrameMeta] | None:
+    """The next driver frame within 100 ms, or None."""
+    if (buf := self.client.recv(100)) is None: return None
+    self.alive()
+    return buf, FrameMeta.of(self.client)
+
+class CameraSync(CameraLink):
+  """camerad's road (main) and wide (extra) streams, or the wide one alone as main when there is no road camera."""
+  def __init__(self, exit_event: threading.Event, episodes: Episodes):
+    super().__init__(exit_event, episodes)
     self.main_wide = self.use_extra = False
     self.client_main: Any = None
     self.client_extra: Any = None
-    self.streams: tuple[int, ...] = ()
     self.meta_extra = FrameMeta()  # the last extra frame: the next sync starts past it
-    self.last_frame = time.monotonic()  # when a camera frame last arrived
     self.previous: dict[str, FrameMeta] = {}  # per stream ("main", "extra"), its last frame: a clock that stops is seen against it
     self.frozen: set[str] = set()  # the streams whose timestamps stopped while their frame ids go on
 
@@ -79,21 +133,6 @@ class CameraSync:
   def live_geometry(self) -> Geometry:
     """The connected streams' geometry; ValueError for buffers no warp can read."""
     return Geometry(self.streams, live_frame(self.client_main), live_frame(self.client_extra) if self.client_extra is not None else None)
-
-  def wait_for_camerad(self) -> bool:
-    log.info("waiting for camerad")
-    while not self.exit.is_set():
-      if self.connect(): return True
-      self.exit.wait(0.05)
-    return False
-
-  def alive(self) -> None:
-    """The camera counts as alive from now (a frame arrived, or the daemon just finished loading for it)."""
-    self.last_frame = time.monotonic()
-
-  def stalled(self, after_s: float) -> bool:
-    """No frame for `after_s` seconds: camerad may have gone away or restarted."""
-    return time.monotonic() - self.last_frame > after_s
 
   @property
   def clock_frozen(self) -> bool:

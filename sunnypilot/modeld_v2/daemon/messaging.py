@@ -146,11 +146,12 @@ def pub_master(services: list[str]) -> Any:
 def sub_master(services: list[str]) -> Any:
   return _openpilot_messaging.SubMaster([s for s in services if has_service(s)]) if _openpilot_messaging is not None else SubMaster(services)
 
-def claim_bus() -> socket.socket | None:
-  """One modeld per bus: an abstract unix socket named for OPENPILOT_PREFIX, held while this process lives (the kernel drops it on any
-  exit, so nothing is left behind). None if another modeld holds it: msgq would let the newcomer take the topics and kill the first."""
+def claim_bus(daemon: str = "modeld") -> socket.socket | None:
+  """One `daemon` (modeld, dmonitoringmodeld) per bus: an abstract unix socket named for it and OPENPILOT_PREFIX, held while this process
+  lives (the kernel drops it on any exit, so nothing is left behind). None if another holds it: msgq would let the newcomer take the topics
+  and kill the first."""
   sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-  try: sock.bind(f"\0sunnypilot_modeld_v2:{os.environ.get('OPENPILOT_PREFIX', '')}")
+  try: sock.bind(f"\0sunnypilot_modeld_v2:{daemon}:{os.environ.get('OPENPILOT_PREFIX', '')}")
   except OSError:
     sock.close()
     return None

@@ -107,7 +107,8 @@ def folder_role(name: str) -> str:
   if name == DM_MODEL_NAME: return DM_MODEL
   return DM_WARP if name.startswith(DM_WARP_PREFIX) else WARP
 
-KIND_ROLES = {"model": (DRIVING_MODEL,), "warp": (WARP, DM_WARP), "onnx": (DM_MODEL,)}  # a bundle's metadata kind -> the roles it may play
+# a bundle's metadata kind -> the roles it may play (compile_modeld, compile_warp, compile_modeld of the DM model, compile_dm_warp)
+KIND_ROLES = {"model": (DRIVING_MODEL,), "warp": (WARP,), "dmonitoring_model": (DM_MODEL,), "dm_warp": (DM_WARP,)}
 
 def folder_roles(folder: str, given: dict[str, str] | None = None) -> dict[str, str]:
   """{file name: role} of every bundle in `folder`, for a manifest: `given` where given, else by folder_role, checked against what the

@@ -71,6 +71,26 @@ def warp_matrices(cameras: tuple[CameraConfig, CameraConfig], rpy=DEFAULT_RPY) -
   main, extra = cameras
   return np.stack([get_warp_matrix(rpy, main.intrinsics), get_warp_matrix(rpy, extra.intrinsics, bigmodel_frame=True)]).astype(np.float32)
 
+# the driver-monitoring model's frame (openpilot common/transformations/model.py, DM_INPUT_SIZE and dmonitoringmodel_intrinsics, as
+# dmonitoringmodeld.py @63cf2e70 uses them): the AR0231/OX03C10 fisheye's focal length, centred horizontally, its rows shifted up by half
+# the height the model crops off that camera's 1208 rows
+DM_INPUT_SIZE = (1440, 960)
+
+def driver_camera(sensor: str) -> CameraConfig:
+  """The driver camera of a sensor: openpilot's fisheye config (_ar_ox_fisheye 1928x1208, _os_fisheye 1344x760), the wide road camera's."""
+  return SENSOR_CAMERAS[sensor][1]
+
+def dmonitoring_intrinsics(size: tuple[int, int] = DM_INPUT_SIZE) -> np.ndarray:
+  """openpilot's dmonitoringmodel_intrinsics for a model input of `size` (width, height)."""
+  fisheye = driver_camera("ar0231")
+  w, h = size
+  return np.array([[fisheye.focal_length, 0.0, w / 2], [0.0, fisheye.focal_length, h / 2 - (fisheye.height - h) / 2], [0.0, 0.0, 1.0]])
+
+def dm_warp_matrix(sensor: str, size: tuple[int, int] = DM_INPUT_SIZE) -> np.ndarray:
+  """M_inv of the driver camera's warp (model pixel -> camera pixel), float32 (3, 3), as openpilot's dmonitoringmodeld computes its
+  model_transform: inv(dmonitoringmodel_intrinsics @ inv(camera intrinsics)). No calibration enters it: the model takes calib itself."""
+  return np.linalg.inv(dmonitoring_intrinsics(size) @ np.linalg.inv(driver_camera(sensor).intrinsics)).astype(np.float32)
+
 CALIBRATION_HEIGHT = 1.22  # metres: the camera height sunnypilot assumes before liveCalibration reports one
 
 def apply_camera_offset(m_inv: np.ndarray, intrinsics: np.ndarray, height: float, offset: float) -> np.ndarray:

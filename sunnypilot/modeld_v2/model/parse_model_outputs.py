@@ -44,6 +44,8 @@ EXP_CLIP = 11.0  # exp(11) ~ 6e4, the largest float16 finite value's order: a la
 
 def safe_exp(x: np.ndarray) -> np.ndarray: return np.exp(np.minimum(x, EXP_CLIP))
 
+def sigmoid(x: np.ndarray) -> np.ndarray: return 1.0 / (1.0 + safe_exp(-x))  # openpilot's, its exponent clipped as safe_exp's
+
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:  # the array methods: np.max / np.sum add ~3 us of dispatch each
   e = safe_exp(x - x.max(axis=axis, keepdims=True))
   return e / e.sum(axis=axis, keepdims=True)

@@ -1,10 +1,13 @@
-"""A camerad stand-in: serves road and wide NV12 frames over VisionIPC at 20 Hz, with camerad's buffer layout and count.
+"""A camerad stand-in: serves road and wide (and with --driver, driver) NV12 frames over VisionIPC at 20 Hz, with camerad's buffer layout and count.
 
-  python -m sunnypilot.modeld_v2.replay.fake_camerad [--camera 1928x1208] [--video drive.mp4] [--frames 200] [--skip 30,31]
+  python -m sunnypilot.modeld_v2.replay.fake_camerad [--camera 1928x1208] [--video drive.mp4] [--frames 200] [--skip 30,31] [--driver]
   python -m sunnypilot.modeld_v2.replay.fake_camerad --route SEGMENT_FOLDER
 
 Frames come from the synthetic road-scene generator (lane lines in perspective, moving dashes) or from a video file (PyAV, optional),
 and it publishes roadCameraState / wideRoadCameraState per frame and liveCalibration once a second, like camerad and calibrationd.
+--driver adds the driver camera (VISION_STREAM_DRIVER, the same size on comma devices) showing a synthetic cabin (replay/cabin_scene.py:
+a face that sways, turns and blinks), with driverCameraState per frame: its own frame counter and timestamps, as camerad runs each
+camera on its own (--skip drops road frames only; the driver counter runs on).
 With --route it serves a recorded segment once at --hz instead: its fcamera/ecamera frames with the log's frame ids and timestamps,
 and the log's liveCalibration, carState, carControl, deviceState, driverMonitoringState (and liveDelay) in log-time order
 (route_replay does the same in lockstep with modeld, and records and checks what modeld publishes).
@@ -27,6 +30,7 @@ from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.daemon.camera_sync import VisionStreamType
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, SENSOR_CAMERAS, parse_camera_size, sensor_for_size
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame
+from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
 from sunnypilot.modeld_v2.replay.route_segment import camerad_buffer
 
 CAMERAD_BUFFERS = 18
@@ -48,35 +52,48 @@ def video_frames(path: str, frame: NV12Frame) -> Iterator[tuple[np.ndarray, np.n
       yield buf, buf
 
 class FakeCamerad:
-  """The VisionIPC server and the camera state publishers; `send(frame_id, road, wide)` publishes one frame pair."""
-  def __init__(self, frame: NV12Frame, wide: bool = True, rpy: tuple | None = DEFAULT_RPY):
-    """`rpy`: the calibration published once a second (calibrationd's role); None when the caller publishes liveCalibration itself."""
+  """The VisionIPC server and the camera state publishers; `send(frame_id, road, wide)` publishes one frame pair, `send_driver(frame_id,
+  buf)` one driver frame (with driver=True)."""
+  def __init__(self, frame: NV12Frame, wide: bool = True, rpy: tuple | None = DEFAULT_RPY, driver: bool = False):
+    """`rpy`: the calibration published once a second (calibrationd's role); None when the caller publishes liveCalibration itself.
+    `driver`: serve the driver stream too (the same geometry: comma devices' driver cameras are the road camera's sensor)."""
     from msgq.visionipc import VisionIpcServer
 
     from sunnypilot.modeld_v2.daemon.messaging import ensure_prefix_dir, pub_master
-    self.frame, self.wide, self.rpy = frame, wide, rpy
+    self.frame, self.wide, self.rpy, self.driver = frame, wide, rpy, driver
     self.sensor = sensor_for_size(frame.width, frame.height)
     ensure_prefix_dir()  # VisionIpcServer opens sockets under /dev/shm/msgq_<prefix> and crashes if the folder is missing
     self.server = VisionIpcServer("camerad")
     self.streams = [VisionStreamType.ROAD] + ([VisionStreamType.WIDE_ROAD] if wide else [])
-    for stream in self.streams:
+    for stream in self.streams + ([VisionStreamType.DRIVER] if driver else []):
       self.server.create_buffers_with_sizes(stream, CAMERAD_BUFFERS, frame.width, frame.height, frame.size, frame.stride, frame.uv_offset)
     self.server.start_listener()
-    self.pm = pub_master(["roadCameraState", "wideRoadCameraState", "liveCalibration"])
+    self.pm = pub_master(["roadCameraState", "wideRoadCameraState", "liveCalibration"] + (["driverCameraState"] if driver else []))
 
   def send(self, frame_id: int, road: np.ndarray, wide: np.ndarray, sof: int | None = None, eof: int | None = None) -> int:
     """Publish one frame pair; returns when (monotonic ns) its last VisionIPC send returned: the frame is modeld's from then on."""
-    from sunnypilot.modeld_v2.daemon.messaging import new_message
     sof = time.monotonic_ns() if sof is None else sof
     eof = sof + 20_000_000 if eof is None else eof
     for stream, data, service in zip(self.streams, (road, wide), ("roadCameraState", "wideRoadCameraState")):
-      self.server.send(stream, np.ascontiguousarray(data[:self.frame.size]).tobytes(), frame_id, sof, eof)
-      delivered = time.monotonic_ns()
-      msg = new_message(service)
-      state = getattr(msg, service)
-      state.frameId, state.timestampSof, state.timestampEof, state.sensor = frame_id, sof, eof, self.sensor
-      self.pm.send(service, msg)
+      delivered = self._send(stream, service, data, frame_id, sof, eof)
     if frame_id % 20 == 0 and self.rpy is not None: self.send_calibration()
+    return delivered
+
+  def send_driver(self, frame_id: int, buf: np.ndarray, sof: int | None = None, eof: int | None = None) -> int:
+    """Publish one driver-camera frame and its driverCameraState; returns when its VisionIPC send returned."""
+    if not self.driver: raise ValueError("this FakeCamerad serves no driver stream (driver=False)")
+    sof = time.monotonic_ns() if sof is None else sof
+    return self._send(VisionStreamType.DRIVER, "driverCameraState", buf, frame_id, sof, sof + 20_000_000 if eof is None else eof)
+
+  def _send(self, stream: int, service: str, data: np.ndarray, frame_id: int, sof: int, eof: int) -> int:
+    """One buffer over VisionIPC, then its camera state message, as camerad sends them (frame first: a reader of the state finds it)."""
+    from sunnypilot.modeld_v2.daemon.messaging import new_message
+    self.server.send(stream, np.ascontiguousarray(data[:self.frame.size]).tobytes(), frame_id, sof, eof)
+    delivered = time.monotonic_ns()
+    msg = new_message(service)
+    state = getattr(msg, service)
+    state.frameId, state.timestampSof, state.timestampEof, state.sensor = frame_id, sof, eof, self.sensor
+    self.pm.send(service, msg)
     return delivered
 
   def send_calibration(self) -> None:
@@ -126,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--skip", type=int_list, default=set(), help="frame ids not to send (to exercise modeld's drop handling), e.g. 30,31")
   parser.add_argument("--no-wide", action="store_true", help="serve the road camera only")
   parser.add_argument("--start-delay", type=finite_float(0, 3600), default=0.0, help="seconds to wait after starting the server before the first frame")
+  parser.add_argument("--driver", action="store_true", help="serve the driver camera too (VISION_STREAM_DRIVER, driverCameraState), a synthetic "
+                      "cabin with a moving, blinking face, for dmonitoringmodeld")
   parser.add_argument("--route", help="a recorded segment folder (fcamera.hevc, ecamera.hevc, rlog or qlog) to serve once with its log")
   args = parser.parse_args(argv)
+  if args.route and args.driver: parser.error("--driver serves a synthetic cabin beside synthetic or --video road frames, not beside --route")
   if args.route: return serve_route(parser, args)
   if args.video and not os.path.isfile(args.video): parser.error(f"--video {args.video} is not a regular file")
   frame, skip = camerad_frame(*args.camera), args.skip
@@ -135,12 +155,15 @@ def main(argv: list[str] | None = None) -> int:
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())
   log.info(f"rendering frames for {frame.width}x{frame.height} ...")
   source = list(video_frames(args.video, frame)) if args.video else synthetic_frames(frame)
-  replay = FakeCamerad(frame, wide=not args.no_wide)
+  replay = FakeCamerad(frame, wide=not args.no_wide, driver=args.driver)
   stop.wait(args.start_delay)
-  next_t, frame_id = time.monotonic(), 0
-  log.info(f"serving {len(source)} looped frames at {args.hz:g} Hz")
+  next_t, frame_id, driver_id = time.monotonic(), 0, 0
+  log.info(f"serving {len(source)} looped frames at {args.hz:g} Hz{' and a synthetic driver camera' if args.driver else ''}")
   while not stop.is_set() and (args.frames is None or frame_id < args.frames):
     if frame_id not in skip: replay.send(frame_id, *source[frame_id % len(source)])
+    if args.driver:  # rendered per frame (a few ms: only the face is drawn), so blinks and turns do not loop every 2 s
+      replay.send_driver(driver_id, cabin_scene(frame, driver_id))
+      driver_id += 1
     frame_id += 1
     next_t += 1 / args.hz
     stop.wait(max(0.0, next_t - time.monotonic()))

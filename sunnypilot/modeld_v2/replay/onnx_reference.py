@@ -1,7 +1,10 @@
-"""onnxruntime on a driving model's ONNX file(s), fed from camera buffers as openpilot's modeld feeds it: route_replay's reference check.
+"""onnxruntime on a driving model's ONNX file(s), fed from camera buffers as openpilot's modeld feeds it, and on the driver-monitoring
+model's, fed as dmonitoringmodeld feeds it: route_replay's reference checks.
 
   reference = OnnxReference({"onnx": "driving.onnx"})      # or {"vision": ..., "policy": ...}, {"vision": ..., "off_policy": ..., "on_policy": ...}
   outputs = reference.step(road_buf, wide_buf, frame, values)  # values: the host inputs modeld feeds (FrameInputs.step(...).host), "tfm" included
+  dm = DMOnnxReference("dmonitoring_model.onnx", model_size=(1440, 960), border_fill=16)
+  outputs = dm.step(driver_buf, frame, m_inv, calib)          # M_inv: calibration.dm_warp_matrix; calib: liveCalibration.rpyCalib
 
 It shares no code with the bundle's queues or warp: the frames are warped here in numpy (nearest pixel, round half to even, clamped, as
 the tinygrad warp), and the queues keep openpilot's full-length buffers and sample them as openpilot's selfdrive/modeld/modeld.py does
@@ -22,13 +25,29 @@ from sunnypilot.modeld_v2.model.camera_frame import NV12Frame
 MODEL_W, MODEL_H = 512, 256
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
 
-def _sample(plane: np.ndarray, m: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
+def _source(m: np.ndarray, out_w: int, out_h: int) -> tuple[np.ndarray, np.ndarray]:
+  """Each model pixel's nearest source pixel (round half to even) through M_inv, in float32 as the warps compute it; non-finite kept."""
   xs, ys = np.meshgrid(np.arange(out_w, dtype=np.float32), np.arange(out_h, dtype=np.float32))
   sx, sy, sw = (m[r, 0] * xs + m[r, 1] * ys + m[r, 2] for r in range(3))
-  with np.errstate(divide="ignore", invalid="ignore"): fx, fy = sx / sw, sy / sw
-  ix = np.clip(np.round(np.nan_to_num(fx, nan=0.0, posinf=1e9, neginf=-1e9)), 0, plane.shape[1] - 1).astype(np.int64)
-  iy = np.clip(np.round(np.nan_to_num(fy, nan=0.0, posinf=1e9, neginf=-1e9)), 0, plane.shape[0] - 1).astype(np.int64)
+  with np.errstate(divide="ignore", invalid="ignore"): return np.round(sx / sw), np.round(sy / sw)
+
+def _sample(plane: np.ndarray, m: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
+  fx, fy = _source(m, out_w, out_h)
+  ix = np.clip(np.nan_to_num(fx, nan=0.0, posinf=1e9, neginf=-1e9), 0, plane.shape[1] - 1).astype(np.int64)
+  iy = np.clip(np.nan_to_num(fy, nan=0.0, posinf=1e9, neginf=-1e9), 0, plane.shape[0] - 1).astype(np.int64)
   return plane[iy, ix]
+
+def dm_input(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, size: tuple[int, int], border_fill: int | None) -> np.ndarray:
+  """The driver camera's buffer as the DM model's input_img (1, w*h) uint8, as openpilot's compile_dm_warp.py makes it: the Y plane, each
+  model pixel the nearest source pixel, `border_fill` where that pixel is outside the image (a NaN coordinate too), or clamped (None)."""
+  (w, h), m = size, np.asarray(m_inv, np.float32)
+  y, _ = frame.planes(buf)
+  fx, fy = _source(m, w, h)
+  out = _sample(y, m, w, h)
+  if border_fill is not None:
+    with np.errstate(invalid="ignore"): inside = (fx >= 0) & (fx <= frame.width - 1) & (fy >= 0) & (fy <= frame.height - 1)
+    out = np.where(inside, out, np.uint8(border_fill))
+  return out.reshape(1, w * h)
 
 def warp_planes(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray) -> np.ndarray:
   """One camera buffer (camerad's NV12 layout) through M_inv (model pixel -> camera pixel) into the model's six uint8 planes (6, 128, 256)."""
@@ -121,3 +140,27 @@ class OnnxReference:
       curv = next(o[0, self.slices[k]["desired_curvature"]] for k, o in outs.items() if "desired_curvature" in self.slices[k])
       self._push(self.curv_name, curv[:self.inputs[self.curv_name][0][2]])  # the head's mean, as OutputParser gives it
     return np.concatenate([outs[k] for k in self.models], axis=1).astype(np.float32)
+
+class DMOnnxReference:
+  """onnxruntime on the driver-monitoring ONNX, fed what dmonitoringmodeld feeds its bundle: the driver frame warped in numpy (dm_input, with
+  the dm_warp's model size and border fill) and calib. No state: each frame stands alone."""
+  def __init__(self, path: str, model_size: tuple[int, int], border_fill: int | None):
+    import onnxruntime as ort
+
+    from sunnypilot.modeld_v2.compile.onnx_model import load_onnx, read_output_slices
+    self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    self.slices = read_output_slices(load_onnx(path)["metadata"]["output_slices"])
+    self.inputs = {i.name: (tuple(i.shape), ORT_DTYPES[i.type]) for i in self.session.get_inputs()}
+    if set(self.inputs) != {"input_img", "calib"}: raise ValueError(f"{path}: not a driver-monitoring model (inputs {', '.join(self.inputs)}, "
+                                                                   "openpilot's takes input_img and calib)")
+    self.model_size, self.border_fill = tuple(model_size), border_fill
+    outputs = {o.name: o.type for o in self.session.get_outputs()}
+    self.output = "outputs" if "outputs" in outputs else next(iter(outputs))
+    self.output_dtype = np.dtype(ORT_DTYPES[outputs[self.output]])
+
+  def step(self, buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, calib) -> np.ndarray:
+    """One driver frame: the outputs (1, N) float32."""
+    img = dm_input(buf, frame, m_inv, self.model_size, self.border_fill)
+    feeds = {"input_img": img.astype(self.inputs["input_img"][1]).reshape(self.inputs["input_img"][0]),
+             "calib": np.asarray(calib, np.float32).astype(self.inputs["calib"][1]).reshape(self.inputs["calib"][0])}
+    return self.session.run([self.output], feeds)[0].astype(np.float32)

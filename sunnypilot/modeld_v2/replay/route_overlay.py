@@ -121,16 +121,23 @@ def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple
       for packet in stream.encode(av.VideoFrame.from_image(image)): sink.mux(packet)
     for packet in stream.encode(): sink.mux(packet)
 
-def plot_drive(path: str, title: str, items: list[tuple[float, Any]], stand_in: str | None = None) -> None:
-  """desired curvature, acceleration, lead distance (with its probability) and confidence over `items` = [(seconds, modelV2)]; the title
-  says 'random weights' when `stand_in` (the model bundle's metadata) marks a stand-in."""
+# a driver's probabilities as driverStateV2 carries them (fill_driver_state.PROB_FIELDS' fields this schema has; the rest are not published)
+DRIVER_PROBS = ("faceProb", "eyesVisibleProb", "eyesClosedProb", "leftEyeProb", "rightEyeProb", "leftBlinkProb", "rightBlinkProb", "sunglassesProb",
+                "phoneProb")
+
+def plot_drive(path: str, title: str, items: list[tuple[float, Any]], stand_in: str | None = None, driver: list[tuple[float, Any]] | None = None,
+               rhd: bool = False) -> None:
+  """desired curvature, acceleration, lead distance (with its probability) and confidence over `items` = [(seconds, modelV2)]; with `driver`
+  = [(seconds, driverStateV2)] also the driver's face (facePosition x, y and faceOrientation, which openpilot's monitoring reads as pitch,
+  yaw, roll) and the probabilities published (face, eyes, blinks, sunglasses, phone), of the right-hand driver with `rhd`. The title says
+  'random weights' when `stand_in` (the model bundle's metadata) marks a stand-in."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   t = [s for s, _ in items]
   models = [m for _, m in items]
   has_accel = bool(models) and "desiredAcceleration" in models[0].action.schema.fieldnames
-  fig, axes = plt.subplots(4, 1, figsize=(11, 9), sharex=True)
+  fig, axes = plt.subplots(4 + 2 * (driver is not None), 1, figsize=(11, 9 + 4.5 * (driver is not None)), sharex=True)
   axes[0].plot(t, [m.action.desiredCurvature for m in models])
   axes[0].set_ylabel("desired curvature (1/m)")
   axes[1].plot(t, [m.action.desiredAcceleration if has_accel else (m.acceleration.x[0] if len(m.acceleration.x) else np.nan) for m in models])
@@ -144,8 +151,26 @@ def plot_drive(path: str, title: str, items: list[tuple[float, Any]], stand_in: 
   axes[3].plot(t, [CONFIDENCE.get(str(m.confidence), np.nan) for m in models], drawstyle="steps-post")
   axes[3].set_yticks([0, 1, 2], ["green", "yellow", "red"])
   axes[3].set_ylabel("confidence")
-  axes[3].set_xlabel("seconds into the segment")
+  if driver is not None: plot_driver(axes[4], axes[5], driver, rhd)
+  axes[-1].set_xlabel("seconds into the segment")
   fig.suptitle(title + ("\nRANDOM WEIGHTS: a stand-in model, these decisions are noise" if stand_in else ""), color="black")
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)
+
+def plot_driver(face, probs, states: list[tuple[float, Any]], rhd: bool) -> None:
+  """The driver's face position and orientation on `face`, the published probabilities on `probs` (matplotlib axes), over
+  [(seconds, driverStateV2)]."""
+  t, side = [s for s, _ in states], "rightDriverData" if rhd else "leftDriverData"
+  data = [getattr(d, side) for _, d in states]
+  for k, name in enumerate(("x", "y")): face.plot(t, [d.facePosition[k] if len(d.facePosition) > k else np.nan for d in data], label=f"facePosition {name}")
+  for k, name in enumerate(("pitch", "yaw", "roll")):
+    face.plot(t, [d.faceOrientation[k] if len(d.faceOrientation) > k else np.nan for d in data], ls="--", label=f"faceOrientation {name} (rad)")
+  face.set_ylabel(f"{'right' if rhd else 'left'}-hand driver's face")
+  face.legend(fontsize=7, ncol=5, loc="best")
+  fields = [f for f in DRIVER_PROBS if data and f in data[0].schema.fieldnames and any(getattr(d, f) for d in data)]
+  for f in fields: probs.plot(t, [getattr(d, f) for d in data], label=f)
+  probs.plot(t, [d.wheelOnRightProb for _, d in states], color="gray", lw=0.8, label="wheelOnRightProb")
+  probs.set_ylim(-0.02, 1.02)
+  probs.set_ylabel("driverStateV2 probabilities")
+  probs.legend(fontsize=7, ncol=4, loc="upper right")

@@ -3,9 +3,11 @@ LogReader, the HEVC videos through PyAV.
 
   segment = open_segment("/data/media/0/realdata/2024-05-01--10-00-00--3")   # fcamera.hevc, ecamera.hevc, rlog or qlog (plain/.bz2/.zst)
   for road, wide in FrameDecoder(segment): ...                                 # camerad NV12 buffers, decoded ahead in a thread
+  for buf in FrameDecoder(segment, driver=True): ...                           # dcamera.hevc's, when the segment has one
 
 Each video frame k is the camera frame the log's k-th roadEncodeIdx names (segmentId k; every rlog and qlog has them), else the k-th
-roadCameraState. Problems are a RouteError with one line; what can fall back (no calibration, no carState, no ecamera) is a warning.
+roadCameraState; dcamera.hevc's by driverEncodeIdx, else driverCameraState. Problems are a RouteError with one line; what can fall back
+(no calibration, no carState, no ecamera, a dcamera.hevc the log does not name) is a warning.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ class Segment:
   frames: list[CameraFrame]
   events: list[InputEvent]  # INPUT_SERVICES, in log order
   warnings: list[str] = field(default_factory=list)
+  driver_video: str | None = None  # dcamera.hevc, when it is there and the log names its frames (the driver camera is the road camera's size)
+  driver_frames: list[CameraFrame] = field(default_factory=list)
 
 def _first(folder: str, names) -> str | None:
   return next((os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))), None)
@@ -92,17 +96,19 @@ def _read_log(path: str, services: set[str]) -> tuple[list, list[str]]:
     except Exception as e: raise RouteError(f"{path}: not a readable openpilot log ({type(e).__name__}: {e})") from None
   return events, [f"{path}: {w.message}: replaying the events before it" for w in caught if issubclass(w.category, RuntimeWarning)]
 
-def _camera_frames(events: list, video: str, count: int) -> tuple[list[CameraFrame], list[str]]:
-  """Video frame k -> the camera frame: roadEncodeIdx by segmentId, else the k-th roadCameraState; checked against the video's frame count."""
-  idx = {e.roadEncodeIdx.segmentId: e for e in events if e.which() == "roadEncodeIdx"}
+def _camera_frames(events: list, video: str, count: int, camera: str = "road") -> tuple[list[CameraFrame], list[str]]:
+  """Video frame k -> the camera frame: <camera>EncodeIdx by segmentId, else the k-th <camera>CameraState; checked against the video's frame
+  count."""
+  index, state = f"{camera}EncodeIdx", f"{camera}CameraState"
+  idx = {getattr(e, index).segmentId: e for e in events if e.which() == index}
   if idx:
-    source = "roadEncodeIdx"
-    named = [(e.roadEncodeIdx.frameId, e.roadEncodeIdx.timestampSof, e.roadEncodeIdx.timestampEof, e.logMonoTime) for _, e in sorted(idx.items())]
+    source = index
+    named = [(getattr(e, index).frameId, getattr(e, index).timestampSof, getattr(e, index).timestampEof, e.logMonoTime) for _, e in sorted(idx.items())]
   else:
-    source = "roadCameraState"
-    named = [(e.roadCameraState.frameId, e.roadCameraState.timestampSof, e.roadCameraState.timestampEof, e.logMonoTime)
-             for e in events if e.which() == "roadCameraState"]
-  if not named: raise RouteError("the log has no roadEncodeIdx or roadCameraState: nothing says which camera frame each video frame is")
+    source = state
+    named = [(getattr(e, state).frameId, getattr(e, state).timestampSof, getattr(e, state).timestampEof, e.logMonoTime)
+             for e in events if e.which() == state]
+  if not named: raise RouteError(f"the log has no {index} or {state}: nothing says which camera frame each video frame is")
   if len(named) != count:
     raise RouteError(f"frames and log out of step: {os.path.basename(video)} has {count} frames, the log names {len(named)} ({source}): "
                      "a truncated video, or a log of another segment")
@@ -115,7 +121,7 @@ def _camera_frames(events: list, video: str, count: int) -> tuple[list[CameraFra
 
 def open_segment(folder: str) -> Segment:
   """Find and check a segment's files; RouteError on what cannot be replayed, `warnings` for each fallback taken."""
-  from openpilot_logging.route import CAMERA_FILENAMES, ECAMERA_FILENAMES, LOG_FILENAMES, QLOG_FILENAMES
+  from openpilot_logging.route import CAMERA_FILENAMES, DCAMERA_FILENAMES, ECAMERA_FILENAMES, LOG_FILENAMES, QLOG_FILENAMES
   if not os.path.isdir(folder): raise RouteError(f"{folder}: no such segment folder")
   notes = []
   if (log_path := _first(folder, LOG_FILENAMES) or _first(folder, QLOG_FILENAMES)) is None:
@@ -124,7 +130,7 @@ def open_segment(folder: str) -> Segment:
   width, height, count = _video_info(road)
   try: sensor = sensor_for_size(width, height)
   except ValueError: raise RouteError(f"{road}: {width}x{height} frames are no known comma camera's (1928x1208: comma 3/3X, 1344x760: comma 4)") from None
-  events, log_notes = _read_log(log_path, {"roadEncodeIdx", "roadCameraState", *INPUT_SERVICES})
+  events, log_notes = _read_log(log_path, {"roadEncodeIdx", "roadCameraState", "driverEncodeIdx", "driverCameraState", *INPUT_SERVICES})
   frames, frame_notes = _camera_frames(events, road, count)
   if (wide := _first(folder, ECAMERA_FILENAMES)) is None:
     notes.append(f"{folder}: no ecamera.hevc: the road camera's frames stand in for the wide camera")
@@ -139,9 +145,25 @@ def open_segment(folder: str) -> Segment:
   seen = {e.which() for e in events}
   if "liveCalibration" not in seen: notes.append(f"{log_path}: no liveCalibration: modeld uses the default calibration (a perfectly mounted device)")
   if "carState" not in seen: notes.append(f"{log_path}: no carState: vEgo 0, no blinkers, no desire")
+  driver, driver_frames = _driver_camera(_first(folder, DCAMERA_FILENAMES), events, (width, height), notes)
   inputs = [InputEvent(e.logMonoTime, e.which(), e.as_builder().to_bytes(), getattr(e, e.which())) for e in events if e.which() in INPUT_SERVICES]
   return Segment(os.path.basename(os.path.normpath(folder)), log_path, road, wide, camerad_frame(width, height), sensor, frames, inputs,
-                 log_notes + frame_notes + notes)
+                 log_notes + frame_notes + notes, driver, driver_frames)
+
+def _driver_camera(video: str | None, events: list, size: tuple[int, int], notes: list[str]) -> tuple[str | None, list[CameraFrame]]:
+  """dcamera.hevc and its frames, or (None, []) with a note on why it is passed over: the segment still replays for modeld."""
+  if video is None: return None, []
+  width, height, count = _video_info(video)
+  if (width, height) != size:
+    notes.append(f"{os.path.basename(video)} is {width}x{height}, the road camera {size[0]}x{size[1]}: a comma device's driver camera is the road "
+                 "camera's sensor; the driver camera is not replayed")
+    return None, []
+  try: frames, frame_notes = _camera_frames(events, video, count, "driver")
+  except RouteError as e:
+    notes.append(f"{e}: the driver camera is not replayed")
+    return None, []
+  notes.extend(frame_notes)
+  return video, frames
 
 class EventFeed:
   """A segment's input events in log order, handed out up to each frame's log time."""
@@ -174,10 +196,13 @@ def _decode(path: str, frame: NV12Frame) -> Iterator[np.ndarray]:
   except av.FFmpegError as e: raise RouteError(f"{path}: decoding failed ({e})") from None
 
 class FrameDecoder:
-  """Decodes a segment's road and wide videos in a thread, up to DECODE_AHEAD frames ahead; iterating yields (road, wide) buffers in
-  camerad's layout and raises the decoder's RouteError where it failed (a video shorter than its packets said is one)."""
-  def __init__(self, segment: Segment, stop: int | None = None):
-    self.segment, self.stop = segment, len(segment.frames) if stop is None else stop
+  """Decodes a segment's road and wide videos (with `driver`, its dcamera.hevc) in a thread, up to DECODE_AHEAD frames ahead; iterating
+  yields (road, wide) buffers (driver buffers) in camerad's layout and raises the decoder's RouteError where it failed (a video shorter than
+  its packets said is one)."""
+  def __init__(self, segment: Segment, stop: int | None = None, driver: bool = False):
+    if driver and segment.driver_video is None: raise ValueError(f"{segment.name} has no driver camera video")
+    self.segment, self.driver = segment, driver
+    self.stop = len(segment.driver_frames if driver else segment.frames) if stop is None else stop
     self.queue: queue.Queue = queue.Queue(DECODE_AHEAD)
     self.closed = threading.Event()
     self.thread = threading.Thread(target=self._run, daemon=True)
@@ -185,15 +210,18 @@ class FrameDecoder:
 
   def _run(self) -> None:
     s = self.segment
+    video = s.driver_video if self.driver else s.road_video
     try:
-      pairs = zip(_decode(s.road_video, s.frame), _decode(s.wide_video, s.frame)) if s.wide_video else ((b, b) for b in _decode(s.road_video, s.frame))
+      if self.driver: pairs = _decode(video, s.frame)
+      elif s.wide_video: pairs = zip(_decode(s.road_video, s.frame), _decode(s.wide_video, s.frame))
+      else: pairs = ((b, b) for b in _decode(s.road_video, s.frame))
       decoded = 0
       for pair in itertools.islice(pairs, self.stop):
         if not self._put(pair): return
         decoded += 1
-      if decoded < self.stop: raise RouteError(f"{s.road_video}: only {decoded} of {self.stop} frames decode (a truncated stream?)")
+      if decoded < self.stop: raise RouteError(f"{video}: only {decoded} of {self.stop} frames decode (a truncated stream?)")
     except RouteError as e: self._put(e)
-    except Exception as e: self._put(RouteError(f"{s.road_video}: decoding failed ({type(e).__name__}: {e})"))
+    except Exception as e: self._put(RouteError(f"{video}: decoding failed ({type(e).__name__}: {e})"))
     self._put(None)
 
   def _put(self, item) -> bool:
@@ -204,7 +232,7 @@ class FrameDecoder:
       except queue.Full: continue
     return False
 
-  def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+  def __iter__(self) -> Iterator[Any]:
     while (item := self.queue.get()) is not None:
       if isinstance(item, RouteError): raise item
       yield item

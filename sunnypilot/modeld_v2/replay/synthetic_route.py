@@ -3,8 +3,9 @@
   python -m sunnypilot.modeld_v2.replay.synthetic_route out/route/2026-01-01--00-00-00--0 [--camera 1928x1208] [--frames 200]
 
 fcamera.hevc and ecamera.hevc: road_scene frames of the camera's road and wide lenses encoded to HEVC with PyAV (libx265), 20 fps;
-rlog.zst: a liveCalibration, then per frame a carState and a roadCameraState (frame id, timestamps, sensor), written with the schema
-through openpilot_logging's save_log.
+dcamera.hevc (unless --no-driver): cabin_scene frames of the driver camera (a face that sways, turns and blinks), the same size;
+rlog.zst: a liveCalibration, then per frame a carState and a roadCameraState (frame id, timestamps, sensor) and, 25 ms later, a
+driverCameraState (the driver camera's own frame counter), written with the schema through openpilot_logging's save_log.
 """
 from __future__ import annotations
 
@@ -40,11 +41,13 @@ def encode_hevc(path: str, pictures: list[np.ndarray], width: int, height: int) 
 
 def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), height: float = 1.3, v_ego=lambda k: 15 + 0.1 * k,
               calibration: bool = True, car_state: bool = True, frame_ids: list[int] | None = None, encode_idx: bool = False,
-              camera_state_every: int = 1, recalibrations: dict[int, tuple] | None = None) -> None:
+              camera_state_every: int = 1, recalibrations: dict[int, tuple] | None = None, driver: bool = False) -> None:
   """An rlog: liveCalibration before the first frame (unless not `calibration`), then per frame carState (unless not `car_state`) 10 ms
   before its roadCameraState (and, with `encode_idx`, a roadEncodeIdx 5 ms after it, as encoderd logs each encoded frame); frame ids
   from FIRST_ID (or `frame_ids`), 50 ms apart. `camera_state_every` N > 1 logs every Nth roadCameraState only, as a qlog does.
-  `recalibrations` {frame index: (rpy, height)}: another liveCalibration 20 ms before those frames (calibrationd publishes at 4 Hz)."""
+  `recalibrations` {frame index: (rpy, height)}: another liveCalibration 20 ms before those frames (calibrationd publishes at 4 Hz).
+  `driver`: per frame a driverCameraState 25 ms after the road frame (and with `encode_idx` a driverEncodeIdx 5 ms after it), ids from
+  FIRST_ID: the driver camera runs at 20 Hz on its own counter and clock."""
   from openpilot_logging.logreader import save_log
 
   from sunnypilot.modeld_v2.daemon.messaging import log
@@ -74,10 +77,25 @@ def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), heigh
       idx.roadEncodeIdx.frameId, idx.roadEncodeIdx.segmentId, idx.roadEncodeIdx.encodeId = frame_id, k, frame_id
       idx.roadEncodeIdx.timestampSof, idx.roadEncodeIdx.timestampEof = t - 30_000_000, t - 10_000_000
       events.append(idx)
+    if driver: events += driver_events(event, t + 25_000_000, FIRST_ID + k, k, sensor, encode_idx)
   save_log(path, [e.as_reader() for e in events])
 
-def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: int = 24, distinct: int | None = None, **log_options) -> None:
-  """A segment folder of `frames` frames (the first `distinct` rendered, then looped: rendering is the slow part) and its rlog.zst."""
+def driver_events(event, t: int, frame_id: int, k: int, sensor: str, encode_idx: bool) -> list:
+  """The driver camera's events of its k-th frame at log time `t`: driverCameraState, and driverEncodeIdx 5 ms later as encoderd logs it."""
+  dc = event(t, "driverCameraState")
+  dc.driverCameraState.frameId, dc.driverCameraState.timestampSof, dc.driverCameraState.timestampEof = frame_id, t - 30_000_000, t - 10_000_000
+  dc.driverCameraState.sensor = sensor
+  if not encode_idx: return [dc]
+  idx = event(t + 5_000_000, "driverEncodeIdx")
+  idx.driverEncodeIdx.frameId, idx.driverEncodeIdx.segmentId, idx.driverEncodeIdx.encodeId = frame_id, k, frame_id
+  idx.driverEncodeIdx.timestampSof, idx.driverEncodeIdx.timestampEof = t - 30_000_000, t - 10_000_000
+  return [dc, idx]
+
+def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: int = 24, distinct: int | None = None, driver: bool = True,
+                  **log_options) -> None:
+  """A segment folder of `frames` frames (the first `distinct` rendered, then looped: rendering is the slow part), with `driver` a
+  dcamera.hevc of the synthetic cabin (every frame rendered: the face's blinks and turns do not loop), and its rlog.zst."""
+  from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
   from sunnypilot.modeld_v2.replay.road_scene import road_scene
   frame, sensor = camerad_frame(*camera), sensor_for_size(*camera)
   road, wide = SENSOR_CAMERAS[sensor]
@@ -86,7 +104,8 @@ def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: in
   for name, lens, seed in (("fcamera.hevc", road, 0), ("ecamera.hevc", wide, 1000)):
     rendered = [visible_nv12(road_scene(frame, lens.focal_length, t=k * 0.05, seed=seed + k), frame) for k in range(n)]
     encode_hevc(os.path.join(folder, name), [rendered[k % n] for k in range(frames)], *camera)
-  write_log(os.path.join(folder, "rlog.zst"), frames, sensor, **log_options)
+  if driver: encode_hevc(os.path.join(folder, "dcamera.hevc"), [visible_nv12(cabin_scene(frame, k), frame) for k in range(frames)], *camera)
+  write_log(os.path.join(folder, "rlog.zst"), frames, sensor, driver=driver, **log_options)
 
 def missing_parents(folder: str) -> list[str]:
   """The parent folders of `folder` that do not exist yet, innermost first."""
@@ -102,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("folder", help="the segment folder to write, new or empty (route_replay takes it, or its parent); missing parent folders are made")
   parser.add_argument("--camera", type=checked(parse_camera_size), default="1928x1208", help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--frames", type=positive_int, default=200, help="frames in the segment (default 200: 10 s)")
-  parser.add_argument("--distinct", type=positive_int, default=40, help="frames rendered; the rest repeat them (rendering is slow)")
+  parser.add_argument("--distinct", type=positive_int, default=40, help="road frames rendered; the rest repeat them (rendering is slow)")
+  parser.add_argument("--no-driver", action="store_true", help="no dcamera.hevc (the driver camera) and no driver camera events")
   args = parser.parse_args(argv)
   folder = os.path.abspath(args.folder)
   if os.path.exists(folder) and (not os.path.isdir(folder) or os.listdir(folder)): parser.error(f"{args.folder} exists and is not an empty folder")
@@ -111,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     try: os.makedirs(os.path.dirname(folder), exist_ok=True)  # a route folder under out/ on a fresh clone: its parents are made
     except OSError as e: parser.error(f"cannot make the folder {os.path.dirname(folder)}: {e.strerror or e}")
     log.info(f"rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...")
-    write_segment(tmp, args.camera, args.frames, args.distinct)
+    write_segment(tmp, args.camera, args.frames, args.distinct, driver=not args.no_driver)
     if os.path.isdir(folder): os.rmdir(folder)
     os.rename(tmp, folder)
   except BaseException:

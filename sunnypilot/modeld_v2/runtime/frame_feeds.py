@@ -1,6 +1,7 @@
 """How the camera frames of a step reach the fused part, one class per way: copied into the packed host buffer (a packed warp), uploaded
 into a device buffer per input (a --split-frames warp on a device that cannot read host memory, or with mapping off), or read in place
-from the camera buffers (a --split-frames warp on CPU, QCOM or CUDA). The adapter picks one and feeds it {"img": road, "big_img": wide}."""
+from the camera buffers (a --split-frames warp on CPU, QCOM or CUDA). The adapter picks one and feeds it {"img": road, "big_img": wide},
+or {"driver": driver camera} for a driver-monitoring warp."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,13 +10,16 @@ import numpy as np
 from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.format.part import device_kind
-from sunnypilot.modeld_v2.format.warp_inputs import WARP_FRAMES
+from sunnypilot.modeld_v2.format.warp_inputs import DRIVER_FRAMES, WARP_FRAMES
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration
 from sunnypilot.modeld_v2.runtime.kernel_replay import ALIGNMENT, write_tensor
 
 CAMERA_BUFFERS = ("img", "big_img")  # copy_frames' keys for the road and wide VisionIPC buffers: openpilot modeld's vision input names
 
-FRAME_INPUTS = dict(zip(CAMERA_BUFFERS, WARP_FRAMES, strict=True))  # the --split-frames warp's input for each camera buffer
+DRIVER_BUFFER = "driver"  # copy_frames' key for the driver camera's VisionIPC buffer (dmonitoringmodeld)
+
+# the warp's input for each camera buffer: a --split-frames warp's road and wide, a driver-monitoring warp's one
+FRAME_INPUTS = dict(zip(CAMERA_BUFFERS, WARP_FRAMES, strict=True)) | {DRIVER_BUFFER: DRIVER_FRAMES[0]}
 
 def is_camera_buffer(buf: Any) -> bool:
   """A VisionBuf (shared camera memory with .data), not a numpy frame (warmup, tests: host memory its owner may free or reuse)."""

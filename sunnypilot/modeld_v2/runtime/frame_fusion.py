@@ -1,9 +1,10 @@
-"""Fuse the camera warp into the driving model: one part, one host upload, then the warp's kernels and the model's.
+"""Fuse a camera warp into its model: one part, one host upload, then the warp's kernels and the model's.
 
 The fused part takes `host` (one packed uint8 NPY buffer: the warp's M_inv as `tfm`, every non-state model input and, for a
 packed warp, both camera frames), each state, `output_buffers`, and with a --split-frames warp `frame` and `big_frame`, which
-modeld binds to the camera buffers by pointer. `fuse` is a pure data transform on two parts (no files, nothing recompiled); `frame_part`
-is the seed's name for reading a warp bundle and fusing it.
+modeld binds to the camera buffers by pointer. The same holds for the driver-monitoring pair (a `dmonitoring_model` and a `dm_warp`): its
+one camera input `frame` is bound by pointer, `tfm` is the driver camera's (3, 3) M_inv and `calib` a host input. `fuse` is a pure data
+transform on two parts (no files, nothing recompiled); `frame_part` is the seed's name for reading a warp bundle and fusing it.
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.bundle import TensorSpec, read_parts, state_names
 from sunnypilot.modeld_v2.format.part import Arg, BufferSpec, BufferView, Call, InputArg, InputSlot, Part
 from sunnypilot.modeld_v2.format.part_builder import PartBuilder
-from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES
+from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM
 
 SPLIT_FRAMES = tuple(sorted(WARP_FRAMES))  # the seed's name for a --split-frames warp's frame inputs, in the replay's (sorted) input order
 HOST_ALIGN = 64  # every slot of the packed host buffer starts on a cache line, so float views are aligned on any device
-TFM = (HOST_TRANSFORM, (2, 3, 3))  # the warp's M_inv (road, wide), first in the host buffer
+TFM = (HOST_TRANSFORM, (2, 3, 3))  # the warp's M_inv (road, wide), first in the host buffer; a driver-monitoring warp's is (3, 3)
+WARP_KINDS = {"model": "warp", "dmonitoring_model": "dm_warp"}  # a model bundle's metadata kind -> the kind of warp fused in front of it
 
 @dataclass(frozen=True)
 class FusedLayout:
@@ -47,16 +49,23 @@ class FusedLayout:
                          int(fused["host_bytes"]), {k: tuple(int(d) for d in v) for k, v in fused["host_shapes"].items()}, int(fused["frame_size"]))
     except (KeyError, TypeError, ValueError, AttributeError) as e: raise ArtifactError(f"the fused part's layout is malformed: {e!r}") from None
 
-def pack_layout(shapes: dict[str, tuple], frame_size: int) -> tuple[dict[str, int], int]:
-  """Byte offsets of `tfm` and each float32 host input in the packed host buffer, then `frames` (two camera frames) if frame_size.
+def pack_layout(shapes: dict[str, tuple], frame_size: int, tfm: tuple[int, ...] = TFM[1]) -> tuple[dict[str, int], int]:
+  """Byte offsets of `tfm` (of shape `tfm`) and each float32 host input in the packed host buffer, then `frames` (two camera frames) if
+  frame_size.
 
   Returns (offsets, total bytes). A split warp passes frame_size 0: its frames are bound by pointer, not packed."""
   offsets, offset = {}, 0
-  for name, shape in (dict([TFM]) | shapes).items():
+  for name, shape in ({HOST_TRANSFORM: tfm} | shapes).items():
     offsets[name] = offset
     offset += -(-int(np.prod(shape)) * 4 // HOST_ALIGN) * HOST_ALIGN  # its bytes, rounded up to a cache line
   if frame_size: offsets["frames"] = offset
   return offsets, offset + 2 * frame_size
+
+def frames_input(metadata: dict) -> str:
+  """The model input a warp's output feeds: the one compile_modeld gave the `frames` role (new_img, the DM model's input_img)."""
+  roles = metadata.get("input_roles")
+  frames = [name for name, role in roles.items() if role == "frames"] if isinstance(roles, dict) else []
+  return frames[0] if len(frames) == 1 else "new_img"
 
 def frame_part(warp_path: str, parts: dict, extras: dict, device: str | None = None, allow_device: bool = False) -> tuple[dict, dict]:
   """The seed's extension: read the warp bundle at `warp_path` for `device` and fuse it in front of the model's part."""
@@ -69,23 +78,27 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   (parts, extras), (warp_parts, warp_extras) = model_bundle, warp_bundle
   (model_header, model_blob), (warp_header, warp_blob) = parts["run"], warp_parts["run"]
   meta, warp_meta = extras["metadata"], warp_extras["metadata"]
-  if meta.get("kind") != "model" or warp_meta.get("kind") != "warp":
-    raise ArtifactError(f"fusion takes a model bundle and a warp bundle ({warp_name}), got a {meta.get('kind')} and a {warp_meta.get('kind')}")
+  if warp_meta.get("kind") != WARP_KINDS.get(kind if isinstance(kind := meta.get("kind"), str) else ""):
+    raise ArtifactError(f"fusion takes a model bundle and a warp bundle, or a dmonitoring_model bundle and a dm_warp bundle ({warp_name}), got a "
+                        f"{meta.get('kind')} and a {warp_meta.get('kind')}")
   model, warp = Part.of(model_header, model_blob), Part.of(warp_header, warp_blob)
   if model.device != warp.device: raise ArtifactError(f"the model is for {model.device} and the warp {warp_name} for {warp.device}")
   if any(isinstance(r.arg, InputArg) for r in model.returns.tensors): raise ArtifactError("a model part that returns one of its inputs cannot be fused")
   if len(warp.returns.tensors) != 1 or isinstance(warp.returns.tensors[0].arg, InputArg):
     raise ArtifactError(f"the warp {warp_name} must return one tensor it computes")
-  states = state_names(extras["input_specs"], extras["output_specs"])
-  host = {name: spec.shape for name, spec in extras["input_specs"].items() if name not in states and name != "new_img"}
+  states, images = state_names(extras["input_specs"], extras["output_specs"]), frames_input(meta)
+  if images not in extras["input_specs"]: raise ArtifactError(f"the model has no {images} input for the warp's output")
+  host = {name: spec.shape for name, spec in extras["input_specs"].items() if name not in states and name != images}
   if bad := [n for n, spec in extras["input_specs"].items() if n in host and np.dtype(spec.dtype) != np.float32]:
     raise ArtifactError(f"host inputs must be float32 to be packed, {bad} are not")
   returned = warp.returns.tensors[0]
-  if returned.shape != extras["input_specs"]["new_img"].shape:
-    raise ArtifactError(f"the warp makes {list(returned.shape)} planes, the model takes new_img {extras['input_specs']['new_img'].shape}")
+  if returned.shape != extras["input_specs"][images].shape:
+    raise ArtifactError(f"the warp makes {list(returned.shape)} planes, the model takes {images} {extras['input_specs'][images].shape}")
   frame_specs = {s.name: s for s in warp.inputs if s.name in SPLIT_FRAMES}
   frame_size = next(int(np.prod(s.shape)) for s in warp.inputs if s.name in (PACKED_FRAMES, WARP_FRAMES[0])) // (1 if frame_specs else 2)
-  offsets, packed = pack_layout(host, 0 if frame_specs else frame_size)
+  if (tfm := next((s.shape for s in warp.inputs if s.name == WARP_TRANSFORM), None)) is None:
+    raise ArtifactError(f"the warp {warp_name} takes no {WARP_TRANSFORM}")
+  offsets, packed = pack_layout(host, 0 if frame_specs else frame_size, tfm)
 
   builder, u8 = PartBuilder(), "dtypes.uchar"
   builder.include(model, model_blob)
@@ -99,7 +112,7 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   new_img = dataclasses.replace(returned.arg, buffer=returned.arg.buffer + warp_buffers)
   def model_arg(s: InputSlot) -> Arg:
     if (s.name, s.key) in slot_of: return slot_of[(s.name, s.key)]
-    return new_img if s.name == "new_img" else view(s.name, s)
+    return new_img if s.name == images else view(s.name, s)
   model_args = {s.slot: model_arg(s) for s in model.inputs}
   def warp_arg(s: InputSlot) -> Arg:  # a split warp's frames stay inputs; its packed frames and M_inv are views of host
     return slot_of[(s.name, None)] if s.name in frame_specs else view("frames" if s.name == PACKED_FRAMES else HOST_TRANSFORM, s)
@@ -110,6 +123,6 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   part = builder.part(model.device, [s.name for s in inputs], inputs, calls, onetime, model.returns)
   fused_specs = {"host": TensorSpec((packed,), "|u1", "NPY")} | {n: extras["input_specs"][n] for n in states} | \
                 {n: TensorSpec((frame_size,), "|u1", model.device) for n in frame_specs}
-  layout = FusedLayout(warp_name, warp_meta["frame"], bool(frame_specs), offsets, packed, dict([TFM]) | host, frame_size)
+  layout = FusedLayout(warp_name, warp_meta["frame"], bool(frame_specs), offsets, packed, {HOST_TRANSFORM: tfm} | host, frame_size)
   fused_meta = meta | {"fused": layout.to_json()}
   return {"run": (part, builder.blob())}, extras | {"input_specs": fused_specs, "metadata": fused_meta}

@@ -10,7 +10,7 @@ from tinygrad import Tensor
 from sunnypilot.modeld_v2.format.bundle import TensorSpec, next_name
 from sunnypilot.modeld_v2.format.part import device_kind
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
-from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, DRIVER_BUFFER, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
 from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, FusedLayout
 from sunnypilot.modeld_v2.runtime.kernel_replay import write_tensor
 from sunnypilot.modeld_v2.runtime.loader import Verify, load_device, load_fused
@@ -23,7 +23,8 @@ class ModelRunner:
   """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame. The camera frames arrive through a
   frame feed (frame_feeds: packed, uploaded or read in place) and the outputs leave through an output readback (output_readbacks).
   `map_camera_buffers=False` uploads the frames of a --split-frames warp and keeps the host inputs and outputs out of CUDA's registered
-  memory. `verify`: see loader.stream_parts (modeld: the model set's signature or manifest check)."""
+  memory. `verify`: see loader.stream_parts (the daemons: the model set's signature or manifest check). A driver-monitoring pair
+  (a dmonitoring_model bundle and a dm_warp) runs the same way, fed {"driver": buffer}."""
   def __init__(self, model_path: str, warp_path: str, device: str | None = None, map_camera_buffers: bool = True, allow_device: bool = False,
                verify: Verify | None = None):
     self.model_device = load_device(device)
@@ -36,7 +37,9 @@ class ModelRunner:
     assert self.bundle.fused is not None, "load_fused returns a fused part"
     self.layout: FusedLayout = self.bundle.fused
     self.warp_frame_size = self.layout.frame_size
-    self.split = list(SPLIT_FRAMES) if self.layout.split_frames else []  # the warp reads the camera buffers in place
+    # the warp's camera inputs, read in place (two for the road cameras, one for the driver's), and copy_frames' keys for them
+    self.split = [name for name in SPLIT_FRAMES if name in self.bundle.input_specs] if self.layout.split_frames else []
+    self.camera_buffers = (DRIVER_BUFFER,) if self.bundle.metadata.get("kind") == "dmonitoring_model" else CAMERA_BUFFERS
     self.in_place = bool(self.split) and map_camera_buffers and kind in MAPS_HOST_MEMORY
     self.states = {name: Tensor(np.zeros(self.bundle.input_specs[name].shape, self.bundle.input_specs[name].dtype), device=self.model_device).realize()
                    for name in self.bundle.state_names}
@@ -79,9 +82,10 @@ class ModelRunner:
     return self.frame_feed.registered_camera_buffers
 
   def copy_frames(self, bufs: dict[str, Any]) -> None:
-    """Take this step's camera frames: {"img": road, "big_img": wide}, each a VisionBuf (shared camera memory with .data) or a numpy array.
-    Only VisionBufs are read in place: a numpy frame (warmup, tests) is host memory its owner may free or reuse, so it is always copied."""
-    for key in CAMERA_BUFFERS:
+    """Take this step's camera frames: {"img": road, "big_img": wide} ({"driver": driver} for driver monitoring: `camera_buffers`), each a
+    VisionBuf (shared camera memory with .data) or a numpy array. Only VisionBufs are read in place: a numpy frame (warmup, tests) is host
+    memory its owner may free or reuse, so it is always copied."""
+    for key in self.camera_buffers:
       if key in bufs: self.frame_feed.feed(key, bufs[key])
 
   def drop_camera_buffers(self) -> None:
@@ -106,7 +110,8 @@ class ModelRunner:
     for state in self.states.values(): write_tensor(state, np.zeros(state.shape, state.dtype.fmt))
 
   def run(self) -> Tensor:
-    if len(self.frame_feed.inputs) != len(self.split): raise RuntimeError("copy_frames() has not been given both camera frames yet")
+    if len(self.frame_feed.inputs) != len(self.split):
+      raise RuntimeError(f"copy_frames() has not been given {'both camera frames' if len(self.split) > 1 else 'its camera frame'} yet")
     self.replay(host=self.host, **self.states, **self.frame_feed.inputs, output_buffers=self.outputs)
     return self.outputs["outputs"]
 

@@ -18,8 +18,10 @@ Generations (names and shapes from the history of openpilot's selfdrive/modeld/m
   split_current      openpilot's current layout (compile_modeld.py @55cac784): vision (img, big_img) -> lanes, edges, meta, desire_pred, a
                      single-hypothesis lead (144) and hidden_state; policy (desire_pulse (1,25,8), traffic_convention, features_buffer
                      (1,25,512)) -> a single-hypothesis plan (990), desire_state and 2 floats of padding
-Other models (compiled with compile_onnx, not compile_modeld):
-  dmonitoring        openpilot's driver-monitoring model: input_img (1, 1440*960) uint8 + calib (1, 3) -> outputs (1, 84 + 512)
+Other models (compile_modeld tells them by their inputs; compile_onnx makes a plain bundle of any of them):
+  dmonitoring        openpilot's driver-monitoring model: input_img (1, 1440*960) uint8 + calib (1, 3) -> outputs (1, 33 head values + 512
+                     features), output_slices of the current layout (per driver side face_descs 12, face_prob, eyes_visible_prob,
+                     eyes_closed_prob, using_phone_prob; wheel_on_right; features)
 A generation of several models writes one file per model next to `--output` (split_09.onnx -> split_09_vision.onnx, split_09_policy.onnx)
 and prints the compile_modeld command for them. Sizes: `tiny` (tests), `full` (a conv backbone of realistic depth, for benchmarks) and
 `big` (800 MB of weights, the size of openpilot's big model, for the load benchmarks).
@@ -37,7 +39,9 @@ import numpy as np
 
 from sunnypilot.modeld_v2.common.cli import interruptible, non_negative_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.model.calibration import DM_INPUT_SIZE
 from sunnypilot.modeld_v2.model.constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES, FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
+from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import DM_LAYOUTS, DRIVER_SIDES, dm_heads
 
 OPSET = 17
 IR_VERSION = 8  # what opset 17 needs; newer onnx writes newer IR versions that older onnxruntimes refuse
@@ -89,9 +93,10 @@ GENERATIONS: dict[str, dict[str, ModelSpec]] = {
   "split_current": {"vision": ModelSpec(CURRENT_VISION_SLICES, IMAGES), "policy": ModelSpec(CURRENT_POLICY_SLICES, histories=POLICY_0X, host=TRAFFIC)},
 }
 NAMES = ("native", *GENERATIONS)
-# openpilot's driver-monitoring model (selfdrive/modeld/dmonitoringmodeld.py and common/transformations/model.py @ba2aa31c): the warped
-# driver frame's Y plane, DM_INPUT_SIZE (width, height), as uint8 input_img (1, w*h); calib (1, 3); outputs (1, 84 heads + 512 features)
-DM_INPUT_SIZE, DM_CALIB_LEN, DM_HEADS, DM_FEATURE_LEN = (1440, 960), 3, 84, 512
+# openpilot's driver-monitoring model (selfdrive/modeld/dmonitoringmodeld.py @63cf2e70, common/transformations/model.py): the warped driver
+# frame's Y plane, DM_INPUT_SIZE (width, height), as uint8 input_img (1, w*h); calib (1, 3) = liveCalibration.rpyCalib; outputs (1, heads +
+# 512 features), the features last (openpilot's compile_dmonitoring_model.py @6a46ef14 finds them as the last input of the outputs' Concat)
+DM_CALIB_LEN, DM_FEATURE_LEN = 3, 512
 OTHER_MODELS = ("dmonitoring",)
 # float32 in every stand-in: a float16 copy of a fed-back hidden state would round tinygrad's and onnxruntime's last-bit differences apart
 FED_BACK = ("features_buffer", "prev_desired_curv")
@@ -234,15 +239,25 @@ def build_model(spec: ModelSpec, name: str, size: str = "tiny", seed: int = 0):
   return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "generation": name}), \
     {"flops": g.flops, "params": g.params}
 
-def build_dmonitoring(size: str = "tiny", seed: int = 0):
+def dm_output_sizes(layout: str = "current") -> dict[str, int]:
+  """The stand-in's heads in output order: each driver side's (lhd, then rhd), wheel_on_right, then the features. The order is this
+  stand-in's: a daemon reads the heads where the model's output_slices put them."""
+  heads = dm_heads(layout)
+  return {name: n for side in DRIVER_SIDES for name, n in heads.items() if name.endswith(f"_{side}")} | {"wheel_on_right": 1, "features": DM_FEATURE_LEN}
+
+def build_dmonitoring(size: str = "tiny", seed: int = 0, layout: str = "current"):
   """The driver-monitoring stand-in: input_img's Y plane through a conv backbone, with calib, into one tanh layer (the features), then the
-  heads; outputs is the heads followed by the features, as openpilot's DM model lays them out. ModelProto and stats."""
-  g, (w, h) = _Graph(f"dmonitoring_{size}_stand_in", seed), DM_INPUT_SIZE
+  heads of `layout` (parse_dmonitoring_outputs.DM_LAYOUTS); outputs is the heads followed by the features, as openpilot's DM model lays
+  them out, with output_slices. ModelProto and stats."""
+  if layout not in DM_LAYOUTS: raise StandInError(f"the driver-monitoring layout must be one of {', '.join(DM_LAYOUTS)}, got {layout!r}")
+  g, (w, h), sizes = _Graph(f"dmonitoring_{size}_stand_in", seed), DM_INPUT_SIZE, dm_output_sizes(layout)
+  n_heads = sum(sizes.values()) - DM_FEATURE_LEN
   img = g.op("Reshape", g.input("input_img", (1, w * h), np.uint8), g.const(np.array([1, 1, h, w])))
   feats, n_feats = g.camera_features(img, 1, size, (h, w))
   features = g.op("Tanh", g.linear(g.op("Concat", feats, g.input("calib", (1, DM_CALIB_LEN)), axis=1), n_feats + DM_CALIB_LEN, DM_FEATURE_LEN))
-  g.output(g.op("Concat", g.linear(features, DM_FEATURE_LEN, DM_HEADS), features, axis=1), "outputs", (1, DM_HEADS + DM_FEATURE_LEN))
-  return g.model({"stand_in": "random weights: outputs mean nothing", "size": size, "generation": "dmonitoring"}), {"flops": g.flops, "params": g.params}
+  g.output(g.op("Concat", g.linear(features, DM_FEATURE_LEN, n_heads), features, axis=1), "outputs", (1, n_heads + DM_FEATURE_LEN))
+  return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size,
+                  "generation": "dmonitoring"}), {"flops": g.flops, "params": g.params}
 
 def model_path(path: str, key: str) -> str:
   """Where one model of a generation goes: `path` itself for a one-model generation, else `<path stem>_<key>.onnx` (key: vision, policy, ...)."""
@@ -280,7 +295,7 @@ def next_command(generation: str, output: str, files: dict[str, str]) -> str:
   name such as model.bin would, pasted, replace whatever bundle of that name is there (the driving model beside a dmonitoring stand-in)."""
   import shlex
   python = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else sys.executable
-  compiler = "compile.compile_onnx" if generation in OTHER_MODELS else "compile_modeld"
+  compiler = "compile_modeld"  # the driver-monitoring model too: its bundle is what dmonitoringmodeld runs
   flags = " ".join(f"--{k.replace('_', '-')} {shlex.quote(p)}" for k, p in files.items())
   bundle = os.path.splitext(output)[0] + ".bin"
   if bundle == output: bundle = os.path.splitext(output)[0] + "_compiled.bin"  # an ONNX written as x.bin: never the input itself
