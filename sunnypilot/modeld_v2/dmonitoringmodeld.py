@@ -38,7 +38,7 @@ from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, Trust, open_set
 from sunnypilot.modeld_v2.daemon.process import config_realtime, core_arg, exit_code, stop_on_signals
-from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS, STATUS_EVERY_S, FrameDrops, Status
+from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status, write_timings
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import dm_warp_matrix, sensor_for_size
 from sunnypilot.modeld_v2.model.fill_driver_state import driver_state_fields
@@ -231,10 +231,7 @@ def main(argv: list[str] | None = None) -> int:
   except msgq.MultiplePublishersError: parser.exit(2, f"dmonitoringmodeld: error: another process took over publishing {SERVICE} on {bus}: exiting\n")
   finally: claim.close()
   if args.timings:
-    import json
-
-    from sunnypilot.modeld_v2.common.files import replaced_atomically
-    with replaced_atomically(args.timings) as (tmp,), open(tmp, "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": daemon.timings}, f)
+    write_timings(args.timings, daemon.timings)
   return exit_code(stopped_by, code)
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import logging
 import os
 import sys
@@ -37,7 +36,7 @@ import numpy as np
 
 from sunnypilot.modeld_v2.common.cli import checked, finite_float, interruptible, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
+from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
 from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon.artifacts import NoWarp, check_artifacts, load_pair, model_file, model_planes
 from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, parse_camera_offset, parse_delay
@@ -51,7 +50,7 @@ from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, ModelSet, ModelSets, Trust
 from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, Candidate, ModelSwitch
 from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime, core_arg, exit_code, stop_on_signals
-from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS, STATUS_EVERY_S, FrameDrops, Status
+from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status, write_timings
 from sunnypilot.modeld_v2.format.bundle import read_header
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, sensor_for_size, warp_matrices
@@ -493,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
   except msgq.MultiplePublishersError: parser.exit(2, f"modeld: error: another process took over publishing {', '.join(SERVICES)} on {bus}: exiting\n")
   finally: claim.close()
   if args.timings:
-    with replaced_atomically(args.timings) as (tmp,), open(tmp, "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": daemon.timings}, f)
+    write_timings(args.timings, daemon.timings)
   return exit_code(stopped_by, code)  # Ctrl-C: the shell's convention, 130
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ runner = NumpyRunner({bundle!r}, allow_device=True)
 out = runner.run(**runner.inputs)  # NULL runs nothing and has nothing to copy out: the tensors, not their values
 print({{k: list(v.shape) for k, v in out.items()}}, runner.run.call_kinds)
 """, env={"DEV": "NULL", "JIT_BATCH_SIZE": "0"})
-  assert out.strip() == "{'outputs': [1, 596]} ['graph']", out
+  assert out.strip() == "{'outputs': [1, 545]} ['graph']", out  # 33 head values (see below) + 512 features
   assert head["extras"]["metadata"]["onnx_metadata"]["generation"] == "dmonitoring"
 
 def test_driver_monitoring_stand_in_as_the_readme_runs_it(tmp_path):
@@ -237,7 +237,9 @@ def test_driver_monitoring_stand_in_as_the_readme_runs_it(tmp_path):
   session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
   assert {i.name: (tuple(i.shape), i.type) for i in session.get_inputs()} == {"input_img": ((1, 1440 * 960), "tensor(uint8)"),
                                                                                "calib": ((1, 3), "tensor(float)")}
-  assert {o.name: tuple(o.shape) for o in session.get_outputs()} == {"outputs": (1, 84 + 512)}
+  # the current DM layout (sunnypilot's dmonitoringmodeld.py @41dea5d4): wheel_on_right 1, then per driver side face_descs 12 and the face,
+  # eyes-visible, eyes-closed and phone probabilities; then the 512 features
+  assert {o.name: tuple(o.shape) for o in session.get_outputs()} == {"outputs": (1, 1 + 2 * (12 + 4) + 512)}
   assert main(["--onnx", path, "--output", bundle]) == 0
   rng = np.random.default_rng(3)
   feed = {"input_img": rng.integers(0, 256, (1, 1440 * 960), dtype=np.uint8), "calib": rng.standard_normal((1, 3)).astype(np.float32)}

@@ -233,7 +233,7 @@ def test_a_switch_while_the_camera_geometry_changes(artifacts, root, openpilot_p
   ids = {published_id(daemon, i) for i in range(100, end + 5) if i in daemon.messages}
   assert ids == {model_id(artifacts)} and daemon.published[-5:] == list(range(end, end + 5))
   lines = [line for line in daemon.lines[seen:] if "cannot switch to set b" in line or "b cannot run on these cameras" in line]
-  assert len(lines) == 1 and "none of its warps fits 1928x1208" in lines[0], lines
+  assert len(lines) == 1 and "none of its warp bundles fits 1928x1208" in lines[0], lines
 
 def test_bad_trusted_keys_and_model_sets_are_one_line_at_start(artifacts, tmp_path):
   """A --trusted-keys folder holding a file that is not a public key (text, a private key), none at all, or --model-sets naming a file:

@@ -1,8 +1,10 @@
 """A model daemon's periodic status line, and openpilot's frame-drop accounting it counts drops with."""
 from __future__ import annotations
 
+import json
 import time
 
+from sunnypilot.modeld_v2.common.files import replaced_atomically
 from sunnypilot.modeld_v2.model.constants import DT_MDL
 
 STATUS_EVERY_S = 5.0  # seconds between a daemon's status lines (frames, drops, execution time)
@@ -11,6 +13,10 @@ STATUS_EVERY_S = 5.0  # seconds between a daemon's status lines (frames, drops, 
 # modelV2: what controls wait for, so it goes first), then the other messages filled, serialized and sent (modeld's drivingModelData and
 # cameraOdometry; dmonitoringmodeld has none: its "others" is its "send")
 STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
+
+def write_timings(path: str, frames: list) -> None:
+  """--timings on exit: per published frame [frame_id, monotonic ns at each of STAGE_STAMPS], as JSON (benchmarks.bench_daemon reads it)."""
+  with replaced_atomically(path) as (tmp,), open(tmp, "w") as f: json.dump({"stamps": ["frame_id", *STAGE_STAMPS], "frames": frames}, f)
 
 class FirstOrderFilter:
   def __init__(self, x0: float, rc: float, dt: float):
