@@ -1,11 +1,12 @@
 """The driver-monitoring daemon: camerad's driver stream in, one fused DM warp + model run per frame, driverStateV2 out.
 
-  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--send-raw] [--max-frames N] [--timings FILE]
+  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--trusted-keys DIR] [--send-raw] [--max-frames N] [--timings FILE]
 
 `--artifacts` holds dmonitoring_model.bin (compile_modeld of openpilot's DM ONNX) and a dm_warp bundle (compile_dm_warp) per driver-camera
 geometry it may meet; modeld's model.bin and warps may sit beside them, and are passed over. The daemon picks the dm_warp whose frame
 layout matches the live driver buffers and binds those buffers by pointer (read in place). When camerad comes back with another geometry,
-it switches to that geometry's warp and camera intrinsics, or waits, publishing nothing, until one is built.
+it switches to that geometry's warp and camera intrinsics, or waits, publishing nothing, until one is built. With --trusted-keys (on a
+device the same folder as modeld's, when it exists) the model and its warp must be signed, as modeld's (daemon/model_sets.Trust).
 
 Follows openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @63cf2e70) and sunnypilot's (sunnypilot/sunnypilot @41dea5d4):
 the driver stream (VISION_STREAM_DRIVER, conflated); the warp's transform inv(dmonitoringmodel_intrinsics @ inv(driver camera intrinsics));
@@ -36,7 +37,7 @@ from sunnypilot.modeld_v2.daemon.camera_sync import DriverCamera, Geometry
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
-from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, Trust, open_set
+from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, DEVICE_TRUSTED_KEYS, Trust, open_set
 from sunnypilot.modeld_v2.daemon.process import config_realtime, core_arg, exit_code, stop_on_signals
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status, write_timings
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
@@ -54,8 +55,9 @@ log = logging.getLogger(__name__)
 
 class DMonitoringModelD:
   def __init__(self, artifacts: str, send_raw: bool = False, reconnect_after_s: float = RECONNECT_AFTER_S, status_every_s: float = STATUS_EVERY_S,
-               timings: list | None = None):
+               timings: list | None = None, trust: Trust | None = None):
     self.artifacts, self.send_raw, self.reconnect_after_s = artifacts, send_raw, reconnect_after_s
+    self.trust = trust or Trust()  # which publishers' signatures a bundle needs (none: unsigned bundles load)
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
@@ -95,7 +97,7 @@ class DMonitoringModelD:
       self.episodes.once(f"driver camera: {e}: waiting for a known camera")
       return False
     t = time.perf_counter()
-    try: warp = load_pair(open_set(DEFAULT_SET, self.artifacts, Trust()), geometry.main, None, self.planes,
+    try: warp = load_pair(open_set(DEFAULT_SET, self.artifacts, self.trust), geometry.main, None, self.planes,
                           lambda model, warp, verify, _: self.use(model, warp, sensor, verify), self.episodes.once, self.refused, DRIVER_MONITORING)
     except NoWarp: return False
     except ArtifactError as e:
@@ -154,6 +156,7 @@ class DMonitoringModelD:
     from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
     device = on_device()
     log.info(config_realtime(DEVICE_CORE if core is None and device else core, REALTIME_PRIORITY if device else None))
+    log.info(f"signatures: {self.trust.describe()}")
     pm, sm = pub_master([SERVICE]), sub_master(list(SUBSCRIBED))
     if not self.camera.wait_for_camerad(): return 0
     loaded = self.load()
@@ -215,7 +218,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"published and dropped, modelExecutionTime p50 and max) while frames run; 0: none (default {STATUS_EVERY_S:g})")
   parser.add_argument("--timings", help="on exit, write per published frame [frame_id, monotonic ns at each of STAGE_STAMPS] as JSON "
                       "here (benchmarks.bench_daemon --daemon dmonitoringmodeld)")
+  parser.add_argument("--trusted-keys", help="a folder of publishers' Ed25519 public keys (*.pem): the DM model and its warp must then be "
+                      f"signed by one of them, else refused with one line before any of their kernels is read. On a comma device {DEVICE_TRUSTED_KEYS} "
+                      "when it exists (modeld's). Without: bundles load unsigned")
   args = parser.parse_args(argv)
+  from sunnypilot.modeld_v2.daemon.device_params import on_device
+  keys = args.trusted_keys or (DEVICE_TRUSTED_KEYS if on_device() and os.path.isdir(DEVICE_TRUSTED_KEYS) else None)
+  try: trust = Trust.from_folder(keys)
+  except ArtifactError as e: parser.exit(2, f"dmonitoringmodeld: error: --trusted-keys: {e}\n")
   if args.timings:
     from sunnypilot.modeld_v2.common.files import check_output_path
     try: check_output_path(args.timings)
@@ -223,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
   prefix = os.environ.get("OPENPILOT_PREFIX")
   bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
   if (claim := claim_bus("dmonitoringmodeld")) is None: parser.exit(2, f"dmonitoringmodeld: error: another dmonitoringmodeld is already running on {bus}\n")
-  daemon = DMonitoringModelD(args.artifacts, args.send_raw, args.reconnect_after, args.status_every, [] if args.timings else None)
+  daemon = DMonitoringModelD(args.artifacts, args.send_raw, args.reconnect_after, args.status_every, [] if args.timings else None, trust)
   stopped_by = stop_on_signals(daemon.exit)
-  try: daemon.planes = check_artifacts(args.artifacts, report=daemon.episodes.once, kind=DRIVER_MONITORING)
+  try: daemon.planes = check_artifacts(args.artifacts, report=daemon.episodes.once, trust=trust, kind=DRIVER_MONITORING)
   except ArtifactError as e: parser.exit(2, f"dmonitoringmodeld: error: {e}\n")
   try: code = daemon.run(args.max_frames, args.core)
   except msgq.MultiplePublishersError: parser.exit(2, f"dmonitoringmodeld: error: another process took over publishing {SERVICE} on {bus}: exiting\n")

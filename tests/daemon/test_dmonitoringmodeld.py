@@ -316,3 +316,25 @@ def test_bad_artifacts_are_one_line_and_exit_2(folder, native_artifacts, tmp_pat
     skipped = [line for line in lines if "skipping" in line]
     assert skipped == ([f"dmonitoringmodeld: skipping {case_dir}/dm_warp_1344x760.bin: {skips[case]}"] if case in skips else []), (case, lines)
     assert len(lines) == 1 + len(skipped), (case, lines)
+
+def test_with_trusted_keys_only_a_signed_pair_runs(dm_artifacts, tmp_path, openpilot_prefix):
+  """--trusted-keys as modeld takes it: the unsigned DM model is refused with one line before waiting for camerad (exit 2); once the model
+  and its warp are signed by the trusted publisher (each its own .sig), frames run."""
+  from sunnypilot.modeld_v2.format.bundle import content_digest
+  from sunnypilot.modeld_v2.format.signature import Signed, generate_key, load_private_key, sign
+  keys, folder = tmp_path / "keys", tmp_path / "dm"
+  os.makedirs(keys / "trusted")
+  os.makedirs(folder)
+  publisher, public = generate_key(str(keys / "publisher.pem"))
+  shutil.copy(public, keys / "trusted" / "publisher.pem")
+  for name in ("dmonitoring_model.bin", "dm_warp_1344x760.bin"): shutil.copy(os.path.join(dm_artifacts, name), folder / name)
+  run = [sys.executable, "-m", "sunnypilot.modeld_v2.dmonitoringmodeld", "--artifacts", str(folder), "--trusted-keys", str(keys / "trusted")]
+  out = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and out.stderr.count("\n") == 1 and "dmonitoring_model.bin.sig" in out.stderr, out.stderr
+  for name in ("dmonitoring_model.bin", "dm_warp_1344x760.bin"):
+    path = str(folder / name)
+    sign(path, Signed("bundle", name, content_digest(path), os.path.getsize(path)), load_private_key(publisher))
+  daemon = DMDaemon(str(folder), args=("--trusted-keys", str(keys / "trusted")))
+  daemon.exchange(range(3))
+  assert daemon.stop() == 0 and daemon.published == [0, 1, 2]
+  assert any("must be signed by one of 1 trusted keys" in line for line in daemon.lines), daemon.lines
