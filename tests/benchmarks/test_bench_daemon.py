@@ -32,7 +32,7 @@ def test_the_stubbed_loop_runs_modelds_frame_loop_and_leaves_nothing_behind(monk
   import os
 
   from benchmarks.stubbed_loop import run_stubbed
-  from sunnypilot.modeld_v2.modeld import STAGE_STAMPS
+  from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS
   monkeypatch.setenv("OPENPILOT_PREFIX", "bench_stub_test_outer")
   before = set(os.listdir("/dev/shm"))
   for parse in ("host", "graph"):
