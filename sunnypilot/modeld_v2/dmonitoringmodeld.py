@@ -97,7 +97,8 @@ class DMonitoringModelD:
     from sunnypilot.modeld_v2.daemon.device_params import device_params
     # what frames run on is the switch's `current`, and only there (adapter, parser, host and transform below read it)
     self.switch: ModelSwitch[DMPrepared] = ModelSwitch(self.sets, trigger_for(self.sets, device_params()), self.prepare, self.discard,
-                                                       thread_setup=lambda: config_background(self.core), report=self.episodes.once)
+                                                       thread_setup=lambda: config_background(self.core), report=self.episodes.once,
+                                                       fresh="a DM model keeps nothing from one frame to the next")
 
   @property
   def trust(self) -> Trust: return self.sets.trust

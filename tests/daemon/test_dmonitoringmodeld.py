@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from test_modeld_switch import poisoned
 
 from sunnypilot.modeld_v2.compile_dm_warp import compile_dm_warp
 from sunnypilot.modeld_v2.daemon.camera_sync import VisionStreamType
@@ -345,19 +346,24 @@ def test_with_trusted_keys_only_a_signed_pair_runs(dm_artifacts, tmp_path, openp
 def dm_sets(dm_artifacts, native_artifacts, tmp_path_factory):
   """Installed sets, each with a manifest as install_models leaves it: b (another tiny DM stand-in, seed 7, with the default's dm_warp),
   driving (modeld's driving model and warp, no DM model), broken (b's files, its model's last byte changed after the install: its content
-  no longer matches the hash its preamble and manifest declare)."""
+  no longer matches the hash its preamble and manifest declare), inf (b with an infinite weight in its first convolution: finite on the
+  warm-up's zero frame, not on camera frames), nan (b with a NaN weight in its heads: fails its warm-up)."""
   import onnx
 
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.tools.stand_in_models import build_dmonitoring
   root, work = tmp_path_factory.mktemp("dm_sets"), tmp_path_factory.mktemp("dm_sources")
-  for name in ("b", "driving", "broken"): os.makedirs(root / name)
+  names = ("b", "driving", "broken", "inf", "nan")
+  for name in names: os.makedirs(root / name)
   onnx.save(build_dmonitoring("tiny", 7)[0], work / "b.onnx")
   compile_model(str(root / "b" / "dmonitoring_model.bin"), onnx=str(work / "b.onnx"), log=lambda s: None)
   shutil.copy(os.path.join(dm_artifacts, "dm_warp_1344x760.bin"), root / "b" / "dm_warp_1344x760.bin")
-  for name in ("dmonitoring_model.bin", "dm_warp_1344x760.bin"): shutil.copy(root / "b" / name, root / "broken" / name)
+  for name in ("broken", "inf", "nan"): shutil.copy(root / "b" / "dm_warp_1344x760.bin", root / name / "dm_warp_1344x760.bin")
+  shutil.copy(root / "b" / "dmonitoring_model.bin", root / "broken" / "dmonitoring_model.bin")
+  poisoned(str(root / "b" / "dmonitoring_model.bin"), str(root / "inf" / "dmonitoring_model.bin"), str(work / "b.onnx"), np.inf)
+  poisoned(str(root / "b" / "dmonitoring_model.bin"), str(root / "nan" / "dmonitoring_model.bin"), str(work / "b.onnx"), np.nan, head=True)
   for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(native_artifacts, name), root / "driving" / name)
-  for name in ("b", "driving", "broken"):
+  for name in names:
     folder = root / name
     write_manifest(str(folder / MANIFEST_NAME), name, [entry_of(str(folder / f), role) for f, role in folder_roles(str(folder)).items()])
   data = bytearray((root / "broken" / "dmonitoring_model.bin").read_bytes())  # damaged after it was installed
@@ -391,11 +397,12 @@ def test_a_switch_publishes_every_frame_and_runs_the_new_dm_model(folder, sets_r
   assert sum("switched to set b" in line for line in daemon.lines) == 1
 
 def test_a_set_that_cannot_run_leaves_the_running_model_alone(folder, sets_root, openpilot_prefix):
-  """A set with no DM model (a driving model only), one whose DM model is damaged, one that is not there: one line each, and every frame
-  runs on the default's pair."""
+  """A set with no DM model (a driving model only), one whose DM model is damaged, one whose warm-up gives NaN, one that is not there: one
+  line each, and every frame runs on the default's pair."""
   daemon = DMDaemon(folder, args=("--model-sets", str(sets_root)))
   end = 0
-  cases = (("driving", "no driver-monitoring model bundles"), ("broken", "cannot switch to set broken"), ("missing", "no set missing in"))
+  cases = (("driving", "no driver-monitoring model bundles"), ("broken", "content hash mismatch"), ("nan", "outputs on a zero frame are not finite"),
+           ("missing", "no set missing in"))
   for name, line in cases:
     (sets_root / "active").write_text(name + "\n")
     end = exchange_until(daemon, line, end)
@@ -419,3 +426,21 @@ def test_start_falls_back_to_the_last_dm_model_that_ran(folder, sets_root, openp
   assert [daemon.raw(i).tobytes() for i in range(3)] == reference(str(sets_root / "b"), range(3)), "".join(daemon.lines)
   failed = [line for line in daemon.lines if "cannot run set broken" in line]
   assert len(failed) == 1 and failed[0].rstrip().endswith("falling back to set b"), failed
+
+def test_non_finite_outputs_in_the_first_frames_go_back_to_the_previous_set(folder, sets_root, openpilot_prefix):
+  """Set inf passes its warm-up and gives non-finite outputs on its first camera frame: that frame is published invalid (zeroed), and
+  from the next one the default, kept loaded meanwhile, runs again; inf is never recorded as the last DM model that ran."""
+  daemon = DMDaemon(folder, args=("--model-sets", str(sets_root)))
+  daemon.exchange(range(25))
+  (sets_root / "active").write_text("inf\n")
+  end = exchange_until(daemon, "dropped, back to set default", 25)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0
+  sent = list(range(end + 5))
+  assert daemon.published == sent
+  invalid = [i for i in sent if not daemon.messages[i][1]]
+  assert len(invalid) == 1 and not daemon.raw(invalid[0]).any(), "one frame on inf, published invalid and zeroed"
+  valid = [i for i in sent if i != invalid[0]]
+  assert [daemon.raw(i).tobytes() for i in valid] == reference(folder, valid), "the default before and after it"
+  assert (sets_root / LAST_RAN_DM_FILE).read_text() == "default\n", "a set that failed is never the last that ran"
+  assert sum("set inf gave non-finite outputs in its first frames: dropped, back to set default" in line for line in daemon.lines) == 1

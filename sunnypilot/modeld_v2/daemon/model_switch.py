@@ -111,8 +111,9 @@ class ModelSwitch(Generic[T]):
   thread never waits on the loading. Every failure is one line, and none touches the running set."""
   def __init__(self, sets: ModelSets, trigger: Any, load: Callable[[ModelSet, Any], T], close: Callable[[T], None],
                probation_frames: int = PROBATION_FRAMES, poll_s: float = POLL_S, thread_setup: Callable[[], str] | None = None,
-               report: Callable[[str], None] = log.warning):
+               report: Callable[[str], None] = log.warning, fresh: str = "its recurrent state and queues start from zero"):
     self.sets, self.trigger, self.load, self.close, self.report = sets, trigger, load, close, report  # report: `first`'s lines (once each)
+    self.fresh = fresh  # what the first frame on a new set starts from, for the changeover's line
     self.probation_frames, self.poll_s, self.thread_setup = probation_frames, poll_s, thread_setup
     # the frame thread's (the thread reads `current` and `context`)
     self.current: Candidate[T] | None = None  # what frames run on
@@ -224,7 +225,7 @@ class ModelSwitch(Generic[T]):
       self.fallbacks = [] if self.previous is not None else order
     for handle in let_go: self.release(handle)
     kept = f"; set {self.previous.model_set.name} kept until it has run {self.probation_frames} frames" if self.previous is not None else ""
-    log.info(f"switched to {candidate.model_set} between two frames: its recurrent state and queues start from zero{kept}")
+    log.info(f"switched to {candidate.model_set} between two frames: {self.fresh}{kept}")
     self.wake.set()
 
   def frame_ran(self, finite: bool) -> Candidate[T] | None:
