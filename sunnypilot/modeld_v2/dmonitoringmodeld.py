@@ -1,12 +1,18 @@
 """The driver-monitoring daemon: camerad's driver stream in, one fused DM warp + model run per frame, driverStateV2 out.
 
-  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--trusted-keys DIR] [--send-raw] [--max-frames N] [--timings FILE]
+  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--model-sets ROOT] [--trusted-keys DIR] [--send-raw] [--max-frames N]
 
 `--artifacts` holds dmonitoring_model.bin (compile_modeld of openpilot's DM ONNX) and a dm_warp bundle (compile_dm_warp) per driver-camera
 geometry it may meet; modeld's model.bin and warps may sit beside them, and are passed over. The daemon picks the dm_warp whose frame
 layout matches the live driver buffers and binds those buffers by pointer (read in place). When camerad comes back with another geometry,
 it switches to that geometry's warp and camera intrinsics, or waits, publishing nothing, until one is built. With --trusted-keys (on a
 device the same folder as modeld's, when it exists) the model and its warp must be signed, as modeld's (daemon/model_sets.Trust).
+
+Model sets, as modeld's (daemon/model_sets.py, daemon/model_switch.py): --artifacts is the default set; with --model-sets ROOT (on a device
+modeld's folder) the DM model of the set asked for (ROOT/active on a PC, sunnypilot's ModelManager_ActiveBundle parameter on a device) is
+loaded and warmed up by modeld's switch thread beside the frames and takes over between two of them; a set with no DM model, or one that
+fails to load or warm up, is passed over with one line; one whose first 20 frames give non-finite outputs is dropped for the previous
+one; at start a set that fails falls back to the last that ran (ROOT/last_ran_dm, this daemon's own record), then the default.
 
 Follows openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @63cf2e70) and sunnypilot's (sunnypilot/sunnypilot @41dea5d4):
 the driver stream (VISION_STREAM_DRIVER, conflated); the warp's transform inv(dmonitoringmodel_intrinsics @ inv(driver camera intrinsics));
