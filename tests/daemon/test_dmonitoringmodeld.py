@@ -444,3 +444,25 @@ def test_non_finite_outputs_in_the_first_frames_go_back_to_the_previous_set(fold
   assert [daemon.raw(i).tobytes() for i in valid] == reference(folder, valid), "the default before and after it"
   assert (sets_root / LAST_RAN_DM_FILE).read_text() == "default\n", "a set that failed is never the last that ran"
   assert sum("set inf gave non-finite outputs in its first frames: dropped, back to set default" in line for line in daemon.lines) == 1
+
+def test_new_cameras_the_running_set_has_no_warp_for_fall_back_to_the_default(folder, sets_root, openpilot_prefix):
+  """Set b runs (a dm_warp for 1344x760 only) and camerad comes back with 1928x1208 driver frames: one line says b cannot run on them,
+  and the default (a dm_warp for both) runs them through its own warp."""
+  daemon = DMDaemon(folder, args=("--model-sets", str(sets_root)))
+  (sets_root / "active").write_text("b\n")
+  end = exchange_until(daemon, "switched to set b", 0)
+  seen = len(daemon.lines)
+  daemon.restart_camerad(BIG_FRAME)
+  daemon.wait_for_line("driver camera geometry changed to 1928x1208", after=seen)
+  ids = range(100, 105)
+  daemon.exchange(ids)
+  assert daemon.stop() == 0 and daemon.published == [*range(end), *ids]
+  assert [daemon.raw(i).tobytes() for i in ids] == reference(folder, ids, BIG_FRAME)
+  said = [line for line in daemon.lines[seen:] if "set b cannot run on these cameras" in line]
+  assert len(said) == 1 and "none of its dm_warp bundles fits 1928x1208" in said[0] and said[0].rstrip().endswith("falling back to set default"), said
+
+def test_model_sets_naming_a_file_is_one_line(folder, tmp_path):
+  (tmp_path / "file").write_text("")
+  out = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.dmonitoringmodeld", "--artifacts", folder, "--model-sets", str(tmp_path / "file")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2 and out.stderr == f"dmonitoringmodeld: error: --model-sets {tmp_path / 'file'}: is a file, not a folder\n", out.stderr
