@@ -1,12 +1,18 @@
 """The driver-monitoring daemon: camerad's driver stream in, one fused DM warp + model run per frame, driverStateV2 out.
 
-  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--trusted-keys DIR] [--send-raw] [--max-frames N] [--timings FILE]
+  python -m sunnypilot.modeld_v2.dmonitoringmodeld --artifacts out/artifacts [--model-sets ROOT] [--trusted-keys DIR] [--send-raw] [--max-frames N]
 
 `--artifacts` holds dmonitoring_model.bin (compile_modeld of openpilot's DM ONNX) and a dm_warp bundle (compile_dm_warp) per driver-camera
 geometry it may meet; modeld's model.bin and warps may sit beside them, and are passed over. The daemon picks the dm_warp whose frame
 layout matches the live driver buffers and binds those buffers by pointer (read in place). When camerad comes back with another geometry,
 it switches to that geometry's warp and camera intrinsics, or waits, publishing nothing, until one is built. With --trusted-keys (on a
 device the same folder as modeld's, when it exists) the model and its warp must be signed, as modeld's (daemon/model_sets.Trust).
+
+Model sets, as modeld's (daemon/model_sets.py, daemon/model_switch.py): --artifacts is the default set; with --model-sets ROOT (on a device
+modeld's folder) the DM model of the set asked for (ROOT/active on a PC, sunnypilot's ModelManager_ActiveBundle parameter on a device) is
+loaded and warmed up by modeld's switch thread beside the frames and takes over between two of them; a set with no DM model, or one that
+fails to load or warm up, is passed over with one line; one whose first 20 frames give non-finite outputs is dropped for the previous
+one; at start a set that fails falls back to the last that ran (ROOT/last_ran_dm, this daemon's own record), then the default.
 
 Follows openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @63cf2e70) and sunnypilot's (sunnypilot/sunnypilot @41dea5d4):
 the driver stream (VISION_STREAM_DRIVER, conflated); the warp's transform inv(dmonitoringmodel_intrinsics @ inv(driver camera intrinsics));
@@ -23,6 +29,8 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,14 +39,24 @@ from sunnypilot.modeld_v2.common.cli import finite_float, interruptible, positiv
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING, NoWarp, check_artifacts, load_pair
+from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING, NoWarp, check_artifacts, check_set, load_pair, model_file
 from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
 from sunnypilot.modeld_v2.daemon.camera_sync import DriverCamera, Geometry
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
-from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, DEVICE_TRUSTED_KEYS, Trust, open_set
-from sunnypilot.modeld_v2.daemon.process import config_realtime, core_arg, exit_code, stop_on_signals
+from sunnypilot.modeld_v2.daemon.model_sets import (
+  DEFAULT_SET,
+  DEVICE_MODEL_SETS,
+  DEVICE_TRUSTED_KEYS,
+  LAST_RAN_DM_FILE,
+  ModelSet,
+  ModelSets,
+  Trust,
+  sets_root,
+)
+from sunnypilot.modeld_v2.daemon.model_switch import ModelSwitch, trigger_for
+from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime, core_arg, exit_code, stop_on_signals
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status, write_timings
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import dm_warp_matrix, sensor_for_size
@@ -53,11 +71,20 @@ DEVICE_CORE, REALTIME_PRIORITY = 7, 5  # openpilot's dmonitoringmodeld: config_r
 
 log = logging.getLogger(__name__)
 
+@dataclass(frozen=True)
+class DMPrepared:
+  """A set's DM model fused with the dm_warp for one driver-camera geometry, loaded and warmed up: what frames run on (a switch's handle)."""
+  adapter: Any
+  parser: DMOutputParser
+  host: HostInputs
+  transform: np.ndarray  # the driver camera's M_inv for the warp's camera
+  warp: str
+  planes: list | None  # the model's input_img shape: what a warp must make for it
+
 class DMonitoringModelD:
   def __init__(self, artifacts: str, send_raw: bool = False, reconnect_after_s: float = RECONNECT_AFTER_S, status_every_s: float = STATUS_EVERY_S,
-               timings: list | None = None, trust: Trust | None = None):
+               timings: list | None = None, trust: Trust | None = None, model_sets: str | None = None):
     self.artifacts, self.send_raw, self.reconnect_after_s = artifacts, send_raw, reconnect_after_s
-    self.trust = trust or Trust()  # which publishers' signatures a bundle needs (none: unsigned bundles load)
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
     self.exit = threading.Event()
     self.episodes = Episodes(log.warning)  # conditions that repeat frame after frame: a line when they start, a count when they end
@@ -65,13 +92,37 @@ class DMonitoringModelD:
     self.bus = BusInputs(self.episodes)  # liveCalibration checked where it enters
     self.bytes = MessageBytes(self.episodes.once)
     self.status = Status(status_every_s)
-    self.planes: list | None = None  # the model's input_img shape, what a warp must make: main sets it from check_artifacts
+    self.planes: list | None = None  # the default set's model's input_img shape, what a warp must make: main sets it from check_artifacts
     self.refused: dict[str, tuple] = {}  # warp -> both files' keys when the pair failed to load (artifacts.load_pair)
-    self.adapter: Any = None
     self.geometry: Geometry | None = None
-    self.parser: DMOutputParser | None = None
-    self.host: HostInputs | None = None
-    self.transform = np.eye(3, dtype=np.float32)  # the driver camera's M_inv for the loaded warp
+    # the sets: --artifacts the default; with --model-sets the one asked for, switched to between two frames (modeld's switch, its own
+    # record of the last set that ran: a set may hold a driving model and no DM model, or a DM model that fails where the driving one runs)
+    self.sets = ModelSets(artifacts, model_sets, trust or Trust(), last_ran=LAST_RAN_DM_FILE)
+    self.core: int | None = None  # the core the frame thread is pinned to, if any: the switch thread keeps off it
+    self.unloaded: ModelSet | None = None  # the set that ran, when none runs since its reload for new cameras failed
+    from sunnypilot.modeld_v2.daemon.device_params import device_params
+    # what frames run on is the switch's `current`, and only there (adapter, parser, host and transform below read it)
+    self.switch: ModelSwitch[DMPrepared] = ModelSwitch(self.sets, trigger_for(self.sets, device_params()), self.prepare, self.discard,
+                                                       thread_setup=lambda: config_background(self.core), report=self.episodes.once,
+                                                       fresh="a DM model keeps nothing from one frame to the next")
+
+  @property
+  def trust(self) -> Trust: return self.sets.trust
+
+  @property
+  def running_set(self) -> DMPrepared | None: return self.switch.current.handle if self.switch.current is not None else None
+
+  @property
+  def adapter(self) -> Any: return self.running_set.adapter if self.running_set is not None else None
+
+  @property
+  def parser(self) -> DMOutputParser | None: return self.running_set.parser if self.running_set is not None else None
+
+  @property
+  def host(self) -> HostInputs | None: return self.running_set.host if self.running_set is not None else None
+
+  @property
+  def transform(self) -> np.ndarray | None: return self.running_set.transform if self.running_set is not None else None
 
   def load(self) -> bool:
     """Load the model with the dm_warp of the live driver-camera geometry; False when none fits (then wait). As modeld: what loading left
@@ -83,51 +134,88 @@ class DMonitoringModelD:
     return loaded
 
   def _load(self) -> bool:
+    """At start the first set that loads (the one asked for, the last that ran, the default); for new cameras the running set again."""
     try: geometry = self.camera.live_geometry()
     except ValueError as e:
       self.episodes.once(f"driver camera: {e}: waiting for another camera geometry")
       return False
     if geometry == self.geometry and self.adapter is not None:  # camerad restarted with the same buffers' layout: new buffers, same model
-      self.adapter.drop_camera_buffers()
+      for prepared in self.switch.handles(): prepared.adapter.drop_camera_buffers()
       return True
-    if self.adapter is not None: self.adapter.close()
-    self.adapter, self.geometry = None, geometry
-    try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
+    try: known = bool(sensor_for_size(geometry.main.width, geometry.main.height))
     except ValueError as e:
       self.episodes.once(f"driver camera: {e}: waiting for a known camera")
+      known = False
+    # what was loaded for the old geometry is closed; the switch thread loads for this one, none for a camera no set can run on
+    running = self.switch.new_context(geometry if known else None) or self.unloaded
+    self.geometry, self.unloaded = geometry, None
+    if not known:
+      self.unloaded = running
       return False
     t = time.perf_counter()
-    try: warp = load_pair(open_set(DEFAULT_SET, self.artifacts, self.trust), geometry.main, None, self.planes,
-                          lambda model, warp, verify, _: self.use(model, warp, sensor, verify), self.episodes.once, self.refused, DRIVER_MONITORING)
-    except NoWarp: return False
-    except ArtifactError as e:
-      self.episodes.once(f"{e}; waiting: tried again when one of them changes")
+    candidate, error = self.switch.reload(running, geometry, lambda model_set: self.prepare(model_set, geometry))
+    if candidate is None:
+      self.unloaded = running
+      if error is not None and not isinstance(error, NoWarp): self.episodes.once(f"{error}; waiting: tried again when one of them changes")
       return False
-    log.info(f"loaded {DRIVER_MONITORING.model_name} + {os.path.basename(warp)} ({self.parser.layout} layout) for the driver camera's {geometry} in "
-             f"{(time.perf_counter() - t) * 1e3:.0f} ms ({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
+    model = os.path.basename(model_file(candidate.model_set, DRIVER_MONITORING))
+    log.info(f"loaded {candidate.model_set}: {model} + {os.path.basename(candidate.handle.warp)} ({self.parser.layout} layout) for the driver "
+             f"camera's {geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms "
+             f"({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
     return True
 
-  def use(self, model: str, warp: str, sensor: str, verify: Any) -> str:
+  def prepare(self, model_set: ModelSet, geometry: Geometry) -> DMPrepared:
+    """`model_set`'s DM model fused with its dm_warp for `geometry`, loaded (each bundle vouched for by the set before a byte of its
+    kernels is read) and warmed up on a zero frame: ArtifactError, one line, when any step fails (a set with no DM model, its outputs
+    not finite). On the frame thread (at start, or for new cameras, while no frame runs) its lines are said once and a pair that fails is
+    refused until one of its files changes; the switch thread calls it for the next set while frames run."""
+    waiting = threading.current_thread() is not self.switch.thread
+    report = self.episodes.once if waiting else log.warning
+    try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
+    except ValueError as e: raise ArtifactError(str(e)) from None
+    # the default's model was checked before waiting for camerad (its header not read again); another set's is checked here, as it was
+    planes = self.planes if model_set.name == DEFAULT_SET and self.planes is not None else \
+      check_set(model_set, report=lambda line: None, kind=DRIVER_MONITORING)  # its warps' lines: load_pair says them
+    return load_pair(model_set, geometry.main, None, planes, lambda model, warp, verify, _: self.use(model, warp, sensor, verify, planes, report),
+                     report, self.refused if waiting else None, DRIVER_MONITORING)
+
+  def use(self, model: str, warp: str, sensor: str, verify: Any, planes: list | None, report: Callable[[str], None]) -> DMPrepared:
     """Load and warm up `model` with `warp` for `sensor`'s driver camera: its output parse, its host inputs, the warp's transform. An
-    ArtifactError leaves nothing loaded."""
+    ArtifactError (its outputs on a zero frame not finite among them) leaves nothing loaded."""
     from sunnypilot.modeld_v2.format.bundle import read_header
     from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
     adapter = ModelRunner(model, warp, verify=verify)
     try:
-      self.parser, self.host = DMOutputParser(adapter.output_slices), HostInputs(adapter.numpy_inputs, self.episodes.once)
-      self.transform = dm_warp_matrix(sensor, tuple(read_header(warp)["extras"]["metadata"]["model_size"]))
-      self.host.write({HOST_TRANSFORM: self.transform, "calib": np.zeros(3, np.float32)})  # warm up on zero frames, then forget them
-      adapter.copy_frames({DRIVER_BUFFER: np.zeros(adapter.warp_frame_size, np.uint8)})
-      adapter.run()
+      prepared = DMPrepared(adapter, DMOutputParser(adapter.output_slices), HostInputs(adapter.numpy_inputs, report),
+                            dm_warp_matrix(sensor, tuple(read_header(warp)["extras"]["metadata"]["model_size"])), warp, planes)
+      prepared.host.write({HOST_TRANSFORM: prepared.transform, "calib": np.zeros(3, np.float32)})  # warm up on a zero frame, then forget it
+      adapter.hold_gil(False)  # on the switch thread, beside the frames: each kernel call lets the frame thread run
+      try:
+        adapter.copy_frames({DRIVER_BUFFER: np.zeros(adapter.warp_frame_size, np.uint8)})
+        adapter.run()
+        finite = bool(np.isfinite(adapter.output_array()).all())
+      finally: adapter.hold_gil(True)
       adapter.reset_warmup_buffers()
+      if not finite: raise ArtifactError("its outputs on a zero frame are not finite")
     except (ArtifactError, ValueError) as e:
       adapter.close()
       raise ArtifactError(str(e)) from None
     except BaseException:  # a device error in the warm-up, Ctrl-C: the adapter goes with it all the same
       adapter.close()
       raise
-    self.adapter = adapter
-    return warp
+    return prepared
+
+  def discard(self, prepared: DMPrepared) -> None:
+    """A loaded set no frame runs on any more: the switch closes it, on its thread while frames run."""
+    prepared.adapter.close()
+
+  def switched(self, loaded: bool) -> bool:
+    """Between two frames: change over to the set the switch thread loaded for the live driver camera (a DM model keeps no state from one
+    frame to the next: the next frame is simply its). Whether a model runs now."""
+    if (candidate := self.switch.take_for(self.geometry)) is None: return loaded
+    self.switch.changed_over(candidate)
+    if not loaded: self.running()
+    return True
 
   def reattached(self, loaded: bool) -> bool:
     """camerad went away or restarted: connected again, load for its geometry (the same one: only the camera mappings go). Whether a
@@ -141,7 +229,8 @@ class DMonitoringModelD:
 
   def running(self) -> None:
     """The line that says frames now run (the tests wait for it): after a load that found a model and a warp."""
-    log.info(f"running: driver camera, {'raw predictions sent' if self.send_raw else 'no raw predictions'}")
+    name = self.switch.current.model_set.name if self.switch.current is not None else "?"
+    log.info(f"running: set {name}, driver camera, {'raw predictions sent' if self.send_raw else 'no raw predictions'}")
     self.status.start(time.monotonic_ns())
 
   def outputs_finite(self, outputs: np.ndarray, frame_id: int) -> bool:
@@ -155,15 +244,19 @@ class DMonitoringModelD:
     from sunnypilot.modeld_v2.daemon.device_params import on_device
     from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
     device = on_device()
-    log.info(config_realtime(DEVICE_CORE if core is None and device else core, REALTIME_PRIORITY if device else None))
+    self.core = DEVICE_CORE if core is None and device else core
+    log.info(config_realtime(self.core, REALTIME_PRIORITY if device else None))
     log.info(f"signatures: {self.trust.describe()}")
     pm, sm = pub_master([SERVICE]), sub_master(list(SUBSCRIBED))
     if not self.camera.wait_for_camerad(): return 0
     loaded = self.load()
     drops, published = FrameDrops(), 0
+    self.switch.start()
+    log.info(f"model sets: {self.sets.describe()}; a switch is asked for by {self.switch.trigger}")
     self.camera.alive()
     if loaded: self.running()
     while not self.exit.is_set() and (max_frames is None or published < max_frames):
+      if self.switch.ready is not None: loaded = self.switched(loaded)  # the changeover point: between two frames
       got = self.camera.recv() if loaded else None
       t_recv = time.monotonic_ns()
       if got is None:
@@ -197,7 +290,9 @@ class DMonitoringModelD:
         self.timings.append([meta.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, t_fill, t_serialize, t_send, t_send])
       self.status.times.append(t2 - t0)
       published += 1
+      if self.switch.probation: self.switch.frame_ran(finite)  # a set failing its first frames: the previous one runs from the next frame
       if published == 1: gc.collect()  # the first frame built the message template (pycapnp's schema objects hold reference cycles)
+    self.switch.stop()
     log.info(f"the frame loop left {gc.collect()} objects in reference cycles (the collector is off while it runs)")
     log.info(f"exiting after {published} published frames")
     return 0
@@ -221,11 +316,18 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--trusted-keys", help="a folder of publishers' Ed25519 public keys (*.pem): the DM model and its warp must then be "
                       f"signed by one of them, else refused with one line before any of their kernels is read. On a comma device {DEVICE_TRUSTED_KEYS} "
                       "when it exists (modeld's). Without: bundles load unsigned")
+  parser.add_argument("--model-sets", help="modeld's folder of installed model sets (install_models writes ROOT/<name>/): the DM model of the set "
+                      "asked for (ROOT/active on a PC, sunnypilot's ModelManager_ActiveBundle parameter on a device) is loaded while frames run and "
+                      "switched to between two frames; a set without one is passed over with a line; a set that fails falls back to the last that "
+                      f"ran (ROOT/{LAST_RAN_DM_FILE}), then to --artifacts. On a comma device {DEVICE_MODEL_SETS}")
   args = parser.parse_args(argv)
   from sunnypilot.modeld_v2.daemon.device_params import on_device
-  keys = args.trusted_keys or (DEVICE_TRUSTED_KEYS if on_device() and os.path.isdir(DEVICE_TRUSTED_KEYS) else None)
+  device = on_device()
+  keys = args.trusted_keys or (DEVICE_TRUSTED_KEYS if device and os.path.isdir(DEVICE_TRUSTED_KEYS) else None)
   try: trust = Trust.from_folder(keys)
   except ArtifactError as e: parser.exit(2, f"dmonitoringmodeld: error: --trusted-keys: {e}\n")
+  try: root = sets_root(args.model_sets, device)
+  except ArtifactError as e: parser.exit(2, f"dmonitoringmodeld: error: {e}\n")
   if args.timings:
     from sunnypilot.modeld_v2.common.files import check_output_path
     try: check_output_path(args.timings)
@@ -233,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
   prefix = os.environ.get("OPENPILOT_PREFIX")
   bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
   if (claim := claim_bus("dmonitoringmodeld")) is None: parser.exit(2, f"dmonitoringmodeld: error: another dmonitoringmodeld is already running on {bus}\n")
-  daemon = DMonitoringModelD(args.artifacts, args.send_raw, args.reconnect_after, args.status_every, [] if args.timings else None, trust)
+  daemon = DMonitoringModelD(args.artifacts, args.send_raw, args.reconnect_after, args.status_every, [] if args.timings else None, trust, root)
   stopped_by = stop_on_signals(daemon.exit)
   try: daemon.planes = check_artifacts(args.artifacts, report=daemon.episodes.once, trust=trust, kind=DRIVER_MONITORING)
   except ArtifactError as e: parser.exit(2, f"dmonitoringmodeld: error: {e}\n")

@@ -47,8 +47,8 @@ from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, HostInputs, ca
 from sunnypilot.modeld_v2.daemon.graph_parse import GraphParse, graph_parse_of
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
-from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, ModelSet, ModelSets, Trust
-from sunnypilot.modeld_v2.daemon.model_switch import ActiveSetFile, ActiveSetParam, Candidate, ModelSwitch
+from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, ModelSet, ModelSets, Trust, sets_root
+from sunnypilot.modeld_v2.daemon.model_switch import Candidate, ModelSwitch, trigger_for
 from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime, core_arg, exit_code, stop_on_signals
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status, write_timings
 from sunnypilot.modeld_v2.format.bundle import read_header
@@ -123,9 +123,9 @@ class ModelD:
     self.unloaded: tuple[ModelSet, list | None] | None = None  # the set that ran and its model's planes, when no set runs since a reload failed
     from sunnypilot.modeld_v2.daemon.device_params import device_params
     self.params = device_params()  # openpilot's Params on a device, else None
-    trigger = ActiveSetFile(self.sets) if self.params is None else ActiveSetParam(self.params)
     # what frames run on is the switch's `current`, and only there (adapter, host_inputs, model_set and model_id below read it)
-    self.switch: ModelSwitch[Prepared] = ModelSwitch(self.sets, trigger, self.prepare, self.discard, thread_setup=lambda: config_background(self.core),
+    self.switch: ModelSwitch[Prepared] = ModelSwitch(self.sets, trigger_for(self.sets, self.params), self.prepare, self.discard,
+                                                     thread_setup=lambda: config_background(self.core),
                                                      report=self.episodes.once)
 
   @property
@@ -179,17 +179,12 @@ class ModelD:
       if running is not None: self.unloaded = running, planes
       return False
     t = time.perf_counter()
-    if running is None:
-      if (candidate := self.switch.first(geometry)) is None: return False
-    else:
-      try:
-        candidate = Candidate(running, self.prepare(running, geometry, planes), geometry)
-        self.switch.reloaded(candidate)
-      except ArtifactError as e:  # another set may fit these cameras: the others in fallback order, else wait for this one
-        if (candidate := self.switch.first(geometry, failed=running.name, why_failed=str(e))) is None:
-          self.unloaded = running, planes  # the next load tries it again first, its model's header not read again (the pair refused stays so)
-          if not isinstance(e, NoWarp): self.episodes.once(f"{e}; waiting: tried again when one of them changes")  # NoWarp: said already
-          return False
+    # the set that ran, for these cameras; when it cannot run on them, another in fallback order, else wait for this one
+    candidate, error = self.switch.reload(running, geometry, lambda model_set: self.prepare(model_set, geometry, planes))
+    if candidate is None:
+      if running is not None: self.unloaded = running, planes  # tried again first next time, its model's header not read again
+      if error is not None and not isinstance(error, NoWarp): self.episodes.once(f"{error}; waiting: tried again when one of them changes")
+      return False
     self.use_prepared(candidate)
     log.info(f"loaded {candidate.model_set}: {os.path.basename(model_file(candidate.model_set))} + {os.path.basename(candidate.handle.warp)} for "
              f"{geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms ({'camera buffers read in place' if self.adapter.in_place else 'frames copied'})")
@@ -343,10 +338,7 @@ class ModelD:
   def switched(self, loaded: bool) -> bool:
     """Between two frames: change over to the set the switch thread loaded, when it was loaded for the live camera geometry (else it is
     loaded again). Whether a model runs now."""
-    if (candidate := self.switch.take()) is None: return loaded
-    if candidate.context != self.geometry:
-      self.switch.retry(candidate)
-      return loaded
+    if (candidate := self.switch.take_for(self.geometry)) is None: return loaded
     self.change_over(candidate)
     self.switch.changed_over(candidate)
     if not loaded: self.running()
@@ -477,14 +469,13 @@ def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.daemon.device_params import on_device
   device = on_device()
   keys = args.trusted_keys or (DEVICE_TRUSTED_KEYS if device and os.path.isdir(DEVICE_TRUSTED_KEYS) else None)
-  sets_root = args.model_sets or (DEVICE_MODEL_SETS if device else None)
-  if sets_root is not None and os.path.exists(sets_root) and not os.path.isdir(sets_root):
-    parser.exit(2, f"modeld: error: --model-sets {sets_root}: is a file, not a folder\n")
+  try: root = sets_root(args.model_sets, device)
+  except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
   try: trust = Trust.from_folder(keys)
   except ArtifactError as e: parser.exit(2, f"modeld: error: --trusted-keys: {e}\n")
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,
-                  args.reconnect_after, args.status_every, sets_root, trust)
+                  args.reconnect_after, args.status_every, root, trust)
   stopped_by = stop_on_signals(daemon.exit)
   try: check_artifacts(args.artifacts, report=daemon.episodes.once, trust=trust)
   except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")

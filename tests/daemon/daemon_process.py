@@ -40,3 +40,14 @@ class DaemonProcess:
     """The daemon's exit line: its frame loop, with the collector off (openpilot's config_realtime_process), made no reference cycle that
     would never be freed."""
     return any("the frame loop left 0 objects in reference cycles" in line for line in self.lines)
+
+def exchange_until(daemon, text: str | tuple[str, ...], start: int, most: int = 400, after: int | None = None) -> int:
+  """Send `daemon` frames one after the other (each waited for: its `exchange`) until it said `text` (or one of them; after line `after`,
+  default: from now); the next frame id. A switch of model sets is waited for so, every frame published on the way."""
+  seen, texts = len(daemon.lines) if after is None else after, (text,) if isinstance(text, str) else text
+  said = lambda: any(t in line for line in daemon.lines[seen:] for t in texts)
+  if said(): return start
+  for frame_id in range(start, start + most):
+    daemon.exchange([frame_id])
+    if said(): return frame_id + 1
+  raise AssertionError(f"{daemon.name} never said {text!r} in {most} frames: {''.join(daemon.lines[seen:])}")

@@ -19,6 +19,7 @@ from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, entry_of, write_
 from sunnypilot.modeld_v2.format.signature import Signed, generate_key, load_private_key, sign
 
 from conftest import ROOT
+from daemon_process import exchange_until
 
 artifacts = test_modeld.artifacts  # the daemon tests' fixture, by name: the default set
 
@@ -67,17 +68,6 @@ def root(sets, tmp_path):
 def model_id(folder) -> int: return int(content_digest(os.path.join(folder, "model.bin"))[:16], 16)
 
 def published_id(daemon: Daemon, frame_id: int) -> int: return daemon.messages[frame_id]["modelV2"][0].locationMonoTimeDEPRECATED
-
-def exchange_until(daemon: Daemon, text: str | tuple[str, ...], start: int, most: int = 400, after: int | None = None) -> int:
-  """Send frames one after the other (each waited for) until modeld said `text` (or one of them; after line `after`, default: from now);
-  the next frame id."""
-  seen, texts = len(daemon.lines) if after is None else after, (text,) if isinstance(text, str) else text
-  said = lambda: any(t in line for line in daemon.lines[seen:] for t in texts)
-  if said(): return start
-  for frame_id in range(start, start + most):
-    daemon.exchange([frame_id])
-    if said(): return frame_id + 1
-  raise AssertionError(f"modeld never said {text!r} in {most} frames: {''.join(daemon.lines[seen:])}")
 
 def test_a_switch_publishes_every_frame_and_the_new_set_starts_from_zero(artifacts, root, openpilot_prefix):
   """Frames keep coming while set b loads in the background; the change happens between two frames: every frame sent is published once,

@@ -9,7 +9,8 @@ every other `*.bin` a driving warp candidate). `ModelSets` knows where they live
   --model-sets ROOT      installed sets, ROOT/<name>/ (install_models writes them and never removes one), with
     ROOT/active          the set a PC asks for: its name on one line (none, empty or `default`: the default); on a comma device the
                          daemons read sunnypilot's model manager parameter instead (model_switch.ActiveSetParam)
-    ROOT/last_ran        the last set that passed its first frames, written by the daemon: the fallback at start
+    ROOT/last_ran        the last set whose driving model passed its first frames, written by modeld: its fallback at start
+    ROOT/last_ran_dm     the same for dmonitoringmodeld's DM model (a set may hold one daemon's bundles and not the other's)
 
 With trusted keys (`Trust`), every bundle a daemon loads must be vouched for by one of them: by a signed manifest naming it by content
 hash, or by its own .sig; the check runs on the hash the bundle's preamble declares, before a byte of its kernels is read or mapped
@@ -35,18 +36,26 @@ ROLES = {DRIVING_MODEL: "modeld's driving model", WARP: "modeld's camera warps, 
 # a folder without a manifest: openpilot's file names (selfdrive/modeld/models/: dmonitoring_model, dm_warp_<w>x<h>) as bundles
 MODEL_NAME, DM_MODEL_NAME, DM_WARP_PREFIX = "model.bin", "dmonitoring_model.bin", "dm_warp_"
 DEFAULT_SET = "default"
-ACTIVE_FILE, LAST_RAN_FILE = "active", "last_ran"
-RESERVED_NAMES = (DEFAULT_SET, ACTIVE_FILE, LAST_RAN_FILE)  # a model sets folder's own names: no installed set may take one
+ACTIVE_FILE, LAST_RAN_FILE, LAST_RAN_DM_FILE = "active", "last_ran", "last_ran_dm"
+RESERVED_NAMES = (DEFAULT_SET, ACTIVE_FILE, LAST_RAN_FILE, LAST_RAN_DM_FILE)  # a model sets folder's own names: no installed set may take one
 
 def installable_name(name: str, where: str) -> str:
   """`name` if a set may be installed under it in a model sets folder: a plain name (never hidden: the folder's work files are) that is
-  none of RESERVED_NAMES (the default set is the --artifacts folder, `active` and `last_ran` the folder's flag files); else one line."""
+  none of RESERVED_NAMES (the default set is the --artifacts folder, `active`, `last_ran` and `last_ran_dm` the folder's flag files); else one
+  line."""
   plain_name(name, "the set name", where)
   if name in RESERVED_NAMES: raise ArtifactError(f"{where}: the set name {name!r} is reserved in a model sets folder ({', '.join(RESERVED_NAMES)})")
   return name
 # on a comma device: installed sets on the data partition (beside sunnypilot's model manager's /data/models), trusted keys in the software
 # checkout (updated with the software, never by what a download writes)
 DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS = "/data/models/modeld_v2", "/data/openpilot/sunnypilot/modeld_v2/trusted_keys"
+
+def sets_root(given: str | None, device: bool) -> str | None:
+  """A daemon's model sets folder: --model-sets, else DEVICE_MODEL_SETS on a comma device, else none (the default set only). One line for
+  a file where the folder should be (a folder not made yet is fine: install_models makes it)."""
+  root = given or (DEVICE_MODEL_SETS if device else None)
+  if root is not None and os.path.exists(root) and not os.path.isdir(root): raise ArtifactError(f"--model-sets {root}: is a file, not a folder")
+  return root
 
 class Trust:
   """The daemons' policy on signatures: with `keys`, a bundle loads only when vouched for by one of them; without, any bundle that passes
@@ -143,9 +152,10 @@ def open_set(name: str, folder: str, trust: Trust) -> ModelSet:
   return ModelSet(name, folder, manifest, trust, vouched)
 
 class ModelSets:
-  """Where the sets live (see the module's docstring): the default folder, and the installed sets under `root` (None: the default only)."""
-  def __init__(self, default: str, root: str | None, trust: Trust):
-    self.default, self.root, self.trust = default, root, trust
+  """Where the sets live (see the module's docstring): the default folder, and the installed sets under `root` (None: the default only).
+  `last_ran`: the daemon's record of the last set that ran in `root` (LAST_RAN_FILE: modeld's, LAST_RAN_DM_FILE: dmonitoringmodeld's)."""
+  def __init__(self, default: str, root: str | None, trust: Trust, last_ran: str = LAST_RAN_FILE):
+    self.default, self.root, self.trust, self.last_ran = default, root, trust, last_ran
 
   def open(self, name: str) -> ModelSet:
     """The set called `name` ("" or DEFAULT_SET: the default), opened. One line for a name that is not a plain name, or no such set."""
@@ -165,7 +175,7 @@ class ModelSets:
     return sorted(n for n in os.listdir(self.root) if not n.startswith(".") and os.path.isdir(os.path.join(self.root, n)))
 
   def read_name(self, file: str) -> str:
-    """The set name in ROOT/`file` (ACTIVE_FILE, LAST_RAN_FILE): "" when there is none. Only its first line, at most 256 bytes."""
+    """The set name in ROOT/`file` (ACTIVE_FILE, the last_ran file): "" when there is none. Only its first line, at most 256 bytes."""
     if self.root is None or not os.path.isfile(path := os.path.join(self.root, file)): return ""
     try:
       with open_regular(path) as f: return f.read(256).decode("utf-8", "replace").split("\n")[0].strip()
@@ -173,12 +183,12 @@ class ModelSets:
 
   def record_ran(self, name: str) -> None:
     """Remember `name` as the last set that ran (the fallback at the next start); a failure to write is logged, never raised."""
-    if self.root is None or not os.path.isdir(self.root) or self.read_name(LAST_RAN_FILE) == name: return
+    if self.root is None or not os.path.isdir(self.root) or self.read_name(self.last_ran) == name: return
     try:
-      with replaced_atomically(os.path.join(self.root, LAST_RAN_FILE)) as (tmp,), open(tmp, "x") as f: f.write(name + "\n")
+      with replaced_atomically(os.path.join(self.root, self.last_ran)) as (tmp,), open(tmp, "x") as f: f.write(name + "\n")
     except (OSError, ArtifactError) as e: log.warning(f"cannot record {name} as the last set that ran: {e}")
 
   def fallbacks(self, requested: str) -> list[str]:
     """The sets to try at start, in order: the one asked for, the last that ran, the default (each once)."""
-    order = [requested or DEFAULT_SET, self.read_name(LAST_RAN_FILE) or DEFAULT_SET, DEFAULT_SET]
+    order = [requested or DEFAULT_SET, self.read_name(self.last_ran) or DEFAULT_SET, DEFAULT_SET]
     return list(dict.fromkeys(DEFAULT_SET if n == "" else n for n in order))

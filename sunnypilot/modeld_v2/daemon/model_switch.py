@@ -66,6 +66,10 @@ class ActiveSetParam:
 
   def __str__(self) -> str: return f"the parameter {self.KEY}"
 
+def trigger_for(sets: ModelSets, params: Any) -> ActiveSetFile | ActiveSetParam:
+  """A daemon's request: openpilot's Params on a comma device (daemon/device_params.device_params), else (None) the flag file."""
+  return ActiveSetFile(sets) if params is None else ActiveSetParam(params)
+
 def why(e: Exception) -> str:
   """An error as one line: an ArtifactError's message is one already; anything else is a failure of the load itself, named by its type."""
   return str(e) if isinstance(e, ArtifactError) else f"its load failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -91,14 +95,14 @@ class ModelSwitch(Generic[T]):
     switch.start()                 the thread: it watches `trigger`, loads the set asked for beside the frames, closes what was let go
     each frame:
       if switch.ready is not None:                     between two frames (one attribute read when nothing is ready)
-        candidate = switch.take()
-        if candidate.context is the live one: run frames on it from now on, then switch.changed_over(candidate)
-        else: switch.retry(candidate)                  (loaded for a context that is gone: loaded again)
+        candidate = switch.take_for(context)           None when it was loaded for a context that is gone (it is loaded again)
+        if candidate is not None: run frames on it from now on, then switch.changed_over(candidate)
       run the frame on switch.current.handle
       if switch.probation and (back := switch.frame_ran(finite)) is not None: run on `back` from the next frame, its state reset
     the context comes back the same (camerad reconnected): each of switch.handles() drops what it held of the old one (camera buffers)
-    another context: model_set = switch.new_context(context) closes every handle (loaded for the old one); load model_set for the new
-      one, then switch.reloaded(candidate), or, when it cannot, switch.first(context, failed=model_set.name, why_failed=...)
+    another context: model_set = switch.new_context(context) closes every handle (loaded for the old one); then
+      switch.reload(model_set, context, load) loads it for the new one (its own way: the daemon knows more of the set that ran), or
+      when it cannot, the others in fallback order (switch.first)
     switch.stop()                  at exit
 
   `current` is what frames run on, and this object its one owner: a daemon reads what runs from it and keeps no handle of its own. A
@@ -107,8 +111,9 @@ class ModelSwitch(Generic[T]):
   thread never waits on the loading. Every failure is one line, and none touches the running set."""
   def __init__(self, sets: ModelSets, trigger: Any, load: Callable[[ModelSet, Any], T], close: Callable[[T], None],
                probation_frames: int = PROBATION_FRAMES, poll_s: float = POLL_S, thread_setup: Callable[[], str] | None = None,
-               report: Callable[[str], None] = log.warning):
+               report: Callable[[str], None] = log.warning, fresh: str = "its recurrent state and queues start from zero"):
     self.sets, self.trigger, self.load, self.close, self.report = sets, trigger, load, close, report  # report: `first`'s lines (once each)
+    self.fresh = fresh  # what the first frame on a new set starts from, for the changeover's line
     self.probation_frames, self.poll_s, self.thread_setup = probation_frames, poll_s, thread_setup
     # the frame thread's (the thread reads `current` and `context`)
     self.current: Candidate[T] | None = None  # what frames run on
@@ -176,6 +181,22 @@ class ModelSwitch(Generic[T]):
     frames as before. The thread loads for its context from now on."""
     with self.lock: self.current, self.context = candidate, candidate.context
 
+  def reload(self, running: ModelSet | None, context: Any, load: Callable[[ModelSet], T]) -> tuple[Candidate[T] | None, Exception | None]:
+    """After `new_context`: `running` (the set that ran) loaded again for `context` by `load`, else, when it cannot (an ArtifactError),
+    the first of the others that loads (`first` with it failed); with no set that ran, `first`. Returns (what frames run on now, None
+    when nothing loads; the running set's error, None when it loaded or there was none)."""
+    if running is None: return self.first(context), None
+    try: candidate = Candidate(running, load(running), context)
+    except ArtifactError as e: return self.first(context, failed=running.name, why_failed=str(e)), e
+    self.reloaded(candidate)
+    return candidate, None
+
+  def take_for(self, context: Any) -> Candidate[T] | None:
+    """`take` for the daemon's live `context`: a set loaded for a context that is gone is loaded again (`retry`), and None returned."""
+    if (candidate := self.take()) is None or candidate.context == context: return candidate
+    self.retry(candidate)
+    return None
+
   def take(self) -> Candidate[T] | None:
     """A set the thread loaded and warmed up, to change over to now (between two frames), or None: one attribute read when there is none."""
     if self.ready is None: return None
@@ -204,7 +225,7 @@ class ModelSwitch(Generic[T]):
       self.fallbacks = [] if self.previous is not None else order
     for handle in let_go: self.release(handle)
     kept = f"; set {self.previous.model_set.name} kept until it has run {self.probation_frames} frames" if self.previous is not None else ""
-    log.info(f"switched to {candidate.model_set} between two frames: its recurrent state and queues start from zero{kept}")
+    log.info(f"switched to {candidate.model_set} between two frames: {self.fresh}{kept}")
     self.wake.set()
 
   def frame_ran(self, finite: bool) -> Candidate[T] | None:
