@@ -183,7 +183,7 @@ def plot_latency(rows: list[dict], path: str, model: str, dm_rows: list[dict] | 
     for i in dropped: a.axvspan(i - 0.5, i + 0.5, color="orange", alpha=0.3, lw=0)
     a.plot(dropped, np.full(len(dropped), highest), "v", color="tab:orange", ms=5, label=f"dropped: no modelV2 ({len(dropped)} frames)")
   top = max(50.0, highest)
-  a.set_xlabel("camera frame id"), a.set_ylabel("modelExecutionTime (ms)"), a.set_ylim(0, top * 1.45), a.legend(fontsize=8, loc="upper right", ncol=3)
+  a.set_xlabel("camera frame id"), a.set_ylabel("modelExecutionTime (ms)"), a.set_ylim(0, top * 1.45), a.legend(fontsize=8, loc="upper right", ncol=2)
   title = f"per frame: {len(rows)} modelV2 published of {len(ids)} frame ids"
   a.set_title(title + (f", {len(dm_rows)} driverStateV2 of {len(dm_ids)}" if dm_rows else ""), fontsize=10)
   published = ms[np.isfinite(ms)]
