@@ -67,4 +67,28 @@ def test_an_owner_collected_without_unmap_all_lets_go_and_keeps_its_arrays_until
   assert alive() is not None, "a registered array lives as long as its registration"
   del owner
   gc.collect()
-  assert driver.ranges == {} and alive() is None, "collected: every registration released, then the array freed"
+  assert alive() is not None and 0x40000 in driver.ranges, "queued, not released inside the collection"
+  assert regs.acquire(0x50000, 4096) == 0x50000  # the next registration call releases the collected owner's first
+  assert driver.ranges == {0x50000: 4096} and alive() is None, "every registration of the collected owner released, then its array freed"
+
+def test_an_owner_collected_while_its_thread_holds_the_lock_does_not_deadlock(monkeypatch):
+  """A collection can run at any allocation, also inside acquire/release with the lock held: the finalizer then runs on that thread.
+  It must take no lock (a plain Lock taken twice by one thread never returns)."""
+  import gc
+  import threading
+
+  from sunnypilot.modeld_v2.runtime import cuda_host
+  monkeypatch.setattr(cuda_host.Tensor, "from_blob", staticmethod(lambda *args, **kwargs: None))
+  regs = HostRegistrations(Driver(), None)
+  owner = cuda_host.CudaHostRegistration("CPU", regs)
+  owner.map(0x60000, 4096)
+  owner.cycle = owner  # freed only by the cyclic collector, as a runner in a reference cycle is
+  def collect_under_the_lock():
+    with regs.lock: gc.collect()
+  del owner
+  thread = threading.Thread(target=collect_under_the_lock, daemon=True)
+  thread.start()
+  thread.join(timeout=10)
+  assert not thread.is_alive(), "the finalizer waited for the lock its own thread holds"
+  regs.release_orphans()
+  assert regs.counts == {}

@@ -5,6 +5,7 @@ import ctypes
 import mmap
 import threading
 import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -17,15 +18,30 @@ CU_MEMHOSTREGISTER_DEVICEMAP, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 0x02, 
 class HostRegistrations:
   """The driver's registrations of host memory, counted: a registration is the process's, not an owner's (registering pages twice fails
   with 712), so two owners of the same camera buffer (the running model and the next one loaded beside it, or the one kept for a fallback)
-  share one, and it is unregistered when the last of them lets go. One per CUDA context."""
+  share one, and it is unregistered when the last of them lets go. One per CUDA context.
+  `orphans`: what owners collected without unmap_all() held, queued by their finalizers (which run inside a garbage collection, possibly
+  on a thread holding `lock`: they take no lock and call no driver) and released by the next acquire or release, before it looks up an
+  address: memory freed and allocated again at the same address is registered anew, never handed the old registration."""
   def __init__(self, cuda: Any, context: Any):
     self.cuda, self.context, self.lock, self.counts = cuda, context, threading.Lock(), {}  # ptr -> [length, owners]
+    self.orphans: deque[tuple[Any, list[int], list]] = deque()  # (device, pointers, arrays kept alive until released)
+
+  def release_orphans(self) -> None:
+    while self.orphans:
+      try: dev, registered, held = self.orphans.popleft()
+      except IndexError: return  # another thread took the last one
+      if registered: dev.synchronize()  # no kernel of the collected owner may still be reading them
+      with self.lock:
+        for ptr in registered: self._release(ptr)
+      registered.clear()
+      held.clear()
 
   def _check(self, status, what: str) -> None:
     if status != 0: raise RuntimeError(f"{what} failed with CUDA error {status}")
 
   def acquire(self, ptr: int, length: int) -> int:
     """The device pointer of host memory [ptr, ptr+length), registered by the first owner."""
+    self.release_orphans()
     with self.lock:
       self._check(self.cuda.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
       if (entry := self.counts.get(ptr)) is not None and entry[0] != length:  # memory that went away and came back in another size (camerad
@@ -49,12 +65,15 @@ class HostRegistrations:
 
   def release(self, ptr: int) -> None:
     """One owner lets go of `ptr`; the last one unregisters it."""
-    with self.lock:
-      entry = self.counts[ptr]
-      entry[1] -= 1
-      if entry[1] == 0:
-        del self.counts[ptr]
-        self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
+    self.release_orphans()
+    with self.lock: self._release(ptr)
+
+  def _release(self, ptr: int) -> None:
+    entry = self.counts[ptr]
+    entry[1] -= 1
+    if entry[1] == 0:
+      del self.counts[ptr]
+      self.cuda.cuMemHostUnregister(ctypes.c_void_p(ptr))
 
 _REGISTRATIONS: dict[Any, HostRegistrations] = {}  # per CUDA context: the driver's registrations are per process
 
@@ -64,12 +83,6 @@ def host_registrations(device: str) -> HostRegistrations:
   if key not in _REGISTRATIONS: _REGISTRATIONS[key] = HostRegistrations(cuda, context)
   return _REGISTRATIONS[key]
 
-def _release(dev: Any, registrations: HostRegistrations, registered: list[int], held: list[np.ndarray]) -> None:
-  if registered: dev.synchronize()  # no kernel of this owner may still be reading them
-  for ptr in registered: registrations.release(ptr)
-  registered.clear()
-  held.clear()
-
 class CudaHostRegistration:
   """Host ranges one owner (camera buffers, the host inputs, the outputs) has registered with the CUDA driver: each mapped once, all let
   go together by unmap_all(), or when the owner is collected without it; memory another owner also maps stays registered until that one
@@ -78,7 +91,8 @@ class CudaHostRegistration:
   def __init__(self, device: str, registrations: HostRegistrations | None = None):
     self.dev, self.registered, self.held = Device[device], [], []
     self.registrations = registrations or host_registrations(device)
-    self._finalizer = weakref.finalize(self, _release, self.dev, self.registrations, self.registered, self.held)
+    # collected without unmap_all: queued, released by the next registration call (see HostRegistrations.orphans)
+    self._finalizer = weakref.finalize(self, self.registrations.orphans.append, (self.dev, self.registered, self.held))
     self._finalizer.atexit = False  # at exit the process' registrations go with its CUDA context
 
   def map(self, ptr: int, length: int) -> int:
@@ -88,7 +102,10 @@ class CudaHostRegistration:
     return dptr
 
   def unmap_all(self) -> None:
-    _release(self.dev, self.registrations, self.registered, self.held)
+    if self.registered: self.dev.synchronize()  # no kernel of this owner may still be reading them
+    for ptr in self.registered: self.registrations.release(ptr)
+    self.registered.clear()
+    self.held.clear()
 
   def mapped_tensor(self, array: np.ndarray) -> Tensor:
     """A device tensor over a page-aligned host array (registered here, and kept alive with its registration): kernels read and write the
