@@ -393,16 +393,18 @@ class ModelD:
       self.status.dropped += dropped
       if t_recv >= self.status.next_ns: log.info(self.status.line(t_recv, published))
       fed = self.inputs.step(sm, delays, self.state, prepare_only=dropped > 0)
-      self.host_inputs.write(fed.host)
+      running = self.running_set  # for this frame (a changeover happens only between frames): one lookup, not one per use
+      running.host_inputs.write(fed.host)
       t_inputs = time.monotonic_ns()
       t0 = time.perf_counter()  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
-      self.adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (buf_main, buf_extra), strict=True)))
+      adapter = running.adapter
+      adapter.copy_frames(dict(zip(CAMERA_BUFFERS, (buf_main, buf_extra), strict=True)))
       t_copy = time.monotonic_ns()
-      self.adapter.run()
+      adapter.run()
       t_run = time.monotonic_ns()
-      outputs = self.adapter.output_array()
+      outputs = adapter.output_array()
       in_graph = self.graph is not None and self.graph.writers is not None
-      if in_graph: self.adapter.output_array(FLOAT_BLOCK)  # the graph's parse, into the array graph.block (waits for the device)
+      if in_graph: adapter.output_array(FLOAT_BLOCK)  # the graph's parse, into the array graph.block (waits for the device)
       t_readback = time.monotonic_ns()
       finite = self.outputs_finite(outputs, meta_main.frame_id)
       if dropped > 0:  # prepare-only: the frame went through the queues the generation pushes then, nothing is published
@@ -468,10 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     except ArtifactError as e: parser.exit(2, f"modeld: error: --timings: {e}\n")
   from sunnypilot.modeld_v2.daemon.device_params import on_device
   device = on_device()
-  keys = args.trusted_keys or (DEVICE_TRUSTED_KEYS if device and os.path.isdir(DEVICE_TRUSTED_KEYS) else None)
   try: root = sets_root(args.model_sets, device)
   except ArtifactError as e: parser.exit(2, f"modeld: error: {e}\n")
-  try: trust = Trust.from_folder(keys)
+  try: trust = Trust.for_daemon(args.trusted_keys, device)
   except ArtifactError as e: parser.exit(2, f"modeld: error: --trusted-keys: {e}\n")
   if (claim := claim_bus()) is None: parser.exit(2, f"modeld: error: another modeld is already running on {bus}\n")
   daemon = ModelD(args.artifacts, args.rhd, args.lat_delay, args.long_delay, args.send_raw, args.camera_offset, [] if args.timings else None,

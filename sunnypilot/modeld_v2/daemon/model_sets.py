@@ -68,6 +68,11 @@ class Trust:
     """The keys in `folder` (ArtifactError, one line, for a folder that holds anything but public keys), or no keys for None."""
     return Trust(TrustedKeys.load(folder) if folder is not None else None)
 
+  @staticmethod
+  def for_daemon(given: str | None, device: bool) -> Trust:
+    """A daemon's keys: --trusted-keys, else DEVICE_TRUSTED_KEYS on a comma device when that folder exists, else none (see from_folder)."""
+    return Trust.from_folder(given or (DEVICE_TRUSTED_KEYS if device and os.path.isdir(DEVICE_TRUSTED_KEYS) else None))
+
   def describe(self) -> str:
     if self.keys is None: return "no trusted keys: bundles load unsigned, as before signatures (--trusted-keys DIR requires them)"
     return f"bundles must be signed by one of {len(self.keys.keys)} trusted keys in {self.keys.folder}: {', '.join(f for f, _ in self.keys.keys.values())}"
