@@ -69,6 +69,9 @@ def test_the_stand_ins_layout_is_a_layout_openpilot_parses(layout):
   for name, size in sizes.items(): slices[name], at = [at, at + size], at + size
   assert dm_layout(slices) == layout and list(sizes)[-1] == "features" and sizes["features"] == 512
   check_dm_heads(slices)
+  # every head openpilot's parse reads, at the size it reads, written out here (FIELDS), not taken from the parse under test
+  read = {f"{key}_{side}": 1 for side in ("lhd", "rhd") for key, _ in FIELDS[layout]} | {"face_descs_lhd": 12, "face_descs_rhd": 12, "wheel_on_right": 1}
+  assert {name: sizes[name] for name in read if name in sizes} == read
 
 @pytest.mark.parametrize("change,message", [
   (lambda s: s.pop("wheel_on_right"), "wheel_on_right missing"),

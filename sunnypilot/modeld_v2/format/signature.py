@@ -104,9 +104,7 @@ class Signed:
   sha256: str
   size: int
 
-  def message(self) -> bytes:
-    return SIGNED_PREFIX + json.dumps({"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}, sort_keys=True,
-                                      separators=(",", ":")).encode()
+  def message(self) -> bytes: return SIGNED_PREFIX + json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
   def to_json(self) -> dict: return {"kind": self.kind, "name": self.name, "sha256": self.sha256, "size": self.size}
 
