@@ -79,10 +79,14 @@ class Manifest:
 def read_manifest(path: str) -> tuple[Manifest, str, int]:
   """(manifest, sha256 of its bytes, its size): what a signature of it signs. One line naming `path` when it is not a manifest."""
   with open_regular(path) as f: data = f.read(MAX_MANIFEST_BYTES + 1)
-  if len(data) > MAX_MANIFEST_BYTES: raise ArtifactError(f"{path}: more than {MAX_MANIFEST_BYTES:,} bytes: not a manifest")
+  return parse_manifest(data, path), hashlib.sha256(data).hexdigest(), len(data)
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+  """A manifest's bytes (from a file or a download) checked and parsed; one line naming `where` when they are not a manifest."""
+  if len(data) > MAX_MANIFEST_BYTES: raise ArtifactError(f"{where}: more than {MAX_MANIFEST_BYTES:,} bytes: not a manifest")
   try: doc = json.loads(data)
-  except (UnicodeDecodeError, ValueError, RecursionError): raise ArtifactError(f"{path}: not valid JSON (truncated?)") from None
-  return Manifest.from_json(doc, path), hashlib.sha256(data).hexdigest(), len(data)
+  except (UnicodeDecodeError, ValueError, RecursionError): raise ArtifactError(f"{where}: not valid JSON (truncated?)") from None
+  return Manifest.from_json(doc, where)
 
 def check_folder(manifest: Manifest, folder: str) -> None:
   """Raise (one line) unless `folder` holds exactly the manifest's bundles as regular files of the sizes it names: a bundle missing, of

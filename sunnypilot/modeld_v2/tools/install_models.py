@@ -17,7 +17,6 @@ last_ran), and nothing in the folder is followed if it is a symbolic link: one l
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -32,6 +31,7 @@ from typing import BinaryIO
 from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError, file_kind
+from sunnypilot.modeld_v2.format.manifest import MAX_MANIFEST_BYTES
 from sunnypilot.modeld_v2.format.signature import sig_path
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ PARTIAL, LOCK = ".partial", ".install.lock"
 PIECE_BYTES = 8 << 20  # read and written in pieces of this size (sunnypilot's model fetcher downloads in 8 MiB pieces too)
 TIMEOUT_S = 30
 PROGRESS_EVERY_S = 2.0
-MAX_MANIFEST_BYTES = 1 << 20
 
 def is_url(source: str) -> bool: return urllib.parse.urlparse(source).scheme in ("http", "https")
 
@@ -131,11 +130,9 @@ def install(source: str, root: str, trust, activate: bool = False) -> str:
   from sunnypilot.modeld_v2.common.files import replaced_atomically
   from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE, installable_name
   from sunnypilot.modeld_v2.format.bundle import check_content
-  from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, Manifest, check_folder
+  from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, check_folder, parse_manifest
   if (data := fetch_small(source)) is None: raise ArtifactError(f"{source}: no such manifest")
-  try: doc = json.loads(data)
-  except (UnicodeDecodeError, ValueError, RecursionError): raise ArtifactError(f"{source}: not valid JSON (truncated?)") from None
-  manifest = Manifest.from_json(doc, source)
+  manifest = parse_manifest(data, source)
   installable_name(manifest.name, source)
   final, staging = os.path.join(root, manifest.name), os.path.join(root, PARTIAL, manifest.name)
   own_entry(os.path.join(root, PARTIAL), folder=True)
