@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, camera_from_calib
+from sunnypilot.modeld_v2.model.fill_driver_state import DRIVER_DATA, PROB_FIELDS
 from sunnypilot.modeld_v2.replay.route_segment import Segment
 
 MIN_DRAW_DISTANCE, MAX_DRAW_DISTANCE = 10.0, 100.0
@@ -121,9 +122,8 @@ def write_overlay(path: str, segment: Segment, items: list[tuple[int, Any, tuple
       for packet in stream.encode(av.VideoFrame.from_image(image)): sink.mux(packet)
     for packet in stream.encode(): sink.mux(packet)
 
-# a driver's probabilities as driverStateV2 carries them (fill_driver_state.PROB_FIELDS' fields this schema has; the rest are not published)
-DRIVER_PROBS = ("faceProb", "eyesVisibleProb", "eyesClosedProb", "leftEyeProb", "rightEyeProb", "leftBlinkProb", "rightBlinkProb", "sunglassesProb",
-                "phoneProb")
+# a driver's probabilities as driverStateV2 carries them (the fields this schema has; the rest are not published)
+DRIVER_PROBS = tuple(PROB_FIELDS.values())
 
 def plot_drive(path: str, title: str, items: list[tuple[float, Any]], stand_in: str | None = None, driver: list[tuple[float, Any]] | None = None,
                rhd: bool = False) -> None:
@@ -161,7 +161,7 @@ def plot_drive(path: str, title: str, items: list[tuple[float, Any]], stand_in: 
 def plot_driver(face, probs, states: list[tuple[float, Any]], rhd: bool) -> None:
   """The driver's face position and orientation on `face`, the published probabilities on `probs` (matplotlib axes), over
   [(seconds, driverStateV2)]."""
-  t, side = [s for s, _ in states], "rightDriverData" if rhd else "leftDriverData"
+  t, side = [s for s, _ in states], DRIVER_DATA["rhd" if rhd else "lhd"]
   data = [getattr(d, side) for _, d in states]
   for k, name in enumerate(("x", "y")): face.plot(t, [d.facePosition[k] if len(d.facePosition) > k else np.nan for d in data], label=f"facePosition {name}")
   for k, name in enumerate(("pitch", "yaw", "roll")):

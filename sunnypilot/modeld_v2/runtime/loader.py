@@ -54,7 +54,7 @@ def load_device(device: str | None = None) -> str:
   return Device.canonicalize(device)
 
 Verify = Callable[[str, str, int], object]  # verify(path, content hash hex, file size) before a byte of the blob is read; ArtifactError refuses
-SYNC_BYTES = 64 << 20  # on a device that stages each host copy in memory of its own until it completes (CUDA), wait for it this often
+SYNC_BYTES = 64 << 20  # on a device that stages each host copy in memory of its own until it completes (stages_copies), wait for it this often
 
 def stream_parts(path: str, device: str, allow_device: bool = False, verify: Verify | None = None, wanted: tuple[str, ...] = ("run",)) \
     -> tuple[dict[str, tuple[Part, KeptBlob]], dict, dict[str, list]]:

@@ -275,10 +275,6 @@ def cpu_entry(program: UOp, device: str) -> CpuEntry:
   runtime = Device[device].runtime(program.to_elf())
   return CpuEntry(runtime, ctypes.PYFUNCTYPE(None)(runtime.addr), runtime.runtimevars.get("core_id"), ctypes.CFUNCTYPE(None)(runtime.addr))
 
-def keeps_gil(fxn: Any) -> bool:
-  """Whether a ctypes foreign function keeps the GIL while it runs (a PYFUNCTYPE), rather than releasing it (CFUNCTYPE)."""
-  return bool(fxn._flags_ & ctypes._FUNCFLAG_PYTHONAPI)
-
 def cuda_driver(device: str) -> tuple[Any, Any]:
   """tinygrad's bindings of the CUDA driver API and `device`'s CUcontext, for registering host memory with the driver."""
   from tinygrad.runtime.autogen import cuda
