@@ -31,8 +31,10 @@ def _source(m: np.ndarray, out_w: int, out_h: int) -> tuple[np.ndarray, np.ndarr
   sx, sy, sw = (m[r, 0] * xs + m[r, 1] * ys + m[r, 2] for r in range(3))
   with np.errstate(divide="ignore", invalid="ignore"): return np.round(sx / sw), np.round(sy / sw)
 
-def _sample(plane: np.ndarray, m: np.ndarray, out_w: int, out_h: int) -> np.ndarray:
-  fx, fy = _source(m, out_w, out_h)
+def _sample(plane: np.ndarray, m: np.ndarray, out_w: int, out_h: int) -> np.ndarray: return _gather(plane, *_source(m, out_w, out_h))
+
+def _gather(plane: np.ndarray, fx: np.ndarray, fy: np.ndarray) -> np.ndarray:
+  """`plane` at the source pixels _source gave, clamped to its edges."""
   ix = np.clip(np.nan_to_num(fx, nan=0.0, posinf=1e9, neginf=-1e9), 0, plane.shape[1] - 1).astype(np.int64)
   iy = np.clip(np.nan_to_num(fy, nan=0.0, posinf=1e9, neginf=-1e9), 0, plane.shape[0] - 1).astype(np.int64)
   return plane[iy, ix]
@@ -43,7 +45,7 @@ def dm_input(buf: np.ndarray, frame: NV12Frame, m_inv: np.ndarray, size: tuple[i
   (w, h), m = size, np.asarray(m_inv, np.float32)
   y, _ = frame.planes(buf)
   fx, fy = _source(m, w, h)
-  out = _sample(y, m, w, h)
+  out = _gather(y, fx, fy)
   if border_fill is not None:
     with np.errstate(invalid="ignore"): inside = (fx >= 0) & (fx <= frame.width - 1) & (fy >= 0) & (fy <= frame.height - 1)
     out = np.where(inside, out, np.uint8(border_fill))
