@@ -334,7 +334,7 @@ def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
   return beams, rates, size
 
 def arg_parser() -> argparse.ArgumentParser:
-  from sunnypilot.modeld_v2.modeld import core_arg
+  from sunnypilot.modeld_v2.daemon.process import core_arg
   from sunnypilot.modeld_v2.tools import stand_in_models
   parser = cli_parser("benchmarks.bench_daemon", __doc__)
   parser.add_argument("--daemon", default="modeld", choices=tuple(DAEMONS), help="the daemon measured: modeld (camera frames in, modelV2 out) or "
@@ -454,7 +454,7 @@ def stub_loop(args: argparse.Namespace, log) -> int:
                          "per_frame": [{"tree": t, "parse": p, **c} for (t, p), c in counts.items()]})
   return 0
 
-# Run in a fresh interpreter in a tree's root (this one's, or --baseline's: any tree whose benchmarks.stubbed_loop has StubCamera.recv_frames
+# Run in a fresh interpreter in a tree's root (this one's, or --baseline's: any tree whose benchmarks.stubbed_loop has StubCamera.recv (recv_frames before)
 # and run_stubbed): modeld's frame loop stubbed, back to back; per frame, from the stub camera handing a frame over to its next receive,
 # the Python calls (sys.setprofile's call and c_call events) in one run and the process's CPU time in another, unprofiled
 COUNT_SNIPPET = """
@@ -463,7 +463,8 @@ from benchmarks import stubbed_loop
 from benchmarks.bench_daemon import stand_in_layout
 generation, frames, warmup, bus, kwargs = {args!r}
 slices, width = stand_in_layout(generation)
-calls, marks, receive = [0], [], stubbed_loop.StubCamera.recv_frames
+receiving = 'recv' if hasattr(stubbed_loop.StubCamera, 'recv') else 'recv_frames'  # an older tree's name
+calls, marks, receive = [0], [], getattr(stubbed_loop.StubCamera, receiving)
 def count(frame, event, arg):
   if event in ("call", "c_call"): calls[0] += 1
 def recv_frames(self):  # the stub camera's own work (its sleep, the car's messages it sends) is not modeld's
@@ -474,7 +475,7 @@ def recv_frames(self):  # the stub camera's own work (its sleep, the car's messa
   finally:
     marks.append((time.process_time(), calls[0]))
     sys.setprofile(profiler)
-stubbed_loop.StubCamera.recv_frames = recv_frames
+setattr(stubbed_loop.StubCamera, receiving, recv_frames)
 def per_frame(profile, k):
   marks.clear()
   sys.setprofile(count if profile else None)

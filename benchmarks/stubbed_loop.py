@@ -11,6 +11,7 @@ driving state and the block copied into the templates), then the other two messa
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import shutil
 import time
@@ -19,15 +20,17 @@ import uuid
 import numpy as np
 
 from benchmarks.car_bus import BUS_SERVICES, bus_traffic
-from sunnypilot.modeld_v2.daemon.camera_sync import FrameMeta
+from sunnypilot.modeld_v2.common.logs import Episodes
+from sunnypilot.modeld_v2.daemon.camera_sync import FrameMeta, Frames
+from sunnypilot.modeld_v2.daemon.frame_daemon import FrameDaemon, Loaded
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs, host_inputs
-from sunnypilot.modeld_v2.daemon.graph_parse import graph_parse_of
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, ModelSet, Trust
 from sunnypilot.modeld_v2.daemon.model_switch import Candidate
 from sunnypilot.modeld_v2.model.constants import DESIRE_LEN, LAT_PLANNER_SOLUTION_WIDTH
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
 from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, reference_block, trace
-from sunnypilot.modeld_v2.modeld import ModelD, Prepared
+from sunnypilot.modeld_v2.modeld import ModelD
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
 STUB_SENSOR = "ar0231"  # the intrinsics the transforms are made with: any known sensor does
 
@@ -46,14 +49,14 @@ class StubCamera:
   def stalled(self, after_s: float) -> bool: return False
   def connect(self) -> bool: return True
 
-  def recv_frames(self) -> tuple:
+  def recv(self) -> Frames:
     if self.sleep_s: time.sleep(self.sleep_s)
     end = time.perf_counter() + self.spin_s
     while time.perf_counter() < end: pass  # the core kept busy, as a modeld polling for its frame would
     for service, raw in self.traffic.items(): self.pm.send(service, raw)
     self.frame_id += 1
     meta = FrameMeta(self.frame_id, self.frame_id * 50_000_000, self.frame_id * 50_000_000 + 1)
-    return None, meta, None, meta
+    return Frames(dict.fromkeys(CAMERA_BUFFERS), meta, meta)
 
 class StubModel:
   """The adapter's interface as the frame loop uses it: host inputs by name, and random outputs of the layout handed back in turn, at once;
@@ -71,6 +74,7 @@ class StubModel:
     values = host_inputs(np.zeros((2, 3, 3), np.float32), np.zeros(DESIRE_LEN, np.float32), False, 0.0, 0.0, 0.0, 0.0,
                          np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32))
     self.numpy_inputs = {name: np.zeros(np.size(value), np.float32) for name, value in values.items()}
+    self.camera_buffers, self.in_place = CAMERA_BUFFERS, True
 
   def copy_frames(self, frames: dict) -> None: pass
   def run(self) -> None: self.runs += 1
@@ -82,18 +86,18 @@ class StubModel:
   def close(self) -> None: pass
   def hold_gil(self, hold: bool) -> None: pass
 
-class StubbedModelD(ModelD):
-  """ModelD with a StubCamera in place of camerad's streams and a StubModel run as modeld runs a loaded set (ModelD.use_prepared)."""
+class StubbedModelD(FrameDaemon):
+  """modeld's skeleton and spec with a StubCamera in place of camerad's streams and a StubModel run as modeld runs a loaded set."""
   def __init__(self, model: StubModel, camera: StubCamera):
-    super().__init__("", timings=[], reconnect_after_s=3600)
+    episodes = Episodes(logging.getLogger("sunnypilot.modeld_v2.modeld").warning)
+    super().__init__(ModelD(episodes), episodes, "", timings=[], reconnect_after_s=3600)
     self.camera, self.model = camera, model
 
   def load(self) -> bool:
-    stub = Prepared(self.model, HostInputs(self.model.numpy_inputs, self.episodes.once), STUB_SENSOR, "stub", "0" * 64, None,
-                    graph_parse_of(self.model, self.episodes.once))
-    candidate = Candidate(ModelSet(DEFAULT_SET, "", None, Trust(), "a stub"), stub, None)
-    self.switch.reloaded(candidate)  # the switch holds what runs
-    self.use_prepared(candidate)
+    stub = Loaded(self.model, HostInputs(self.model.numpy_inputs, self.episodes.once), STUB_SENSOR, "stub", "0" * 64, None,
+                  self.spec.own(self.model, STUB_SENSOR, "stub", self.episodes.once))
+    self.switch.reloaded(Candidate(ModelSet(DEFAULT_SET, "", None, Trust(), "a stub"), stub, None))  # the switch holds what runs
+    self.spec.use(stub, self.camera, back=False)
     return True
 
 def run_stubbed(slices: dict[str, list[int]], width: int, generation: str, frames: int, idle_s: float, spin_s: float = 0.0,

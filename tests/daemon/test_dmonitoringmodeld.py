@@ -401,7 +401,7 @@ def test_a_set_that_cannot_run_leaves_the_running_model_alone(folder, sets_root,
   line each, and every frame runs on the default's pair."""
   daemon = DMDaemon(folder, args=("--model-sets", str(sets_root)))
   end = 0
-  cases = (("driving", "no driver-monitoring model bundles"), ("broken", "content hash mismatch"), ("nan", "outputs on a zero frame are not finite"),
+  cases = (("driving", "no driver-monitoring model bundles"), ("broken", "content hash mismatch"), ("nan", "outputs on zero frames are not finite"),
            ("missing", "no set missing in"))
   for name, line in cases:
     (sets_root / "active").write_text(name + "\n")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from sunnypilot.modeld_v2.compile_warp import compile_warp
+from sunnypilot.modeld_v2.daemon.status import FrameDrops
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, SENSOR_CAMERAS, get_warp_matrix
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.model.constants import DT_MDL
-from sunnypilot.modeld_v2.modeld import FrameDrops
 from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 
 from conftest import ROOT

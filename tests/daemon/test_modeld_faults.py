@@ -601,7 +601,7 @@ def test_values_computed_from_finite_outputs_are_checked_too(artifacts, openpilo
 def test_a_status_line_says_frames_drops_and_execution_time(artifacts, openpilot_prefix):
   """There was no way to see what modeld does short of subscribing: it logs a status line every few seconds (--status-every) while
   frames run, of the frames published, dropped and their modelExecutionTime since the line before."""
-  from sunnypilot.modeld_v2.modeld import Status
+  from sunnypilot.modeld_v2.daemon.status import Status
   status = Status(every_s=2)
   status.start(0)
   status.times += [0.004, 0.003, 0.010]
@@ -625,7 +625,9 @@ def test_a_load_that_fails_with_any_exception_closes_its_adapter(artifacts, monk
   """prepare() closed the adapter it made only on an ArtifactError: a device error in the warm-up (or Ctrl-C) left it loaded, its memory
   (and on CUDA its host registrations) held by nothing that would close it. Now whatever is raised closes it, and is raised as it was."""
   from sunnypilot.modeld_v2 import modeld
+  from sunnypilot.modeld_v2.common.logs import Episodes
   from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
+  from sunnypilot.modeld_v2.daemon.frame_daemon import FrameDaemon
   from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET
   from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
   made, closed, close = [], [], ModelRunner.close
@@ -636,7 +638,8 @@ def test_a_load_that_fails_with_any_exception_closes_its_adapter(artifacts, monk
     made.append(prepared.adapter)
     raise RuntimeError("CUDA error 700 in the warm-up")
   monkeypatch.setattr(ModelRunner, "close", closing)
-  monkeypatch.setattr(modeld.ModelD, "warm_up", broken)
-  daemon = modeld.ModelD(artifacts)
+  monkeypatch.setattr(FrameDaemon, "warm_up", broken)
+  episodes = Episodes(print)
+  daemon = FrameDaemon(modeld.ModelD(episodes), episodes, artifacts)
   with pytest.raises(RuntimeError, match="CUDA error 700"): daemon.prepare(daemon.sets.open(DEFAULT_SET), Geometry((0,), FRAME, None))
   assert len(made) == 1 and closed == made

@@ -251,7 +251,9 @@ def test_with_trusted_keys_an_unsigned_warp_is_never_picked(artifacts, tmp_path)
   from test_modeld import FRAME
 
   from sunnypilot.modeld_v2 import modeld
+  from sunnypilot.modeld_v2.common.logs import Episodes
   from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
+  from sunnypilot.modeld_v2.daemon.frame_daemon import FrameDaemon
   from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, Trust
   os.makedirs(tmp_path / "trusted")
   publisher, public = generate_key(str(tmp_path / "publisher.pem"))
@@ -261,9 +263,9 @@ def test_with_trusted_keys_an_unsigned_warp_is_never_picked(artifacts, tmp_path)
   for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(artifacts, name), default / name)
   sign_bundles(default, publisher)
   shutil.copy(default / "warp_split.bin", default / "warp_a_split.bin")
-  daemon = modeld.ModelD(str(default), trust=Trust.from_folder(str(tmp_path / "trusted")))
-  lines = []
-  daemon.episodes.log = lines.append
+  lines: list[str] = []
+  episodes = Episodes(lines.append)
+  daemon = FrameDaemon(modeld.ModelD(episodes), episodes, str(default), trust=Trust.from_folder(str(tmp_path / "trusted")))
   prepared = daemon.prepare(daemon.sets.open(DEFAULT_SET), Geometry((0,), FRAME, None))
   try: assert os.path.basename(prepared.warp) == "warp_split.bin"
   finally: prepared.adapter.close()

@@ -1,6 +1,6 @@
 """The daemons' cameras: connecting to camerad's VisionIPC streams, the live buffers' geometry, openpilot's main/extra frame sync and
-reconnecting when camerad restarts. `CameraSync.recv_frames()` gives modeld the next synced road/wide pair (or None); `DriverCamera.recv()`
-gives dmonitoringmodeld the next driver frame (or None). The frame loops are modeld.py's and dmonitoringmodeld.py's."""
+reconnecting when camerad restarts. Each link's `recv()` gives the next `Frames` (or None): `CameraSync` modeld's synced road/wide pair,
+`DriverCamera` dmonitoringmodeld's driver frame. The frame loop is daemon/frame_daemon.py's."""
 from __future__ import annotations
 
 import enum
@@ -12,6 +12,7 @@ from typing import Any
 
 from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, DRIVER_BUFFER
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,15 @@ class FrameMeta:
 
   @staticmethod
   def of(client) -> FrameMeta: return FrameMeta(client.frame_id, client.timestamp_sof, client.timestamp_eof)
+
+@dataclass(frozen=True)
+class Frames:
+  """One received frame of each camera a daemon reads: its buffers by the model runner's names (runtime/frame_feeds: CAMERA_BUFFERS
+  road and wide, DRIVER_BUFFER), the main camera's metadata and the extra one's (the main's again with one camera)."""
+  bufs: dict[str, Any]
+  meta: FrameMeta
+  meta_extra: FrameMeta
+  clock_frozen: bool = False  # a camera's timestamps stopped while its frame ids go on (CameraSync.clock_frozen)
 
 def live_frame(client: Any) -> NV12Frame:
   """A connected VisionIPC client's buffer layout (its UV plane taken as the visible rows); ValueError for one no warp can read."""
@@ -58,6 +68,8 @@ class CameraLink:
     self.last_frame = time.monotonic()  # when a camera frame last arrived
 
   def connect(self) -> bool: raise NotImplementedError
+  def recv(self) -> Frames | None: raise NotImplementedError
+  def live_geometry(self) -> Geometry: raise NotImplementedError
 
   def wait_for_camerad(self) -> bool:
     log.info("waiting for camerad")
@@ -98,11 +110,12 @@ class DriverCamera(CameraLink):
     """The driver stream's geometry; ValueError for buffers no warp can read."""
     return Geometry(self.streams, live_frame(self.client), None)
 
-  def recv(self) -> tuple[Any, FrameMeta] | None:
+  def recv(self) -> Frames | None:
     """The next driver frame within 100 ms, or None."""
     if (buf := self.client.recv(100)) is None: return None
     self.alive()
-    return buf, FrameMeta.of(self.client)
+    meta = FrameMeta.of(self.client)
+    return Frames({DRIVER_BUFFER: buf}, meta, meta)
 
 class CameraSync(CameraLink):
   """camerad's road (main) and wide (extra) streams, or the wide one alone as main when there is no road camera."""
@@ -139,7 +152,7 @@ class CameraSync(CameraLink):
     """A camera's timestamps stopped while its frame ids go on: frames are paired by frame id, and their times cannot be trusted."""
     return bool(self.frozen)
 
-  def recv(self, client, stream: str) -> tuple[Any, FrameMeta] | None:
+  def recv_from(self, client, stream: str) -> tuple[Any, FrameMeta] | None:
     """A frame of `client` within 100 ms, or None. Any frame, used or skipped, shows the camera is alive."""
     if (buf := client.recv(100)) is None: return None
     self.alive()
@@ -160,22 +173,22 @@ class CameraSync(CameraLink):
     """openpilot's sync rule, `meta` starts at least 25 ms after `last`; by frame id while a camera clock is stopped."""
     return meta.frame_id > last.frame_id if self.frozen else meta.timestamp_sof >= last.timestamp_sof + SYNC_NS
 
-  def recv_frames(self):
+  def recv(self) -> Frames | None:
     """openpilot's sync: main frames until at least one past the last extra, then extra frames until they match main. Bounded: after
     SYNC_MAX_SKIP frames skipped on a camera it gives up (a camera clock jumped back), says why once per episode and starts the next sync
     afresh; it returns as soon as the daemon is told to exit."""
-    if (got := self.recv(self.client_main, "main")) is None: return None
+    if (got := self.recv_from(self.client_main, "main")) is None: return None
     (buf_main, meta_main), skipped = got, 0
     while not self.after(meta_main, self.meta_extra):
       if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, self.meta_extra)
-      if (got := self.recv(self.client_main, "main")) is None: return None
+      if (got := self.recv_from(self.client_main, "main")) is None: return None
       (buf_main, meta_main), skipped = got, skipped + 1
     buf_extra, meta_extra = buf_main, meta_main
     if self.use_extra:
       skipped = 0
       while True:
         if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, meta_extra)
-        if (got := self.recv(self.client_extra, "extra")) is None: return None
+        if (got := self.recv_from(self.client_extra, "extra")) is None: return None
         (buf_extra, meta_extra), skipped = got, skipped + 1
         if self.frozen and meta_extra.frame_id >= meta_main.frame_id: break
         if not self.frozen and meta_main.timestamp_sof < meta_extra.timestamp_sof + SYNC_NS: break
@@ -187,7 +200,7 @@ class CameraSync(CameraLink):
         self.episodes.ended("out of sync", "frames in sync again after out-of-sync pairs")
         self.episodes.ended("sync", "frame sync: the cameras' timestamps agree again")
     self.meta_extra = meta_extra
-    return buf_main, meta_main, buf_extra, meta_extra
+    return Frames(dict(zip(CAMERA_BUFFERS, (buf_main, buf_extra), strict=True)), meta_main, meta_extra, self.clock_frozen)
 
   def sync_lost(self, meta_main: FrameMeta, meta_extra: FrameMeta) -> None:
     if self.exit.is_set(): pass
