@@ -16,7 +16,7 @@ then the default.
 
 Follows openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @63cf2e70) and sunnypilot's (sunnypilot/sunnypilot @41dea5d4):
 the driver stream (VISION_STREAM_DRIVER, conflated); the warp's transform inv(dmonitoringmodel_intrinsics @ inv(driver camera intrinsics));
-`calib` = liveCalibration.rpyCalib (zeros before one; a non-finite or out-of-range one refused, the last good kept); each frame's outputs
+`calib` = the calibration's rpyCalib (zeros before one; a non-finite or out-of-range one refused, the last good kept); each frame's outputs
 parsed and filled as those files do (model/parse_dmonitoring_outputs.py, model/fill_driver_state.py); modelExecutionTime covers the inputs,
 the run and the readback, gpuExecutionTime the run and the readback; rawPredictions with --send-raw (or SEND_RAW_PRED); on a device
 config_realtime_process(7, 5). Unlike openpilot's, a frame with non-finite outputs is published with valid=False (its values zeroed).
@@ -41,6 +41,7 @@ from sunnypilot.modeld_v2.daemon.daemon_main import daemon_main, daemon_parser
 from sunnypilot.modeld_v2.daemon.frame_daemon import Clock, Frame, Loaded, Published
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.model_sets import LAST_RAN_DM_FILE
+from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.format.bundle import read_header
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import dm_warp_matrix
@@ -48,7 +49,7 @@ from sunnypilot.modeld_v2.model.fill_driver_state import driver_state_fields
 from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import DMOutputParser
 
 SERVICE = "driverStateV2"
-SUBSCRIBED = ("liveCalibration",)
+SUBSCRIBED = (TOPICS.calibration,)  # by role (daemon/topics.py): extrinsicsCalibration today, liveCalibration before
 DEVICE_CORE, REALTIME_PRIORITY = 7, 5  # openpilot's dmonitoringmodeld: config_realtime_process(7, 5)
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class DMonitoringModelD:
     self.bytes = MessageBytes(episodes.once)
 
   def camera(self, exit_event: threading.Event, episodes: Episodes) -> DriverCamera: return DriverCamera(exit_event, episodes)
-  def start(self, params: Any) -> None: pass
+  def start(self, params: Any, stop: threading.Event) -> None: pass
 
   def own(self, adapter: Any, sensor: str, warp: str, report: Any) -> DMParse:
     """Its output parse (ValueError for heads it cannot read) and the transform for the warp's model size and `sensor`'s driver camera."""

@@ -7,8 +7,9 @@ picks the warp whose frame layout matches the live camera buffers (a --split-fra
 comes back with another geometry, the daemon switches to that geometry's warp and intrinsics, or waits, publishing nothing, until one is built.
 
 The model bundle's generation (recorded by compile_modeld; derived from what an older bundle records) decides the rules in generations.py:
-where the action's curvature comes from, what prev_desired_curv sees, the smoothing and low-speed hold, and what the frame after a drop
-pushes. On that prepare-only frame the fused graph runs once with its `prepare_only` gate on and nothing is published.
+where the action's curvature comes from, what prev_desired_curv sees, the smoothing and low-speed hold, and the frame after a drop: today's
+generations run and publish it as any other (openpilot's modeld publishes every frame); older ones run it once with the graph's
+`prepare_only` gate on and publish nothing, as the openpilot of their day did.
 Delays: on a device CarParams (read from openpilot's Params at start, waiting for it as openpilot's modeld does) give the longitudinal
 actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
 
@@ -45,6 +46,8 @@ from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, FrameValues, c
 from sunnypilot.modeld_v2.daemon.graph_parse import GraphParse, graph_parse_of
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.model_sets import LAST_RAN_FILE
+from sunnypilot.modeld_v2.daemon.schema import car
+from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, warp_matrices
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, camera_odometry_fields, driving_model_data_fields, host_fields, model_v2_fields
@@ -53,7 +56,9 @@ from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
 from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK
 
-SUBSCRIBED = ("deviceState", "carState", "roadCameraState", "liveCalibration", "driverMonitoringState", "carControl", "liveDelay")  # sm.update each frame
+# what sm.update reads each frame, by role (daemon/topics.py: today's names where the schema has them; none where it has no such topic)
+SUBSCRIBED = tuple(t for t in (TOPICS.device_state, TOPICS.car_state, TOPICS.road_camera_state, TOPICS.calibration, TOPICS.driver_monitoring_state,
+                               TOPICS.car_control, TOPICS.lateral_delay) if t is not None)
 PARAMS_EVERY = 60  # frames between reads of sunnypilot's CameraOffset parameter (modeld_v2/modeld.py @13ce8664)
 # openpilot's modeld (selfdrive/modeld/modeld.py @6c6be47b) runs config_realtime_process(7, 54) on a device: core 7, SCHED_FIFO priority 54
 DEVICE_CORE, REALTIME_PRIORITY = 7, 54
@@ -94,9 +99,9 @@ class ModelD:
 
   def camera(self, exit_event: threading.Event, episodes: Episodes) -> CameraSync: return CameraSync(exit_event, episodes)
 
-  def start(self, params: Any) -> None:
+  def start(self, params: Any, stop: threading.Event) -> None:
     self.params = params
-    if params is not None: self.delays = read_car_params(params)
+    if params is not None: self.delays = read_car_params(params, car, stop, log.info)
     log.info(f"delays from {self.delays.source}: lateral {self.delays.lateral:.3f} s until liveDelay publishes, longitudinal "
              f"{self.delays.longitudinal:.3f} s")
 
@@ -119,16 +124,18 @@ class ModelD:
     generation, source = of_bundle(loaded.adapter.metadata)
     self.state.rules = GENERATIONS[generation]
     self.episodes.once(f"generation {generation} ({source}): {self.state.rules.about}")
-    if "prepare_only" not in loaded.adapter.numpy_inputs:
-      self.episodes.once("this bundle has no prepare_only gate (native, or built before it): frames after a drop run a full step")
+    if "prepare_only" not in loaded.adapter.numpy_inputs and not self.state.rules.every_frame:
+      self.episodes.once("this bundle has no prepare_only gate (built before it): frames after a drop run a full step, and are not published")
     self.frame_inputs.use_cameras(loaded.sensor, camera.main_wide)
     self.state.lat_planner_state[:] = 0.0
 
   def inputs(self, sm: Any, frame: Frame, loaded: Loaded[ModelParse]) -> ModelFrame:
     if self.params is not None and sm.frame % PARAMS_EVERY == 0:
       self.frame_inputs.camera_offset_target = camera_offset(self.params, self.frame_inputs.camera_offset_target)
-    road_frame = sm["roadCameraState"].frameId if sm.seen.get("roadCameraState") else frame.frames.meta.frame_id
-    return ModelFrame(self.frame_inputs.step(sm, self.delays, self.state, prepare_only=frame.dropped > 0), road_frame)
+    road = TOPICS.road_camera_state
+    road_frame = sm[road].frameId if road is not None and sm.seen.get(road) else frame.frames.meta.frame_id
+    prepare_only = frame.dropped > 0 and not self.state.rules.every_frame
+    return ModelFrame(self.frame_inputs.step(sm, self.delays, self.state, prepare_only=prepare_only), road_frame)
 
   def host_values(self, inputs: ModelFrame) -> dict[str, Any]: return inputs.fed.host
 
@@ -149,7 +156,7 @@ class ModelD:
     """One frame's three messages: the driving state advanced, then modelV2 filled, made and sent (what controls wait for) before the
     other two; none after a drop (prepare-only: the frame went through the queues the generation pushes then)."""
     meta, meta_extra = frame.frames.meta, frame.frames.meta_extra
-    if frame.dropped > 0:
+    if frame.dropped > 0 and not self.state.rules.every_frame:
       self.episodes.happened("drops", f"frame {meta.frame_id}: {frame.dropped} frame(s) dropped before it: prepare-only, nothing published")
       return None
     self.episodes.ended("drops", "frame ids jumped on consecutive frames")
@@ -159,7 +166,7 @@ class ModelD:
     fed = inputs.fed
     info = FrameInfo(meta.frame_id, meta_extra.frame_id, meta.timestamp_eof, inputs.road_frame_id, frame.drop_perc, frame.dropped, execution_time,
                      fed.calibrated, fed.lat_t, fed.long_t, finite, not frame.frames.clock_frozen)
-    stamps = self.publish_block(pm, loaded, outputs, info, fed) if parsed is None else self.publish_parsed(pm, loaded, parsed, outputs, info, fed)
+    stamps = self.publish_block(pm, outputs, info, fed) if parsed is None else self.publish_parsed(pm, loaded, parsed, outputs, info, fed)
     return Published(execution_time, *stamps)
 
   def published_finite(self, frame: FrameInfo, values: np.ndarray, reads: ParsedReads) -> FrameInfo:
@@ -180,7 +187,6 @@ class ModelD:
     frame, missing = self.published_finite(frame, own.parser.values, own.reads), self.missing or dict.fromkeys(SERVICES)
     valid = frame.valid
     fields = model_v2_fields(parsed, state, frame, outputs if self.send_raw else None, missing["modelV2"])
-    fields["locationMonoTimeDEPRECATED"] = loaded.model_id  # which model ran this frame: log.capnp has no field for it (README, "Model sets")
     t_fill = time.monotonic_ns()
     model_v2 = self.bytes.to_bytes("modelV2", fields, valid["modelV2"], t_fill)
     t_serialize = time.monotonic_ns()
@@ -194,25 +200,23 @@ class ModelD:
       for service, gaps in self.missing.items():
         for path, reason in gaps.items(): self.episodes.once(f"{service}.{path} stays default: {reason}")
       self.missing = None
-    if self.graph is not None and self.graph.writers is None and not self.graph.bind(self.bytes, self.daemon_fields(loaded, state, frame, outputs)):
+    if self.graph is not None and self.graph.writers is None and not self.graph.bind(self.bytes, self.daemon_fields(state, frame, outputs)):
       self.graph = None  # the templates cannot take the block (said): this model is parsed on the host from now on
     return t_fill, t_serialize, t_send
 
-  def daemon_fields(self, loaded: Loaded[ModelParse], state: Any, frame: FrameInfo, outputs: np.ndarray) -> dict[str, dict[str, Any]]:
-    """With the parse in the graph, each message's fields that are not the block's: host_fields, and the model's identity."""
+  def daemon_fields(self, state: Any, frame: FrameInfo, outputs: np.ndarray) -> dict[str, dict[str, Any]]:
+    """With the parse in the graph, each message's fields that are not the block's (host_fields)."""
     assert self.graph is not None
-    host = host_fields(state, frame, outputs if self.send_raw else None, self.graph.layout.fcw)
-    host["modelV2"]["locationMonoTimeDEPRECATED"] = loaded.model_id
-    return host
+    return host_fields(state, frame, outputs if self.send_raw else None, self.graph.layout.fcw)
 
-  def publish_block(self, pm: Any, loaded: Loaded[ModelParse], outputs: np.ndarray, frame: FrameInfo, fed: FrameValues) -> tuple[int, int, int]:
+  def publish_block(self, pm: Any, outputs: np.ndarray, frame: FrameInfo, fed: FrameValues) -> tuple[int, int, int]:
     """publish with the output parse in the model's graph: the driving state from the block's views, then per service the host's fields
     and the block's floats copied into its byte template (graph_parse)."""
     graph = self.graph
     assert graph is not None
     state = self.state.update(graph.reads, frame, fed.car, fed.lateral_active)
     frame = self.published_finite(frame, graph.checked_values(), graph.reads)
-    valid, host = frame.valid, self.daemon_fields(loaded, state, frame, outputs)
+    valid, host = frame.valid, self.daemon_fields(state, frame, outputs)
     t_fill = time.monotonic_ns()
     model_v2 = graph.bytes_of("modelV2", host["modelV2"], valid["modelV2"], t_fill)
     t_serialize = time.monotonic_ns()

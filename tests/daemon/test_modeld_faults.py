@@ -1,4 +1,5 @@
 """modeld against bad input on the bus: broken numbers, broken messages, broken timestamps. Each test reproduces a failure seen before the fix."""
+import dataclasses
 import hashlib
 import os
 import re
@@ -149,7 +150,7 @@ def test_broken_car_params_delays_fall_back_to_a_typical_car(tmp_path):
   from sunnypilot.modeld_v2.daemon.device_params import read_car_params
   for steer, long, good in [(0.17, 0.33, True), (float("nan"), 0.33, False), (0.17, -0.5, False), (9.0, 0.1, False)]:
     blob = car.CarParams.new_message(steerActuatorDelay=steer, longitudinalActuatorDelay=long).to_bytes()
-    delays = read_car_params(SimpleNamespace(get=lambda key, block=False, blob=blob: blob))
+    delays = read_car_params(SimpleNamespace(get=lambda key, blob=blob: blob, failed=set()), car, threading.Event(), lambda line: None)
     if good: assert (delays.lateral, delays.longitudinal, delays.source) == (pytest.approx(0.37), pytest.approx(0.33), "CarParams")
     else: assert (delays.lateral, delays.longitudinal) == (pytest.approx(0.32), 0.15) and "refused" in delays.source, delays
 
@@ -161,11 +162,12 @@ def test_speed_out_of_range_is_refused(v_ego):
   assert (car.vEgo, car.leftBlinker, car.rightBlinker) == (12.5, False, True), "only the bad field keeps its last good value"
 
 def test_steering_torque_and_lateral_delay_out_of_range_are_refused(monkeypatch):
-  from sunnypilot.modeld_v2.daemon import messaging
+  from sunnypilot.modeld_v2.daemon import bus_inputs, messaging
+  from sunnypilot.modeld_v2.daemon.topics import TOPICS
   bus = BusInputs(Episodes(lambda line: None))
   assert bus.car_state(sm_with(carState={"vEgo": 3.0, "steeringTorque": 1.5})).steeringTorque == 1.5
   assert bus.car_state(sm_with(carState={"vEgo": 4.0, "steeringTorque": float("nan")})).steeringTorque == 1.5
-  monkeypatch.setattr(messaging, "has_service", lambda name: True)  # the bundled schema has no liveDelay
+  for module in (messaging, bus_inputs): monkeypatch.setattr(module, "TOPICS", dataclasses.replace(TOPICS, lateral_delay="liveDelay"))  # bundled: none
   delays = {"liveDelay": SimpleNamespace(lateralDelay=0.31)}
   sm = SM(seen={"liveDelay": True}, data=delays)
   assert bus.lateral_delay(sm, 0.2) == pytest.approx(0.31)
@@ -239,9 +241,10 @@ def test_wide_camera_an_hour_ahead_then_sigterm(artifacts, openpilot_prefix):
   assert code == 0 and elapsed < 1.0, f"exit {code} after {elapsed:.2f} s"
   assert sum("frame sync: no extra frame" in line for line in daemon.lines) == 2, "one line per episode: " + "".join(daemon.lines)
 
-def test_idle_camera_and_frame_id_jumps_log_once_per_episode(artifacts, openpilot_prefix):
-  """A camera up but idle logged 'reconnected' every 0.5 s; frames arriving with jumping ids logged a line each."""
-  daemon = Daemon(artifacts)
+def test_idle_camera_and_frame_id_jumps_log_once_per_episode(split_09, openpilot_prefix):
+  """A camera up but idle logged 'reconnected' every 0.5 s; frames arriving with jumping ids logged a line each (a generation whose frames
+  after a drop are prepare-only, the ones that say so)."""
+  daemon = Daemon(split_09)
   daemon.exchange(range(5))
   time.sleep(2.6)  # the stimulus: camerad up, no frames for 2.6 s (5 reconnect periods)
   daemon.exchange(range(5, 10))

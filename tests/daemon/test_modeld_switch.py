@@ -2,6 +2,7 @@
 fallbacks at start, signatures. The camerad stand-in and the subscriber run here (test_modeld.Daemon), modeld in a subprocess."""
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -67,7 +68,10 @@ def root(sets, tmp_path):
 
 def model_id(folder) -> int: return int(content_digest(os.path.join(folder, "model.bin"))[:16], 16)
 
-def published_id(daemon: Daemon, frame_id: int) -> int: return daemon.messages[frame_id]["modelV2"][0].locationMonoTimeDEPRECATED
+def published_id(daemon: Daemon, frame_id: int) -> int:
+  """Which model ran `frame_id`: modelV2 has no field for it, so the daemon says "frame N: the first on set X (model D)" where one takes over."""
+  firsts = [(int(m[1]), int(m[2], 16)) for line in daemon.lines if (m := re.search(r"frame (\d+): the first on set \S+ \(model ([0-9a-f]{16})\)", line))]
+  return ([model for first, model in firsts if first <= frame_id] or [0])[-1]  # the last to take over by then (lines come in frame order)
 
 def test_a_switch_publishes_every_frame_and_the_new_set_starts_from_zero(artifacts, root, openpilot_prefix):
   """Frames keep coming while set b loads in the background; the change happens between two frames: every frame sent is published once,

@@ -8,12 +8,16 @@ from sunnypilot.modeld_v2.model.fill_driver_state import driver_state_fields
 from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import DMOutputParser, check_dm_heads, dm_layout
 from sunnypilot.modeld_v2.tools.stand_in_models import dm_output_sizes
 
-# per layout, openpilot's (prob head, DriverData field) in the order fill_driver_data sets them: sunnypilot @41dea5d4, openpilot @63cf2e70
+# per layout, openpilot's (prob head, DriverData field) in the order fill_driver_data sets them: sunnypilot @41dea5d4, openpilot @084747c
+# (today's: sleep_prob -> sleepProb, phoneProb from using_phone_prob) and @63cf2e70
 FIELDS = {"current": [("face_prob", "faceProb"), ("eyes_visible_prob", "eyesVisibleProb"), ("eyes_closed_prob", "eyesClosedProb"),
                       ("using_phone_prob", "phoneProb")],
           "previous": [("face_prob", "faceProb"), ("left_eye_prob", "leftEyeProb"), ("right_eye_prob", "rightEyeProb"),
                        ("left_blink_prob", "leftBlinkProb"), ("right_blink_prob", "rightBlinkProb"), ("sunglasses_prob", "sunglassesProb"),
-                       ("using_phone_prob", "phoneProb")]}
+                       ("using_phone_prob", "phoneProb")],
+          "sleep": [("face_prob", "faceProb"), ("left_eye_prob", "leftEyeProb"), ("right_eye_prob", "rightEyeProb"),
+                    ("left_blink_prob", "leftBlinkProb"), ("right_blink_prob", "rightBlinkProb"), ("sunglasses_prob", "sunglassesProb"),
+                    ("using_phone_prob", "phoneProb"), ("sleep_prob", "sleepProb")]}
 
 def openpilot_sigmoid(x): return 1.0 / (1.0 + np.exp(np.clip(-np.float32(x), -np.inf, 11)))
 
@@ -22,7 +26,7 @@ def openpilot_exp(x): return np.exp(np.clip(np.float32(x), -np.inf, 11))
 def layout_slices(layout: str, shuffle: int) -> dict[str, list[int]]:
   """A model's output_slices with the layout's heads in a shuffled order and unread heads between them: the parse must go by the slices."""
   sizes = {f"{key}_{side}": 1 for side in ("lhd", "rhd") for key, _ in FIELDS[layout]} | {"face_descs_lhd": 12, "face_descs_rhd": 12}
-  sizes |= {"wheel_on_right": 1, "poor_vision": 1, "sleep_prob_lhd": 1, "features": 512}
+  sizes |= {"wheel_on_right": 1, "poor_vision": 1, "features": 512} | ({} if layout == "sleep" else {"sleep_prob_lhd": 1})  # an unread head
   names = list(np.random.default_rng(shuffle).permutation(list(sizes)))
   out, at = {}, 0
   for name in names:
@@ -30,7 +34,7 @@ def layout_slices(layout: str, shuffle: int) -> dict[str, list[int]]:
     at += sizes[name]
   return out
 
-@pytest.mark.parametrize("layout", ["current", "previous"])
+@pytest.mark.parametrize("layout", ["current", "sleep", "previous"])
 def test_every_field_is_openpilots(layout):
   slices = layout_slices(layout, shuffle=len(layout))
   n = max(stop for _, stop in slices.values())
@@ -62,7 +66,7 @@ def test_no_raw_predictions_is_empty_bytes():
   parser = DMOutputParser(slices)
   assert driver_state_fields(parser(np.zeros(600, np.float32)), parser.probs, 0, 0.0, 0.0)["rawPredictions"] == b""
 
-@pytest.mark.parametrize("layout", ["current", "previous"])
+@pytest.mark.parametrize("layout", ["current", "sleep", "previous"])
 def test_the_stand_ins_layout_is_a_layout_openpilot_parses(layout):
   sizes = dm_output_sizes(layout)
   at, slices = 0, {}

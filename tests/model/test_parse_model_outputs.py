@@ -418,16 +418,20 @@ def test_set_fields_skips_what_the_schema_lacks():
   assert msg.modelV2.frameId == 3 and len(msg.modelV2.laneLines) == 2 and list(msg.modelV2.laneLines[1].x) == [1.0] and list(msg.modelV2.position.x) == [2.0]
   assert skipped == ["noSuchField", "meta.noSuch", "laneLines.1.bogus", "position.nope", "nowhere.3.x"]
 
-def test_lateral_delay_from_live_delay_when_the_schema_has_it(monkeypatch):
-  live = {"liveDelay": SimpleNamespace(lateralDelay=0.31)}
-  sm = type("SM", (), {"seen": {"liveDelay": True}, "__getitem__": lambda self, k: live[k]})()
-  monkeypatch.setattr(messaging, "has_service", lambda name: True)
+def test_lateral_delay_from_the_lateral_delay_topic_when_the_schema_has_one(monkeypatch):
+  """The topic is the schema's (lateralDelay today, liveDelay before: daemon/topics); the bundled schema has none."""
+  import dataclasses
+
+  from sunnypilot.modeld_v2.daemon.topics import TOPICS
+  live = {"lateralDelay": SimpleNamespace(lateralDelay=0.31)}
+  sm = type("SM", (), {"seen": {"lateralDelay": True}, "__getitem__": lambda self, k: live[k]})()
+  monkeypatch.setattr(messaging, "TOPICS", dataclasses.replace(TOPICS, lateral_delay="lateralDelay"))
   assert messaging.lateral_delay(sm, 0.2) == pytest.approx(0.31)
-  sm.seen = {"liveDelay": False}
-  assert messaging.lateral_delay(sm, 0.2) == 0.2, "no estimate before the first liveDelay"
-  monkeypatch.setattr(messaging, "has_service", lambda name: False)
-  sm.seen = {"liveDelay": True}
-  assert messaging.lateral_delay(sm, 0.2) == 0.2, "the bundled schema has no liveDelay"
+  sm.seen = {"lateralDelay": False}
+  assert messaging.lateral_delay(sm, 0.2) == 0.2, "no estimate before the first message"
+  monkeypatch.setattr(messaging, "TOPICS", dataclasses.replace(TOPICS, lateral_delay=None))
+  sm.seen = {"lateralDelay": True}
+  assert messaging.lateral_delay(sm, 0.2) == 0.2, "a schema without the topic"
 
 def desire_state_raw(lane_change_prob_high: bool) -> np.ndarray:
   return np.array([0.0, 0, 0, 5.0, 0, 0, 0, 0]) if lane_change_prob_high else np.array([10.0, 0, 0, 0, 0, 0, 0, 0])

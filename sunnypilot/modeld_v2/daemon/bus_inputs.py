@@ -14,6 +14,7 @@ import capnp
 
 from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon.messaging import lateral_delay
+from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.model.calibration import CALIBRATION_HEIGHT, DEFAULT_RPY
 
 V_EGO_MAX = 100.0  # m/s (360 km/h): a larger |vEgo| is a broken message, not a car
@@ -83,8 +84,8 @@ class BusInputs:
 
   def car_state(self, sm: Any) -> CarInputs:
     """carState: vEgo finite with |vEgo| <= V_EGO_MAX, steeringTorque finite; else the last good value of that field."""
-    if not sm.seen.get("carState"): return self.car
-    cs = sm["carState"]
+    if not sm.seen.get(TOPICS.car_state): return self.car
+    cs = sm[TOPICS.car_state]
     v_ego, torque = float(cs.vEgo), float(cs.steeringTorque)
     good_v = self._checked("carState.vEgo", math.isfinite(v_ego) and abs(v_ego) <= V_EGO_MAX, v_ego, self.car.vEgo)
     good_t = self._checked("carState.steeringTorque", math.isfinite(torque), torque, self.car.steeringTorque)
@@ -107,25 +108,27 @@ class BusInputs:
     return values
 
   def calibration(self, sm: Any) -> tuple[float, ...]:
-    """liveCalibration.rpyCalib: three finite angles within RPY_LIMITS; else the last good calibration (DEFAULT_RPY before one, and
+    """The calibration's rpyCalib: three finite angles within RPY_LIMITS; else the last good calibration (DEFAULT_RPY before one, and
     `calibrated` stays False: a refused calibration is not one)."""
-    if not sm.seen.get("liveCalibration") or (rpy := self._floats(sm, "liveCalibration", "rpyCalib", 4)) is None: return self.rpy  # 4: more than 3 is refused
+    topic = TOPICS.calibration
+    if not sm.seen.get(topic) or (rpy := self._floats(sm, topic, "rpyCalib", 4)) is None: return self.rpy  # 4: more than 3 is refused
     good = len(rpy) == 3 and all(math.isfinite(a) and lo <= a <= hi for a, (lo, hi) in zip(rpy, RPY_LIMITS, strict=True))
-    if self._checked("liveCalibration.rpyCalib", good, list(rpy), list(self.rpy)): self.rpy, self.calibrated = rpy, True
+    if self._checked(f"{topic}.rpyCalib", good, list(rpy), list(self.rpy)): self.rpy, self.calibrated = rpy, True
     return self.rpy
 
   def camera_height(self, sm: Any) -> float:
-    """liveCalibration.height[0] (metres) within HEIGHT_LIMITS; else the last good one (CALIBRATION_HEIGHT before one)."""
-    if not sm.seen.get("liveCalibration") or not (heights := self._floats(sm, "liveCalibration", "height", 1)): return self.height
+    """The calibration's height[0] (metres) within HEIGHT_LIMITS; else the last good one (CALIBRATION_HEIGHT before one)."""
+    topic = TOPICS.calibration
+    if not sm.seen.get(topic) or not (heights := self._floats(sm, topic, "height", 1)): return self.height
     height = heights[0]
-    if self._checked("liveCalibration.height", math.isfinite(height) and HEIGHT_LIMITS[0] <= height <= HEIGHT_LIMITS[1], height, self.height):
+    if self._checked(f"{topic}.height", math.isfinite(height) and HEIGHT_LIMITS[0] <= height <= HEIGHT_LIMITS[1], height, self.height):
       self.height = height
     return self.height
 
   def lateral_delay(self, sm: Any, fallback: float) -> float:
-    """liveDelay.lateralDelay (the configured `fallback` before an estimate): within delay_ok's rule; else the last good one."""
+    """The lateral delay topic's lateralDelay (the configured `fallback` before an estimate): within delay_ok's rule; else the last good one."""
     delay = lateral_delay(sm, fallback)
     last = fallback if self.lat_delay is None else self.lat_delay
-    if not self._checked("liveDelay.lateralDelay", delay_ok(delay), delay, last): return last
+    if not self._checked(f"{TOPICS.lateral_delay}.lateralDelay", delay_ok(delay), delay, last): return last
     self.lat_delay = delay
     return delay

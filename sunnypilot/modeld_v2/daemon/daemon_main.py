@@ -12,18 +12,22 @@ from sunnypilot.modeld_v2.common.cli import finite_float, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
 from sunnypilot.modeld_v2.common.logs import Episodes
+from sunnypilot.modeld_v2.daemon import schema, topics
 from sunnypilot.modeld_v2.daemon.artifacts import check_artifacts
-from sunnypilot.modeld_v2.daemon.device_params import device_params, on_device
+from sunnypilot.modeld_v2.daemon.device_params import device_params
+from sunnypilot.modeld_v2.daemon.device_paths import DEVICE_ARTIFACTS, DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, first_folder
 from sunnypilot.modeld_v2.daemon.frame_daemon import RECONNECT_AFTER_S, DaemonSpec, FrameDaemon
+from sunnypilot.modeld_v2.daemon.hardware import on_device
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
-from sunnypilot.modeld_v2.daemon.model_sets import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, Trust, sets_root
+from sunnypilot.modeld_v2.daemon.model_sets import Trust, sets_root
 from sunnypilot.modeld_v2.daemon.process import core_arg, exit_code, stop_on_signals
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, write_timings
 
 def daemon_parser(name: str, doc: str | None, bundles: str, send_raw_help: str, device_core: int, priority: int) -> argparse.ArgumentParser:
   """`name`'s parser with the arguments every model daemon takes; the daemon adds its own."""
   parser = cli_parser(name, doc)
-  parser.add_argument("--artifacts", required=True, help=f"the default model set: a folder with {bundles}")
+  parser.add_argument("--artifacts", help=f"the default model set: a folder with {bundles}. On a comma device the first of "
+                      f"{', '.join(DEVICE_ARTIFACTS)} that exists (a device starts the daemons with no arguments); required elsewhere")
   parser.add_argument("--max-frames", type=positive_int, help="exit after publishing this many frames")
   parser.add_argument("--send-raw", action="store_true", default=bool(os.environ.get("SEND_RAW_PRED")), help=send_raw_help)
   parser.add_argument("--core", type=core_arg, help=f"pin {name} to this CPU core; on a device it runs on core {device_core} at SCHED_FIFO priority "
@@ -37,7 +41,8 @@ def daemon_parser(name: str, doc: str | None, bundles: str, send_raw_help: str, 
                       "(benchmarks.bench_daemon reads it)")
   parser.add_argument("--trusted-keys", help="a folder of publishers' Ed25519 public keys (*.pem, sign_bundle --generate-key writes them): every "
                       "bundle must then be signed by one of them (its own .sig, or a signed manifest naming it), else it is refused with one line "
-                      f"before any of its kernels is read. On a comma device {DEVICE_TRUSTED_KEYS} when it exists. Without: bundles load unsigned")
+                      f"before any of its kernels is read. On a comma device the first of {', '.join(DEVICE_TRUSTED_KEYS)} that exists. Without: bundles "
+                      "load unsigned")
   parser.add_argument("--model-sets", help="the folder of installed model sets (install_models writes ROOT/<name>/): the set asked for (ROOT/active "
                       "on a PC, sunnypilot's ModelManager_ActiveBundle parameter on a device) is loaded while frames run and switched to between "
                       f"two frames; a set that fails falls back to the last that ran, then to --artifacts. On a comma device {DEVICE_MODEL_SETS}")
@@ -50,10 +55,14 @@ def daemon_main(parser: argparse.ArgumentParser, argv: list[str] | None, make_sp
   args = parser.parse_args(argv)
   name = parser.prog
   fail = lambda message: parser.exit(2, f"{name}: error: {message}\n")
+  device = on_device()
+  if schema.problem or topics.problem: fail(schema.problem or topics.problem)  # publishing in another schema than the readers' is worse than none
+  if args.artifacts is None and not device: fail("--artifacts is required (a folder with the default model set) off a comma device")
+  artifacts = args.artifacts or first_folder(DEVICE_ARTIFACTS)
+  if artifacts is None: fail(f"no default model set on this device: none of {', '.join(DEVICE_ARTIFACTS)} exists (install the bundles there)")
   if args.timings:
     try: check_output_path(args.timings)
     except ArtifactError as e: fail(f"--timings: {e}")
-  device = on_device()
   try: root = sets_root(args.model_sets, device)
   except ArtifactError as e: fail(str(e))
   try: trust = Trust.for_daemon(args.trusted_keys, device)
@@ -62,10 +71,10 @@ def daemon_main(parser: argparse.ArgumentParser, argv: list[str] | None, make_sp
   bus = f"the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}"
   if (claim := claim_bus(name)) is None: fail(f"another {name} is already running on {bus}")
   spec = make_spec(args, episodes)
-  try: planes = check_artifacts(args.artifacts, report=episodes.once, trust=trust, kind=spec.bundles)
+  try: planes = check_artifacts(artifacts, report=episodes.once, trust=trust, kind=spec.bundles)
   except ArtifactError as e: fail(str(e))
-  daemon = FrameDaemon(spec, episodes, args.artifacts, root, trust, planes, [] if args.timings else None, args.reconnect_after, args.status_every,
-                       device_params())
+  daemon = FrameDaemon(spec, episodes, artifacts, root, trust, planes, [] if args.timings else None, args.reconnect_after, args.status_every,
+                       device_params(episodes.once))
   stopped_by = stop_on_signals(daemon.exit)
   try: code = daemon.run(args.max_frames, args.core, device)
   except msgq.MultiplePublishersError: fail(f"another process took over publishing {', '.join(spec.services)} on {bus}: exiting")

@@ -29,7 +29,9 @@ from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, ModelSet, ModelSets, Trust
 from sunnypilot.modeld_v2.daemon.model_switch import ModelSwitch, trigger_for
 from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime
+from sunnypilot.modeld_v2.daemon.schema import SCHEMA
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
+from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.model.calibration import sensor_for_size
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ class DaemonSpec(Protocol[P]):
   camera_name: str  # "" or "driver camera: ", before the camera's lines
 
   def camera(self, exit_event: threading.Event, episodes: Episodes) -> CameraLink: ...
-  def start(self, params: Any) -> None: ...
+  def start(self, params: Any, stop: threading.Event) -> None: ...
   def own(self, adapter: Any, sensor: str, warp: str, report: Callable[[str], None]) -> P: ...
   def warm_up_inputs(self, loaded: Loaded[P], camera: Any) -> None: ...
   def use(self, loaded: Loaded[P], camera: Any, back: bool) -> None: ...
@@ -118,7 +120,8 @@ class FrameDaemon(Generic[P]):
     self.refused: dict[str, tuple] = {}  # warp -> both files' keys when the pair failed to load (artifacts.load_pair)
     self.unloaded: ModelSet | None = None  # the set that ran, when none runs since its reload for new cameras failed
     self.core: int | None = None  # the core the frame thread is pinned to, if any: the switch thread keeps off it
-    self.params = params  # openpilot's Params on a device, else None
+    self.params = params  # openpilot's Params on a device (device_params.DeviceParams), else None
+    self.first_frame = False  # a model took over since the last frame: the next frame's line says which (the published messages cannot)
     self.sets = ModelSets(artifacts, model_sets, trust or Trust(), last_ran=spec.last_ran)
     self.switch: ModelSwitch[Loaded[P]] = ModelSwitch(self.sets, trigger_for(self.sets, params), self.prepare, self.discard,
                                                       thread_setup=lambda: config_background(self.core), report=episodes.once, fresh=spec.fresh)
@@ -168,7 +171,7 @@ class FrameDaemon(Generic[P]):
       self.unloaded = running  # tried again first next time
       if error is not None and not isinstance(error, NoWarp): self.episodes.once(f"{error}; waiting: tried again when one of them changes")
       return False
-    self.spec.use(candidate.handle, self.camera, back=False)
+    self.use(candidate.handle, back=False)
     adapter, model = candidate.handle.adapter, os.path.basename(model_file(candidate.model_set, self.spec.bundles))
     log.info(f"loaded {candidate.model_set}: {model} + {os.path.basename(candidate.handle.warp)}{self.spec.about(candidate.handle)} for "
              f"{name.removesuffix(': ')}{' ' if name else ''}"
@@ -223,6 +226,11 @@ class FrameDaemon(Generic[P]):
     adapter.reset_warmup_buffers()
     if not finite: raise ArtifactError("its outputs on zero frames are not finite")
 
+  def use(self, loaded: Loaded[P], back: bool) -> None:
+    """Frames run on `loaded` from the next one (the spec's part), and that frame's line names it."""
+    self.spec.use(loaded, self.camera, back)
+    self.first_frame = True
+
   def discard(self, loaded: Loaded[P]) -> None:
     """A loaded set no frame runs on any more: the switch closes it, on its thread while frames run."""
     loaded.adapter.close()
@@ -233,7 +241,7 @@ class FrameDaemon(Generic[P]):
     """Between two frames: change over to the set the switch thread loaded, when it was loaded for the live camera geometry (else it is
     loaded again). Whether a model runs now."""
     if (candidate := self.switch.take_for(self.geometry)) is None: return loaded
-    self.spec.use(candidate.handle, self.camera, back=False)
+    self.use(candidate.handle, back=False)
     self.switch.changed_over(candidate)
     if not loaded: self.running()
     return True
@@ -267,7 +275,7 @@ class FrameDaemon(Generic[P]):
     from the next frame with its recurrent state reset."""
     if self.switch.probation and (back := self.switch.frame_ran(finite)) is not None:
       back.handle.adapter.reset_states()
-      self.spec.use(back.handle, self.camera, back=True)
+      self.use(back.handle, back=True)
 
   # *** the loop ***
 
@@ -275,8 +283,9 @@ class FrameDaemon(Generic[P]):
     """openpilot's config_realtime_process for this daemon (its core and priority on a device), then the spec's own start."""
     self.core = self.spec.device_core if core is None and on_device else core
     log.info(config_realtime(self.core, self.spec.realtime_priority if on_device else None))
+    log.info(f"cereal: {SCHEMA.source if SCHEMA else '?'}; reads {TOPICS.describe(self.spec.subscribed)}")
     log.info(f"signatures: {self.sets.trust.describe()}")
-    self.spec.start(self.params)
+    self.spec.start(self.params, self.exit)
 
   def run(self, max_frames: int | None = None, core: int | None = None, on_device: bool = False) -> int:
     self.start(core, on_device)
@@ -331,5 +340,8 @@ class FrameDaemon(Generic[P]):
         self.timings.append([frame.frames.meta.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, done.fill, done.serialize, done.send,
                              time.monotonic_ns()])
       self.status.times.append(done.execution_time)
+    if self.first_frame:  # which model runs is no field of today's messages: said here, frame by frame of a change (and in the run state)
+      self.first_frame = False
+      log.info(f"frame {frame.frames.meta.frame_id}: the first on set {self.model_set.name if self.model_set else '?'} (model {loaded.digest[:16]})")
     self.probation(finite)
     return int(done is not None)

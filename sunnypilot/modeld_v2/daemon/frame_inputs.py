@@ -15,6 +15,7 @@ from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs, CarInputs
 from sunnypilot.modeld_v2.daemon.device_params import Delays
 from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
+from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, CameraConfig, apply_camera_offset, warp_matrices
 from sunnypilot.modeld_v2.model.drive_helpers import action_times
@@ -24,9 +25,9 @@ DRIVING_STYLE = [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]  # sunnypilot's default dri
 
 def rhd_of(sm, rhd: bool) -> bool:
   """Right-hand traffic: the --rhd flag, else driverMonitoringState.isRHD."""
-  return rhd or bool(sm.seen.get("driverMonitoringState") and sm["driverMonitoringState"].isRHD)
+  return rhd or bool(sm.seen.get(TOPICS.driver_monitoring_state) and sm[TOPICS.driver_monitoring_state].isRHD)
 
-def lateral_active(sm) -> bool: return bool(sm.seen.get("carControl") and sm["carControl"].latActive)
+def lateral_active(sm) -> bool: return bool(sm.seen.get(TOPICS.car_control) and sm[TOPICS.car_control].latActive)
 
 def host_inputs(m_inv: np.ndarray, desire: np.ndarray, rhd: bool, v_ego: float, lat_delay: float, lat_t: float, long_t: float,
                 lat_planner_state: np.ndarray, prepare_only: bool = False) -> dict[str, Any]:
@@ -105,7 +106,7 @@ class FrameInputs:
     update (modeld_v2/camera_offset_helper.py @5b23aa70), with the calibration's camera height; the shear is remade only when one of
     them (or the cameras) changes."""
     m_inv = self.transforms(self.bus.calibration(sm))
-    if sm.updated.get("liveCalibration"): self.camera_offset = 0.9 * self.camera_offset + 0.1 * self.camera_offset_target
+    if sm.updated.get(TOPICS.calibration): self.camera_offset = 0.9 * self.camera_offset + 0.1 * self.camera_offset_target
     if self.camera_offset == 0: return m_inv
     if self.offset_key != (key := (self.cameras, self.rpy, self.bus.camera_height(sm), self.camera_offset)):
       self.offset_key, self.offset_m_inv = key, np.stack([apply_camera_offset(m, camera.intrinsics, key[2], self.camera_offset)

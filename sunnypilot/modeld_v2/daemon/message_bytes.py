@@ -222,10 +222,14 @@ class MessageBytes:
     if self.unsupported.get(service) != tuple(fields):
       try:
         self.templates[service] = template = Template(service, fields)
-        for path in template.skipped: self.report(f"{service}.{path} is not published: this cereal schema has no such field")
+        self.report_skipped(service, template.skipped)
         return template.bytes_of(list(fields.values()), valid, log_mono_time)
       except Unsupported: self.unsupported[service] = tuple(fields)
     msg = new_message(service, valid=valid)
     msg.logMonoTime = log_mono_time
-    for path in set_fields(getattr(msg, service), fields): self.report(f"{service}.{path} is not published: this cereal schema has no such field")
+    self.report_skipped(service, set_fields(getattr(msg, service), fields))
     return msg.to_bytes()
+
+  def report_skipped(self, service: str, paths: Iterable[str]) -> None:
+    """The fields of `service` this schema lacks, in one line (said once): an older cereal has fewer fields than the one filled."""
+    if paths := sorted(paths): self.report(f"{service}: this cereal schema has no {', '.join(paths)}: not published")

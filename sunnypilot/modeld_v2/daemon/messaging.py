@@ -1,4 +1,5 @@
-"""cereal messaging: openpilot's `cereal.messaging` when it is importable, else a thin PubMaster/SubMaster over msgq with comma's schemas.
+"""cereal messaging: the device's own (openpilot's cereal.messaging, of the schema daemon/schema.py found), else a thin PubMaster/SubMaster
+over msgq with the schema openpilot-logging bundles.
 
 Same topic names and message fields as openpilot. On a PC, OPENPILOT_PREFIX selects a private namespace (/dev/shm/msgq_<prefix>).
 """
@@ -11,12 +12,10 @@ from typing import Any
 
 import numpy as np
 
-try:  # on a device with openpilot
-  from cereal import log  # type: ignore[import-not-found]
-  from cereal import messaging as _openpilot_messaging  # type: ignore[import-not-found]
-except ImportError:
-  _openpilot_messaging = None
-  from openpilot_logging.cereal import log
+from sunnypilot.modeld_v2.daemon.schema import SCHEMA, log
+from sunnypilot.modeld_v2.daemon.topics import TOPICS
+
+_openpilot_messaging = SCHEMA.messaging if SCHEMA is not None else None
 
 NO_TRAVERSAL_LIMIT = 2**64 - 1
 
@@ -24,7 +23,7 @@ def ensure_prefix_dir() -> None:
   """msgq needs /dev/shm/msgq_<prefix> to exist before the first socket (openpilot's OpenpilotPrefix makes it)."""
   if prefix := os.environ.get("OPENPILOT_PREFIX"): os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
 
-SCHEMA_SERVICES = frozenset(log.Event.schema.union_fields)  # read once: pycapnp builds the union's field dict anew on every access
+SCHEMA_SERVICES = frozenset(SCHEMA.services if SCHEMA is not None else ())
 
 def has_service(name: str) -> bool: return name in SCHEMA_SERVICES
 
@@ -70,9 +69,10 @@ def set_fields(builder: Any, fields: dict[str, Any]) -> list[str]:
   return skipped
 
 def lateral_delay(sm: Any, fallback: float) -> float:
-  """openpilot's modeld steers with liveDelay.lateralDelay; the bundled schema has no liveDelay service, and before the first message
-  there is no estimate: then `fallback` (the configured delay)."""
-  return float(sm["liveDelay"].lateralDelay) if has_service("liveDelay") and sm.seen.get("liveDelay") else fallback
+  """openpilot's modeld steers with the lateral delay topic's lateralDelay (lateralDelay today, liveDelay before); the bundled schema has
+  none, and before the first message there is no estimate: then `fallback` (the configured delay)."""
+  topic = TOPICS.lateral_delay
+  return float(sm[topic].lateralDelay) if topic is not None and sm.seen.get(topic) else fallback
 
 def new_message(service: str, valid: bool = True) -> Any:
   if _openpilot_messaging is not None: return _openpilot_messaging.new_message(service, valid=valid)

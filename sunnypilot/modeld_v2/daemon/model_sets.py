@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
+from sunnypilot.modeld_v2.daemon.device_paths import DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, first_folder
 from sunnypilot.modeld_v2.format.bundle import BundleFile, read_header
 from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, Manifest, check_folder, plain_name, read_manifest
 from sunnypilot.modeld_v2.format.signature import TrustedKeys, check_signed
@@ -46,9 +47,6 @@ def installable_name(name: str, where: str) -> str:
   plain_name(name, "the set name", where)
   if name in RESERVED_NAMES: raise ArtifactError(f"{where}: the set name {name!r} is reserved in a model sets folder ({', '.join(RESERVED_NAMES)})")
   return name
-# on a comma device: installed sets on the data partition (beside sunnypilot's model manager's /data/models), trusted keys in the software
-# checkout (updated with the software, never by what a download writes)
-DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS = "/data/models/modeld_v2", "/data/openpilot/sunnypilot/modeld_v2/trusted_keys"
 
 def sets_root(given: str | None, device: bool) -> str | None:
   """A daemon's model sets folder: --model-sets, else DEVICE_MODEL_SETS on a comma device, else none (the default set only). One line for
@@ -70,8 +68,8 @@ class Trust:
 
   @staticmethod
   def for_daemon(given: str | None, device: bool) -> Trust:
-    """A daemon's keys: --trusted-keys, else DEVICE_TRUSTED_KEYS on a comma device when that folder exists, else none (see from_folder)."""
-    return Trust.from_folder(given or (DEVICE_TRUSTED_KEYS if device and os.path.isdir(DEVICE_TRUSTED_KEYS) else None))
+    """A daemon's keys: --trusted-keys, else on a comma device the first of DEVICE_TRUSTED_KEYS that exists, else none (see from_folder)."""
+    return Trust.from_folder(given or (first_folder(DEVICE_TRUSTED_KEYS) if device else None))
 
   def describe(self) -> str:
     if self.keys is None: return "no trusted keys: bundles load unsigned, as before signatures (--trusted-keys DIR requires them)"

@@ -1,8 +1,8 @@
 """Parsed driver-monitoring outputs -> the fields of driverStateV2, as openpilot's dmonitoringmodeld fills them.
 
 Mirrors get_driverstate_packet and fill_driver_data of sunnypilot selfdrive/modeld/dmonitoringmodeld.py (sunnypilot/sunnypilot @41dea5d4,
-the `current` layout) and openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @63cf2e70, the `previous` layout): one field
-per line in their order, as {dotted path: value}. The message's `valid` is the daemon's (finite outputs), not a field here.
+the `current` layout) and openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @084747c, the `sleep` layout, and @63cf2e70,
+the `previous` one): one field per line in their order, as {dotted path: value}. The message's `valid` is the daemon's (finite outputs), not a field here.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 # a probability head -> its DriverData field (openpilot's fill_driver_data)
 PROB_FIELDS = {"face_prob": "faceProb", "eyes_visible_prob": "eyesVisibleProb", "eyes_closed_prob": "eyesClosedProb", "left_eye_prob": "leftEyeProb",
                "right_eye_prob": "rightEyeProb", "left_blink_prob": "leftBlinkProb", "right_blink_prob": "rightBlinkProb",
-               "sunglasses_prob": "sunglassesProb", "using_phone_prob": "phoneProb"}
+               "sunglasses_prob": "sunglassesProb", "using_phone_prob": "phoneProb", "sleep_prob": "sleepProb"}
 DRIVER_DATA = {"lhd": "leftDriverData", "rhd": "rightDriverData"}
 
 def driver_state_fields(p: dict[str, np.ndarray], probs: tuple[str, ...], frame_id: int, execution_time: float, gpu_execution_time: float,

@@ -100,6 +100,7 @@ class FrameInfo:
   long_action_t: float
   outputs_finite: bool = True  # False: the model's outputs, or what was computed from them, had NaN or inf: every message is invalid
   clock_ok: bool = True  # False: a camera's timestamps stopped (frames paired by frame id): every message is invalid
+  big: bool = False  # the big model of a big/small pair ran this frame (openpilot modeld.py @084747c: modelV2.big)
 
   @property
   def valid(self) -> dict[str, bool]:
@@ -157,6 +158,7 @@ def model_v2_frame(frame: FrameInfo) -> dict[str, Any]:
   f["frameDropPerc"] = frame.frame_drop_perc
   f["timestampEof"] = frame.timestamp_eof
   f["modelExecutionTime"] = frame.model_execution_time
+  f["big"] = frame.big
   return f
 
 def fill_action(f: dict[str, Any], state: FrameState, missing: dict[str, str] | None) -> None:

@@ -6,7 +6,8 @@ get_curvature_from_output: an mlsim model's curvature comes from its plan even w
 `process_desired_curvature`: an mlsim model is fed zeros as prev_desired_curv). This project names generations by their I/O layout; the
 table below states, per name, what those numbers decide. What a prepare-only frame (the one after a drop) pushes follows openpilot:
 selfdrive/modeld/modeld.py @6c6be47b and @00731a68 (0.9.x) push the desire before the prepare-only return and features and
-prev_desired_curv only after the run; compile_modeld.py @55cac784 (0.10 on) pushes only the images on a prepare-only frame. sunnypilot's
+prev_desired_curv only after the run; compile_modeld.py @55cac784 (0.10 on) pushes only the images on a prepare-only frame; today's
+openpilot (@084747c, whose model is supercombo_action's one ONNX, and the native models after it) has no prepare-only frame. sunnypilot's
 modeld_v2 @13ce8664 pushes the desire on every frame of every generation; for 0.10 and later this follows openpilot, whose models were
 trained with that history.
 
@@ -28,19 +29,23 @@ class Rules:
   smooth_and_hold: bool  # curvature smoothed against the last one, and held below MIN_LAT_CONTROL_SPEED (sunnypilot generation >= 10)
   prepare_pushes_desire: bool  # a prepare-only frame pushes the desire pulse (openpilot before 0.10); images are always pushed
   about: str
+  every_frame: bool = False  # no prepare-only frames: the frame after a drop runs a full step and is published (openpilot #38252)
 
 # The openpilot 0.9.x supercombo predates the post-FOF smoothing; 0.9.7-0.9.9 split models are post-FOF (sunnypilot generation 10); the
 # 0.10 models on are mlsim (sunnypilot generation 11 and later).
 PRE_FOF = Rules(False, True, False, True, "0.9.x: desired_curvature head, fed back, no smoothing or hold; desire pushed on prepare-only")
 POST_FOF = Rules(False, True, True, True, "0.9.7-0.9.9: desired_curvature head, fed back, smoothed and held; desire pushed on prepare-only")
 MLSIM = Rules(True, False, True, False, "0.10 on: curvature from the plan, prev_desired_curv zeros, smoothed and held; only images on prepare-only")
+# today's openpilot (selfdrive/modeld/modeld.py @084747c) runs and publishes every frame: prepare-only frames went in #38252 (2026-06-29)
+TODAY = Rules(True, False, True, False, "today's: curvature from the plan, prev_desired_curv zeros, smoothed and held; every frame published",
+              every_frame=True)
 GENERATIONS: dict[str, Rules] = {
-  "native": MLSIM,
+  "native": TODAY,
   "supercombo_20hz": PRE_FOF,
   "split_09": POST_FOF,
   "split_010": MLSIM,
   "split_action": MLSIM,
-  "supercombo_action": MLSIM,
+  "supercombo_action": TODAY,
   "multi_policy": MLSIM,
   "split_current": MLSIM,
 }

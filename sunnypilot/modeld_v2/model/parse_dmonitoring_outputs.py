@@ -1,14 +1,16 @@
 """The driver-monitoring model's raw output vector -> named arrays, with openpilot's activation for each head it reads.
 
-Mirrors the parse of two openpilot dmonitoringmodeld.py versions, one per output layout (the bundle's output_slices say which):
+Mirrors the parse of three dmonitoringmodeld.py versions, one per output layout (the bundle's output_slices say which):
 - `current`: sunnypilot selfdrive/modeld/dmonitoringmodeld.py (sunnypilot/sunnypilot @41dea5d4, openpilot's DM model with eyes-visible and
   eyes-closed heads; commaai's log.capnp moved the per-eye fields of DriverStateV2.DriverData into `deprecated` for it):
   face_prob, eyes_visible_prob, eyes_closed_prob, using_phone_prob per driver side.
+- `sleep`: openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @084747c, today's; sunnypilot master merged it): the
+  `previous` heads and sleep_prob per driver side (driverStateV2's sleepProb, which driver monitoring's policy reads).
 - `previous`: openpilot selfdrive/modeld/dmonitoringmodeld.py (commaai/openpilot @63cf2e70): face_prob, left/right_eye_prob,
   left/right_blink_prob, sunglasses_prob, using_phone_prob per driver side.
 Both: wheel_on_right through sigmoid; per side (`lhd`, `rhd`: a driver on the left, on the right) `face_descs_<side>` of 12 values, the
 first 6 the face orientation (3) and position (3), the last 6 their log-stds through safe_exp; every probability head through sigmoid.
-Other heads (the 512 features, poor_vision, sleep_prob, ...) are not read. Arrays carry no batch axis.
+Other heads (the 512 features, poor_vision, ...) are not read. Arrays carry no batch axis.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ DRIVER_SIDES = ("lhd", "rhd")
 FACE_DESCS_LEN, FACE_DESCS_STDS = 12, 6  # orientation 3, position 3, then their 6 log-stds
 DM_LAYOUTS = {
   "current": ("face_prob", "eyes_visible_prob", "eyes_closed_prob", "using_phone_prob"),
+  "sleep": ("face_prob", "left_eye_prob", "right_eye_prob", "left_blink_prob", "right_blink_prob", "sunglasses_prob", "using_phone_prob", "sleep_prob"),
   "previous": ("face_prob", "left_eye_prob", "right_eye_prob", "left_blink_prob", "right_blink_prob", "sunglasses_prob", "using_phone_prob"),
-}
+}  # in the order dm_layout tries them: `sleep` holds every head of `previous`
 
 def dm_heads(layout: str) -> dict[str, int]:
   """{head: its length} of every head a layout's parse reads."""
