@@ -104,7 +104,7 @@ def test_a_missing_model_file_is_exit_2_before_any_work_and_makes_no_folder(tmp_
   for argv, message in ((["--onnx", str(tmp_path / "missing.onnx")], "--onnx"), (["--vision", str(tmp_path / "folder"), "--policy", "p.onnx"], "--vision")):
     with pytest.raises(SystemExit) as e: demo.main(argv + ["--out", str(tmp_path / "out"), "--artifacts", str(tmp_path / "new" / "artifacts")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"demo: error: {message} "), err
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"modeld_demo: error: {message} "), err
   assert sorted(os.listdir(tmp_path)) == ["folder"]
 
 def test_a_failed_build_leaves_no_folder_it_made(tmp_path, capsys, monkeypatch):

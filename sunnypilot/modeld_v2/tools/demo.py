@@ -39,6 +39,7 @@ from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile.model_plan import MODEL_FILES, add_model_flags, model_files
 from sunnypilot.modeld_v2.model.calibration import parse_camera_size
 
+PROG = "modeld_demo"  # its console command (pyproject.toml): what usage lines and errors name
 PNGS = ("demo_latency.png", "demo_preview.png")  # written into --out
 STAND_IN_BANNER = ("NOTE: the model is a random-weight stand-in (openpilot's I/O, seeded random weights): outputs are noise.\n"
                    "      Use a real model with --onnx driving.onnx (or --vision vision.onnx --policy policy.onnx, or --vision, --off-policy and --on-policy).")
@@ -296,7 +297,7 @@ def run_daemons(folder: str, camera_name: str, frames: int, dm: bool) -> tuple[d
     shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
   return got, codes
 
-@interruptible("demo")
+@interruptible(PROG)
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
@@ -304,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.compile.onnx_model import ModelError
   from sunnypilot.modeld_v2.tools import stand_in_models
   from sunnypilot.modeld_v2.tools.preview import preview
-  parser = cli_parser("demo", __doc__)
+  parser = cli_parser(PROG, __doc__)
   parser.add_argument("--frames", type=positive_int, default=100)
   parser.add_argument("--camera", default="1928x1208", type=checked(parse_camera_size), help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="the embedded stand-in's generation")
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
   dm = not args.no_dm and not args.route  # route_replay runs modeld alone
   if args.dm_onnx and not dm: parser.error("--dm-onnx is for the driver-monitoring daemon, which --no-dm and --route leave out")
   try: check_model_files(models | ({"dm_onnx": args.dm_onnx} if args.dm_onnx else {}))
-  except ArtifactError as e: parser.exit(2, f"demo: error: {e}\n")
+  except ArtifactError as e: parser.error(str(e))
   try: camera = args.camera if not args.route else route_camera(args.route)
   except ValueError as e: parser.error(str(e))
   camera_name = f"{camera[0]}x{camera[1]}"
@@ -330,12 +331,12 @@ def main(argv: list[str] | None = None) -> int:
   made: list[str] = []
   try:  # until the artifacts are built, a failure (or Ctrl-C) removes every folder this run made
     try: check_outputs(args.out, folder, PNGS, made)
-    except ArtifactError as e: parser.exit(2, f"demo: error: {e}\n")
+    except ArtifactError as e: parser.error(str(e))
     if not real: log(STAND_IN_BANNER)
     try:
       warp = build_artifacts(folder, camera, args.generation, args.size, models, log)
       if dm: build_dm_artifacts(folder, camera, args.size, args.dm_onnx, log)
-    except (ModelError, ArtifactError) as e: parser.exit(2, f"demo: error: {e}\n")
+    except (ModelError, ArtifactError) as e: parser.error(str(e))
   except BaseException:
     remove_folders(made)
     raise
