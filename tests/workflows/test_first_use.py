@@ -190,3 +190,18 @@ def test_setup_says_each_step(tmp_path):
     "setup:   pip: Collecting tinygrad==0.14.0", "setup:   pip: Successfully installed tinygrad-0.14.0",
     "setup: done: .venv ready (.venv/bin/python -m sunnypilot.modeld_v2.tools.demo runs the demo)"], proc.stdout
   assert (tmp_path / ".venv" / "bin" / "pip.calls").read_text().splitlines() == ["install -q --upgrade pip", "install -e .[test]"]
+
+def test_each_daemon_in_the_readme_runs_on_a_folder_an_earlier_command_filled():
+  """The model-sets walkthrough ran dmonitoringmodeld on out/first, which holds no DM model: exit 2. Each daemon's --artifacts must have
+  got its model from an earlier command (compile_modeld --output, or the demo's --artifacts, which builds both), and with --trusted-keys
+  been signed (sign_bundle --manifest) before."""
+  made, signed = set(), set()
+  for words in readme_commands():
+    module = words[0].rsplit(".", 1)[-1]
+    output, artifacts, manifest = (words[words.index(f) + 1] if f in words else None for f in ("--output", "--artifacts", "--manifest"))
+    if module == "compile_modeld": made.add(output)
+    if module == "demo" and artifacts: made |= {f"{artifacts}/model.bin", f"{artifacts}/dmonitoring_model.bin"}
+    if module == "sign_bundle" and manifest: signed.add(manifest)
+    if model := {"modeld": "model.bin", "dmonitoringmodeld": "dmonitoring_model.bin"}.get(module):
+      assert f"{artifacts}/{model}" in made, f"{' '.join(words)}: no earlier command writes {artifacts}/{model}"
+      assert "--trusted-keys" not in words or artifacts in signed, f"{' '.join(words)}: {artifacts} is not signed before"
