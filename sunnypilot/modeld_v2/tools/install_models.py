@@ -37,7 +37,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible
@@ -45,7 +45,7 @@ from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError, file_kind, open_regular, remove_stale_temporaries, replaced_atomically
 from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE, LAST_RAN_DM_FILE, LAST_RAN_FILE, Trust, installable_name
 from sunnypilot.modeld_v2.format.bundle import check_content
-from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, check_folder, parse_manifest
+from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, check_folder, parse_manifest
 from sunnypilot.modeld_v2.format.signature import sig_path
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,9 @@ class DeadlinePassed(ArtifactError):
 
 class Deadline:
   """--deadline: the seconds the install's transfers may take in all, counted from the start; None: DEADLINE_BASE_S plus the set's bytes
-  at DEADLINE_BYTES_PER_S. `armed` arms SIGALRM around one transfer: a read that waits on a server however it trickles (connecting and
-  its headers too) ends at the deadline, while verifying and renaming are never cut."""
+  at DEADLINE_BYTES_PER_S. `armed` arms SIGALRM around one transfer (so an install runs in the main thread, as the command does): a read
+  that waits on a server however it trickles (connecting and its headers too) ends at the deadline, while verifying and renaming are never
+  cut."""
   def __init__(self, seconds: float | None):
     self.seconds, self.start, self.set_bytes = seconds, time.monotonic(), 0
 
@@ -89,25 +90,31 @@ class Deadline:
       signal.setitimer(signal.ITIMER_REAL, 0)
       signal.signal(signal.SIGALRM, previous)
 
-@contextlib.contextmanager
-def progress(name: str, have: int, size: int) -> Iterator[Callable[[int], None]]:
-  """A line about the download of `name` every PROGRESS_EVERY_S from a thread of its own, so that it comes while a read waits on a slow or
-  silent server (whose count then stands still); yields the function the reader tells its count to."""
-  count, stop, start = [have], threading.Event(), time.monotonic()
-  def report() -> None:
-    seen, since = have, time.monotonic()
-    while not stop.wait(PROGRESS_EVERY_S):
-      now, got = time.monotonic(), count[0]
-      if got != seen: seen, since = got, now
-      rate = (got - have) / (now - start)
+class DownloadProgress:
+  """A line about a download every PROGRESS_EVERY_S, from a thread of its own, so that it comes while a read waits on a slow or silent
+  server (whose count then stands still). The reader sets `have`."""
+  def __init__(self, name: str, have: int, size: int):
+    self.name, self.have, self.size, self.start_have = name, have, size, have
+    self.stop, self.thread = threading.Event(), threading.Thread(target=self.report, name=f"progress {name}", daemon=True)
+
+  def __enter__(self) -> DownloadProgress:
+    self.start = time.monotonic()
+    self.thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.stop.set()
+    self.thread.join()
+
+  def report(self) -> None:
+    seen, since = self.have, self.start
+    while not self.stop.wait(PROGRESS_EVERY_S):
+      now, have = time.monotonic(), self.have
+      if have != seen: seen, since = have, now
+      rate = (have - self.start_have) / (now - self.start)
       speed = f"{rate / 1e6:.1f} MB/s" if rate >= 1e6 else f"{rate / 1e3:.1f} kB/s"
-      log.info(f"  {name}: {got:,} of {size:,} bytes ({got / size:.0%}), {speed}" + (f", nothing for {now - since:.0f} s" if now - since >= 1 else ""))
-  thread = threading.Thread(target=report, name=f"progress {name}", daemon=True)
-  thread.start()
-  try: yield lambda got: count.__setitem__(0, got)
-  finally:
-    stop.set()
-    thread.join()
+      log.info(f"  {self.name}: {have:,} of {self.size:,} bytes ({have / self.size:.0%}), {speed}"
+               + (f", nothing for {now - since:.0f} s" if now - since >= 1 else ""))
 
 def is_url(source: str) -> bool: return urllib.parse.urlparse(source).scheme in ("http", "https")
 
@@ -183,7 +190,7 @@ def download(source: str, dest: str, size: int, deadline: Deadline) -> None:
     log.info(f"{'downloading' if is_url(source) else 'copying'} {source}: {size:,} bytes" + (f", resuming at {have:,}" if have else ""))
     if not have and st is not None: os.remove(dest)  # starting over: the new file is made, never opened through whatever is there
     mode = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if have else os.O_CREAT | os.O_EXCL)
-    with stream, os.fdopen(os.open(dest, mode, 0o644), "ab" if have else "wb") as out, progress(os.path.basename(source), have, size) as seen:
+    with stream, os.fdopen(os.open(dest, mode, 0o644), "ab" if have else "wb") as out, DownloadProgress(os.path.basename(source), have, size) as seen:
       while have < size:
         try: piece = stream.read1(min(PIECE_BYTES, size - have + 1))
         except (OSError, http.client.HTTPException) as e: raise Resumable(f"{source}: the download broke off at {have:,} of {size:,} bytes ({e}): "
@@ -191,7 +198,7 @@ def download(source: str, dest: str, size: int, deadline: Deadline) -> None:
         if not piece: break
         if (have := have + len(piece)) > size: raise ArtifactError(f"{source}: more than the {size:,} bytes the manifest says")
         out.write(piece)
-        seen(have)
+        seen.have = have
   if have != size: raise Resumable(f"{source}: the download ended at {have:,} of {size:,} bytes: run again to resume")
 
 def clean_leftovers(root: str, keep: str) -> None:
@@ -245,7 +252,7 @@ def install(source: str, root: str, trust: Trust, activate_it: bool = False, dea
   if activate_it: activate(root, manifest.name)
   return manifest.name
 
-def stage(source: str, staging: str, data: bytes, manifest, trust: Trust, deadline: Deadline) -> None:
+def stage(source: str, staging: str, data: bytes, manifest: Manifest, trust: Trust, deadline: Deadline) -> None:
   """The set complete in `staging`: its manifest and signature, checked with the trusted keys before a byte of any bundle is fetched, then
   each bundle downloaded (or resumed) and checked against its content hash. Whatever else is in `staging` (a killed run's temporary files)
   is removed, so the folder renamed into place holds the set and nothing more."""
