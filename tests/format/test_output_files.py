@@ -191,10 +191,10 @@ def test_preview_png_is_written_atomically(tmp_path, monkeypatch):
   ("compile_warp", compile_warp, "compile_warp", ["--frame", FRAME, "--warp-to", "512x256", "--output", "{tmp}/w.bin"]),
   ("compile_modeld", compile_modeld, "compile_model", ["--onnx", "{tmp}/m.onnx", "--output", "{tmp}/m.bin"]),
   ("stand_in_models", stand_in_models, "write", ["--generation", "native", "--output", "{tmp}/m.onnx"]),
-  ("preview", preview, "preview", ["--warp", "{tmp}/w.bin", "--output", "{tmp}/p.png"]),
+  ("warp_preview", preview, "preview", ["--warp", "{tmp}/w.bin", "--output", "{tmp}/p.png"]),
   ("inspect_bundle", inspect_bundle, "describe", ["inspect", "{tmp}/w.bin"]),
   ("fake_camerad", fake_camerad, "synthetic_frames", ["--frames", "1"]),
-  ("demo", demo, "build_artifacts", ["--out", "{tmp}/out", "--artifacts", "{tmp}/artifacts"]),
+  ("modeld_demo", demo, "build_artifacts", ["--out", "{tmp}/out", "--artifacts", "{tmp}/artifacts"]),
   ("compile_onnx", compile_onnx, "plan_inputs", ["--onnx", "{tmp}/m.onnx", "--output", "{tmp}/m.bin"]),
   ("synthetic_route", synthetic_route, "write_segment", ["{tmp}/route"]),
 ])

@@ -1,4 +1,5 @@
-"""fake_camerad's driver stream: the cabin scene over VisionIPC (VISION_STREAM_DRIVER) with driverCameraState, its own frame counter."""
+"""fake_camerad's driver stream: the cabin scene over VisionIPC (VISION_STREAM_DRIVER) with driverCameraState, its own frame counter; and
+one fake_camerad per bus (a newcomer runs the README's block twice)."""
 import subprocess
 import sys
 import time
@@ -78,3 +79,20 @@ def test_driver_with_route_is_refused(capsys):
   from sunnypilot.modeld_v2.replay import fake_camerad
   with pytest.raises(SystemExit) as e: fake_camerad.main(["--route", "somewhere", "--driver"])
   assert e.value.code == 2 and "--driver serves a synthetic cabin" in capsys.readouterr().err
+
+def test_a_second_fake_camerad_on_the_bus_exits_2_and_the_first_serves_on(openpilot_prefix):
+  """The second one took the camera topics and killed the first with a 20-line MultiplePublishersError traceback."""
+  command = [sys.executable, "-m", "sunnypilot.modeld_v2.replay.fake_camerad", "--camera", "1344x760", "--no-wide"]
+  first = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  try:
+    road = connect(VisionStreamType.ROAD, first)
+    assert road.recv(3000) is not None
+    second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2 and second.stderr == f"fake_camerad: error: another fake_camerad is already serving the bus " \
+                                                       f"OPENPILOT_PREFIX={openpilot_prefix}\n", second.stderr
+    ids = [road.frame_id for _ in range(5) if road.recv(3000) is not None]
+    assert first.poll() is None and len(ids) == 5 and ids == sorted(ids), "the first serves on"
+  finally:
+    first.terminate()
+    _, err = first.communicate(timeout=30)
+  assert first.returncode == 0 and "Traceback" not in err, err

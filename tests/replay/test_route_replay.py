@@ -1,6 +1,7 @@
 """route_replay on a small route written for the test (synthetic_route: road_scene frames of a comma 4, os04c10 1344x760, encoded to
 HEVC with PyAV, and an rlog of liveCalibration / carState / roadCameraState events written with the schema). The replay's outputs are
 checked against an onnxruntime reference computed here (openpilot_reference's Openpilot and conftest's numpy warp), not the tool's own."""
+import json
 import os
 import shutil
 import subprocess
@@ -261,15 +262,27 @@ def test_fake_camerad_serves_a_route(route, openpilot_prefix):
   assert sorted(got) == list(range(FIRST_ID, FIRST_ID + FRAMES))
   for k, buf in enumerate(decoded(os.path.join(route, "fcamera.hevc"))): np.testing.assert_array_equal(got[FIRST_ID + k], buf, err_msg=f"frame {k}")
 
-def test_demo_replays_a_route(route, native_artifacts, tmp_path):
+def test_demo_replays_a_route_with_both_daemons_beside_an_earlier_replay(route, native_artifacts, dm_artifacts, tmp_path):
+  """demo --route wrote into route_replay's out/replay (overwriting an earlier replay's results), ran dmonitoringmodeld only when an earlier
+  run had left its bundles, and refused --dm-onnx. Now its results go to OUT/demo_replay, it builds (here: reuses, the same sources) the DM
+  pair for the route's camera, and the DM model is checked against onnxruntime on --dm-onnx."""
   folder = tmp_path / "artifacts"
   folder.mkdir()
   shutil.copy(os.path.join(native_artifacts, "model.bin"), folder / "model.bin")
-  shutil.copy(os.path.join(native_artifacts, "warp_split.bin"), folder / "warp_1344x760_split.bin")  # the name the demo builds
+  shutil.copy(os.path.join(native_artifacts, "warp_split.bin"), folder / "warp_1344x760_split.bin")  # the names the demo builds
+  for name in ("dmonitoring_model.bin", "dm_warp_1344x760.bin"): shutil.copy(os.path.join(dm_artifacts, name), folder / name)
+  earlier = tmp_path / "out" / "replay" / os.path.basename(route)
+  earlier.mkdir(parents=True)
+  (earlier / "check.json").write_text("an earlier route_replay's")
   run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.tools.demo", "--route", route, "--artifacts", str(folder), "--onnx",
-                        os.path.join(native_artifacts, "native.onnx"), "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        os.path.join(native_artifacts, "native.onnx"), "--dm-onnx", os.path.join(dm_artifacts, "dmonitoring_model.onnx"),
+                        "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0 and "PASSED" in run.stdout and "compiling" not in run.stderr, run.stdout + run.stderr
-  assert (tmp_path / "out" / "replay" / os.path.basename(route) / "overlay.mp4").exists()
+  assert "reusing" in run.stderr and f"{folder / 'dm_warp_1344x760.bin'}" in run.stderr, run.stderr
+  out = tmp_path / "out" / "demo_replay" / os.path.basename(route)
+  check = json.load(open(out / "check.json"))
+  assert (out / "overlay.mp4").exists() and check["driver_frames"] == FRAMES and any(h.startswith("driverStateV2:") for h in check["heads"])
+  assert (earlier / "check.json").read_text() == "an earlier route_replay's" and os.listdir(earlier) == ["check.json"]
 
 def test_synthetic_route_appears_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
   """Interrupted while encoding: no segment folder and no temporary one; a non-empty folder or a file is refused before any work."""

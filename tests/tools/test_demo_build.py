@@ -104,7 +104,7 @@ def test_a_missing_model_file_is_exit_2_before_any_work_and_makes_no_folder(tmp_
   for argv, message in ((["--onnx", str(tmp_path / "missing.onnx")], "--onnx"), (["--vision", str(tmp_path / "folder"), "--policy", "p.onnx"], "--vision")):
     with pytest.raises(SystemExit) as e: demo.main(argv + ["--out", str(tmp_path / "out"), "--artifacts", str(tmp_path / "new" / "artifacts")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"demo: error: {message} "), err
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"modeld_demo: error: {message} "), err
   assert sorted(os.listdir(tmp_path)) == ["folder"]
 
 def test_a_failed_build_leaves_no_folder_it_made(tmp_path, capsys, monkeypatch):
@@ -141,3 +141,37 @@ def lines_of(function, *args) -> list[str]:
   lines = []
   function(*args, lines.append)
   return lines
+
+@pytest.fixture(scope="module")
+def segments(tmp_path_factory) -> dict[str, str]:
+  """Two tiny synthetic segments of a comma 4: one with a driver camera video, one without."""
+  from sunnypilot.modeld_v2.replay.synthetic_route import write_segment
+  folder = tmp_path_factory.mktemp("segments")
+  for name, driver in (("driver", True), ("road_only", False)): write_segment(str(folder / name), CAMERA, 2, driver=driver)
+  return {"driver": str(folder / "driver"), "road_only": str(folder / "road_only")}
+
+def test_demo_route_builds_both_daemons_artifacts_and_replays_into_its_own_folder(tmp_path, compiles, segments, monkeypatch):
+  """demo --route built the camera warp only, passed no --dm-onnx and wrote into route_replay's own out/replay. With a driver camera video
+  the DM pair is built too and its ONNX is the reference; --no-dm leaves it out."""
+  from sunnypilot.modeld_v2.replay import route_replay
+  calls = []
+  monkeypatch.setattr(route_replay, "main", lambda argv: calls.append(argv) or 0)
+  out, folder = tmp_path / "out", tmp_path / "artifacts"
+  assert demo.main(["--route", segments["driver"], "--out", str(out), "--artifacts", str(folder)]) == 0
+  assert compiles == ["model.bin", "warp_1344x760_split.bin", "dmonitoring_model.bin", "dm_warp_1344x760.bin"]
+  assert calls[0][:5] == [segments["driver"], "--artifacts", str(folder), "--out", str(out / "demo_replay")]
+  assert calls[0][5:] == [f"--onnx={folder / 'native_tiny_stand_in.onnx'}", f"--dm-onnx={folder / 'dmonitoring_tiny_stand_in.onnx'}"]
+  assert demo.main(["--route", segments["driver"], "--out", str(out), "--artifacts", str(tmp_path / "modeld_only"), "--no-dm"]) == 0
+  assert compiles[4:] == ["model.bin", "warp_1344x760_split.bin"] and not any(a.startswith("--dm-onnx") for a in calls[1])
+  assert demo.main(["--route", segments["road_only"], "--out", str(out), "--artifacts", str(folder)]) == 0
+  assert len(compiles) == 6 and not any(a.startswith("--dm-onnx") for a in calls[2]), "no driver video: no dmonitoringmodeld"
+
+def test_demo_route_dm_onnx_needs_a_driver_camera_video(tmp_path, capsys, segments, monkeypatch):
+  def forbidden(*args, **kwargs): raise AssertionError("work started before the arguments were checked")
+  monkeypatch.setattr(demo, "build_artifacts", forbidden)
+  (onnx := tmp_path / "dm.onnx").write_bytes(b"a driver-monitoring model")
+  with pytest.raises(SystemExit) as e: demo.main(["--route", segments["road_only"], "--dm-onnx", str(onnx), "--out", str(tmp_path / "out")])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert e.value.code == 2 and err == [f"modeld_demo: error: --dm-onnx: {segments['road_only']} has no driver camera video (dcamera.hevc) for "
+                                       "dmonitoringmodeld to run on"], err
+  assert not (tmp_path / "out").exists()

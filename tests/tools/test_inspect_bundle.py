@@ -1,3 +1,4 @@
+import os
 
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.format.bundle import write_bundle
@@ -81,3 +82,59 @@ def test_errors_are_one_line_named_for_the_command_and_the_file_at_fault(native_
   assert capsys.readouterr().err == f"inspect_bundle: error: {missing}: cannot read: No such file or directory\n"
   assert main(["verify", missing]) == 2
   assert capsys.readouterr().err == f"inspect_bundle: error: {missing}: cannot read: No such file or directory\n"
+
+# openpilot's driver-monitoring heads (selfdrive/modeld/dmonitoringmodeld.py's parse, the current layout) as [start:stop] in its 545 floats
+DM_SLICES = {"face_descs_lhd": (0, 12), "face_prob_lhd": (12, 13), "eyes_visible_prob_lhd": (13, 14), "eyes_closed_prob_lhd": (14, 15),
+             "using_phone_prob_lhd": (15, 16), "face_descs_rhd": (16, 28), "face_prob_rhd": (28, 29), "eyes_visible_prob_rhd": (29, 30),
+             "eyes_closed_prob_rhd": (30, 31), "using_phone_prob_rhd": (31, 32), "wheel_on_right": (32, 33), "features": (33, 545)}
+
+def test_inspect_of_a_compile_onnx_bundle_shows_its_output_slices_as_data(tmp_path, capsys):
+  """compile_onnx records the ONNX's metadata: inspect printed comma's output_slices as the 600-character base64 pickle."""
+  from sunnypilot.modeld_v2.compile import compile_onnx
+  from sunnypilot.modeld_v2.tools import stand_in_models
+  stand_in_models.write("dmonitoring", "tiny", str(tmp_path / "dm.onnx"))
+  assert compile_onnx.main(["--onnx", str(tmp_path / "dm.onnx"), "--output", str(tmp_path / "dm.bin")]) == 0
+  capsys.readouterr()
+  assert main(["inspect", str(tmp_path / "dm.bin")]) == 0
+  out = capsys.readouterr().out
+  assert max(len(line) for line in out.splitlines()) < 200 and "gASV" not in out, out
+  assert "  onnx metadata output_slices (comma's pickled slices, read as data): 12 heads, 545 floats" in out
+  heads = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith("    ") and line.strip().endswith("]")}
+  assert heads == {name: f"[{a}:{b}]" for name, (a, b) in DM_SLICES.items()}
+  assert "  output outputs                  (1, 545)" in out
+
+def test_a_pickle_that_would_run_code_is_never_run(tmp_path):
+  """output_slices comes from the ONNX: a pickle calling os.remove is named as not comma's slices, and nothing runs."""
+  import base64
+  import pickle
+
+  from sunnypilot.modeld_v2.tools.inspect_bundle import onnx_metadata_lines
+  victim = tmp_path / "victim"
+  victim.write_text("precious")
+  class Remove:
+    def __reduce__(self): return (os.remove, (str(victim),))
+  lines = onnx_metadata_lines({"output_slices": base64.b64encode(pickle.dumps({"head": Remove()})).decode(), "note": "x" * 600})
+  assert victim.exists() and "that are not comma's pickled slices (output_slices may only hold dicts and slices, found posix.remove)" in lines[0]
+  assert lines[1] == "  onnx metadata note: 600 characters, not shown"
+
+def test_inspect_of_a_folder_lists_its_bundles(native_artifacts, tmp_path, capsys):
+  """inspect refused a folder; it lists each bundle's kind, device, size, content hash and whether it is signed."""
+  import shutil
+
+  from sunnypilot.modeld_v2.format.bundle import content_digest
+  from sunnypilot.modeld_v2.tools import sign_bundle
+  folder = tmp_path / "set"
+  shutil.copytree(native_artifacts, folder, ignore=shutil.ignore_patterns("*.onnx"))
+  assert sign_bundle.main(["--generate-key", str(tmp_path / "k.pem")]) == 0
+  assert sign_bundle.main(["--key", str(tmp_path / "k.pem"), str(folder / "warp_packed.bin")]) == 0
+  (folder / "notes.bin").write_bytes(b"not a bundle")
+  capsys.readouterr()
+  assert main(["inspect", str(folder)]) == 0
+  rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+  size = lambda name: f"{os.path.getsize(folder / name):,}"
+  digest = lambda name: content_digest(str(folder / name))[:16]
+  assert rows["model.bin"][1:5] == ["model", "CPU", size("model.bin"), digest("model.bin")] and rows["model.bin"][5:] == ["unsigned"]
+  assert rows["warp_split.bin"][1:6] == ["warp", "CPU", size("warp_split.bin"), digest("warp_split.bin"), "unsigned"]
+  assert rows["warp_packed.bin"][5:8] == ["signed", "by", "key"]
+  assert rows["notes.bin"][1:4] == ["not", "a", "bundle:"]
+  assert main(["verify", str(folder)]) == 2 and "is a folder: inspect lists its bundles, verify takes one" in capsys.readouterr().err

@@ -80,7 +80,7 @@ def test_cli_prints_lines_and_ctrl_c_is_130(openpilot_prefix):
     assert "modelV2" in line and "frame      42" in line and "lead prob 0.50" in line, line
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) == 130
-    assert proc.stderr.read().strip().splitlines() == ["watch: interrupted"]
+    assert proc.stderr.read().strip().splitlines() == ["modeld_watch: interrupted"]
   finally:
     if proc.poll() is None: proc.kill()
     proc.wait()

@@ -84,3 +84,21 @@ def test_usage_errors_are_one_line_named_for_the_command(capsys):
   with pytest.raises(SystemExit) as e: compile_modeld.main(["--no-such-flag"])
   err = capsys.readouterr().err
   assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("compile_modeld: error: "), err
+
+def console_scripts() -> dict[str, str]:
+  import os
+  import tomllib
+
+  from conftest import ROOT
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f: return tomllib.load(f)["project"]["scripts"]
+
+@pytest.mark.parametrize("script", sorted(console_scripts()))
+def test_usage_and_errors_name_the_console_command(capsys, script):
+  """modeld_demo, modeld_watch and warp_preview printed `usage: demo`, `watch`, `preview`: commands nobody can type."""
+  import importlib
+  main = getattr(importlib.import_module(console_scripts()[script].split(":")[0]), console_scripts()[script].split(":")[1])
+  with pytest.raises(SystemExit) as e: main(["--no-such-flag"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and err.startswith(f"{script}: error: ") and len(err.strip().splitlines()) == 1, err
+  with pytest.raises(SystemExit) as e: main(["--help"])
+  assert e.value.code == 0 and capsys.readouterr().out.startswith(f"usage: {script} ")

@@ -132,3 +132,76 @@ def test_profile_says_when_cpu_peaks_are_a_gpus():
   text = kernel_profile.table(result)
   assert "x the bound (against another machine's peaks: see the NOTE)" in text and "NOTE:" in text
   assert "For this CPU" in kernel_profile.table(result | {"bound_s": None, "peak_flops": None, "peak_bytes": None})
+
+def test_synthetic_route_says_each_stage_as_it_goes(tmp_path):
+  """It ran 68 s behind one line. Now each stage (each video rendered and encoded, the log) has its line, and within one a line comes every
+  few seconds (Progress, below)."""
+  import subprocess
+  import sys
+  command = [sys.executable, "-m", "sunnypilot.modeld_v2.replay.synthetic_route", str(tmp_path / "seg--0"), "--camera", "1344x760", "--frames", "12",
+             "--distinct", "4"]
+  proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr
+  stages = [line for line in proc.stderr.splitlines() if line.endswith("...")]
+  assert stages == ["synthetic_route: rendering and encoding 12 frames of 1344x760, a line every few seconds ...",
+                    "synthetic_route: fcamera.hevc: rendering 4 road scenes ...", "synthetic_route: fcamera.hevc: encoding 12 frames ...",
+                    "synthetic_route: ecamera.hevc: rendering 4 road scenes ...", "synthetic_route: ecamera.hevc: encoding 12 frames ...",
+                    "synthetic_route: dcamera.hevc: encoding 12 frames ...", "synthetic_route: rlog.zst: 12 frames of events ..."], proc.stderr
+  assert sorted(os.listdir(tmp_path / "seg--0")) == ["dcamera.hevc", "ecamera.hevc", "fcamera.hevc", "rlog.zst"]
+
+def test_progress_lines_come_every_few_seconds_of_a_loop():
+  """Progress.step logs where a loop is when 2 s passed since the last line (a stage's start counts), on the clock it is given."""
+  from sunnypilot.modeld_v2.common.logs import Progress
+  now, lines = [0.0], []
+  progress = Progress(lines.append, 2.0, clock=lambda: now[0])
+  progress.start("stage")
+  for k in range(1, 51):
+    now[0] = k * 0.25  # a step every 0.25 s: a line every 8th
+    progress.step(f"step {k}")
+  assert lines == ["stage", "step 8", "step 16", "step 24", "step 32", "step 40", "step 48"]
+  progress.start("next stage")
+  progress.step("at once after it: not logged")
+  assert lines[-1] == "next stage"
+
+FAKE_PIP = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/pip.calls"
+case "$*" in *-e*) echo "Requirement already satisfied: numpy"; echo "Collecting tinygrad==0.14.0"; echo "Successfully installed tinygrad-0.14.0";; esac
+"""
+
+def test_setup_says_each_step(tmp_path):
+  """setup.sh was silent for 36 s (pip -q) after no line at all. Run here on a copy, with clang and python3 standing in on PATH (python3
+  makes a .venv whose pip records its calls and prints what pip prints), so that nothing is installed."""
+  import shutil
+  import stat
+  import subprocess
+  shutil.copy(os.path.join(ROOT, "setup.sh"), tmp_path / "setup.sh")
+  (bin_ := tmp_path / "bin").mkdir()
+  (bin_ / "clang").write_text("#!/bin/sh\n")
+  (bin_ / "pip").write_text(FAKE_PIP)
+  (bin_ / "python3").write_text(f"#!/bin/sh\nmkdir -p .venv/bin && cp {bin_ / 'pip'} .venv/bin/pip && cp {bin_ / 'pip'} .venv/bin/python\n")
+  for f in bin_.iterdir(): f.chmod(f.stat().st_mode | stat.S_IXUSR)
+  proc = subprocess.run(["bash", str(tmp_path / "setup.sh")], capture_output=True, text=True, timeout=60,
+                        env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}"})
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.splitlines() == [
+    f"setup: clang: {bin_ / 'clang'} (tinygrad's CPU backend compiles with it)", "setup: making the virtual environment .venv ...",
+    "setup: upgrading pip in .venv ...",
+    "setup: installing this package and its test extras into .venv from PyPI (tinygrad, onnx, onnxruntime, msgq, ray, ...) ...",
+    "setup:   pip: Collecting tinygrad==0.14.0", "setup:   pip: Successfully installed tinygrad-0.14.0",
+    "setup: done: .venv ready (.venv/bin/python -m sunnypilot.modeld_v2.tools.demo runs the demo)"], proc.stdout
+  assert (tmp_path / ".venv" / "bin" / "pip.calls").read_text().splitlines() == ["install -q --upgrade pip", "install -e .[test]"]
+
+def test_each_daemon_in_the_readme_runs_on_a_folder_an_earlier_command_filled():
+  """The model-sets walkthrough ran dmonitoringmodeld on out/first, which holds no DM model: exit 2. Each daemon's --artifacts must have
+  got its model from an earlier command (compile_modeld --output, or the demo's --artifacts, which builds both), and with --trusted-keys
+  been signed (sign_bundle --manifest) before."""
+  made, signed = set(), set()
+  for words in readme_commands():
+    module = words[0].rsplit(".", 1)[-1]
+    output, artifacts, manifest = (words[words.index(f) + 1] if f in words else None for f in ("--output", "--artifacts", "--manifest"))
+    if module == "compile_modeld": made.add(output)
+    if module == "demo" and artifacts: made |= {f"{artifacts}/model.bin", f"{artifacts}/dmonitoring_model.bin"}
+    if module == "sign_bundle" and manifest: signed.add(manifest)
+    if model := {"modeld": "model.bin", "dmonitoringmodeld": "dmonitoring_model.bin"}.get(module):
+      assert f"{artifacts}/{model}" in made, f"{' '.join(words)}: no earlier command writes {artifacts}/{model}"
+      assert "--trusted-keys" not in words or artifacts in signed, f"{' '.join(words)}: {artifacts} is not signed before"

@@ -3,7 +3,9 @@ once, and its diagnostics read `prog: message` on stderr, whichever module wrote
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import time
 from collections.abc import Callable
 
 class _Stderr(logging.StreamHandler):
@@ -46,3 +48,16 @@ class Episodes:
   def ended(self, key: str, line: str) -> None:
     """`key` is over for now: `line` and the count are logged if it happened more than once."""
     if (count := self.counts.pop(key, 0)) > 1: self.log(f"{line} ({count} times)")
+
+class Progress:
+  """Lines for a long job a person waits on: `start` says a stage begins (always logged), `step` where a loop is (logged when `every_s` have
+  passed since the last line), so a loop may call `step` every iteration and the log still gets a line every few seconds."""
+  def __init__(self, log: Callable[[str], None], every_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+    self.log, self.every_s, self.clock, self.last = log, every_s, clock, -math.inf
+
+  def start(self, line: str) -> None:
+    self.last = self.clock()
+    self.log(line)
+
+  def step(self, line: str) -> None:
+    if self.clock() - self.last >= self.every_s: self.start(line)

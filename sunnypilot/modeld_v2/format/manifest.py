@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
-from sunnypilot.modeld_v2.format.bundle import check_content
+from sunnypilot.modeld_v2.format.bundle import PREAMBLE, check_content
 
 MANIFEST_FORMAT, MANIFEST_VERSION = "spmv2-model-set", 1
 MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_BUNDLES = 1024  # a set is a handful of bundles (a driving model, its warps, a DM model and its warps): more is not a model set
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a set's name and a bundle's file name: one path component, nothing hidden
 ROLE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -63,8 +64,9 @@ class Manifest:
       raise ArtifactError(f"{where}: not a {MANIFEST_FORMAT} version {MANIFEST_VERSION} manifest")
     name = plain_name(doc.get("name"), "the set name", where)
     if not isinstance(items := doc.get("bundles"), list) or not items: raise ArtifactError(f"{where}: names no bundles")
+    if len(items) > MAX_BUNDLES: raise ArtifactError(f"{where}: names {len(items):,} bundles, more than the {MAX_BUNDLES:,} a manifest may name")
     entries, seen = [], set()
-    for e in items[:1024]:
+    for e in items:
       if not isinstance(e, dict): raise ArtifactError(f"{where}: a bundle entry is {type(e).__name__}, not an object")
       file = plain_name(e.get("file"), "the bundle file", where)
       if file in seen or file == MANIFEST_NAME: raise ArtifactError(f"{where}: names {file} twice" if file in seen else f"{where}: names itself")
@@ -72,6 +74,7 @@ class Manifest:
       if not isinstance(digest := e.get("sha256"), str) or not SHA256.fullmatch(digest): raise ArtifactError(f"{where}: {file}: sha256 is not 64 hex digits")
       if not isinstance(size := e.get("size"), int) or isinstance(size, bool) or size < 0:
         raise ArtifactError(f"{where}: {file}: size {size!r:.40} is not a size")
+      if size < PREAMBLE.size: raise ArtifactError(f"{where}: {file}: size {size:,} is less than a bundle's {PREAMBLE.size}-byte preamble: not a bundle")
       seen.add(file)
       entries.append(Entry(file, role, digest, size))
     return Manifest(name, tuple(entries))

@@ -28,6 +28,7 @@ import numpy as np
 from sunnypilot.modeld_v2.common.cli import checked, finite_float, int_list, interruptible, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.daemon.camera_sync import VisionStreamType
+from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.model.calibration import DEFAULT_RPY, SENSOR_CAMERAS, parse_camera_size, sensor_for_size
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame
 from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
@@ -148,8 +149,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--route", help="a recorded segment folder (fcamera.hevc, ecamera.hevc, rlog or qlog) to serve once with its log")
   args = parser.parse_args(argv)
   if args.route and args.driver: parser.error("--driver serves a synthetic cabin beside synthetic or --video road frames, not beside --route")
-  if args.route: return serve_route(parser, args)
   if args.video and not os.path.isfile(args.video): parser.error(f"--video {args.video} is not a regular file")
+  # one camerad per bus, as one modeld: msgq lets a second publisher take the camera topics and kills the first with MultiplePublishersError
+  if (claim := claim_bus("fake_camerad")) is None:
+    prefix = os.environ.get("OPENPILOT_PREFIX")
+    parser.exit(2, f"fake_camerad: error: another fake_camerad is already serving the bus{f' OPENPILOT_PREFIX={prefix}' if prefix else ''}\n")
+  try: return serve_route(parser, args) if args.route else serve_synthetic(args)
+  finally: claim.close()
+
+def serve_synthetic(args) -> int:
+  """Synthetic road scenes (or --video) looped at args.hz, with --driver a synthetic cabin, until --frames or SIGINT/SIGTERM."""
   frame, skip = camerad_frame(*args.camera), args.skip
   stop = threading.Event()
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: stop.set())

@@ -9,15 +9,18 @@ driverCameraState (the driver camera's own frame counter), written with the sche
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import sys
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
 from sunnypilot.modeld_v2.common.cli import checked, interruptible, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.common.logs import Progress
 from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, parse_camera_size, sensor_for_size
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame
 
@@ -29,14 +32,20 @@ def visible_nv12(buf: np.ndarray, frame: NV12Frame) -> np.ndarray:
   """A camerad buffer's visible Y rows then UV rows, (h * 3/2, w): what an NV12 video frame holds."""
   return np.concatenate(frame.planes(buf))
 
-def encode_hevc(path: str, pictures: list[np.ndarray], width: int, height: int) -> None:
-  """NV12 pictures (h * 3/2, w) as a raw HEVC stream, as comma's encoder writes fcamera.hevc."""
+SILENT = Progress(lambda line: None)
+
+def encode_hevc(path: str, pictures: Iterable[np.ndarray], width: int, height: int, progress: Progress = SILENT, count: int | None = None) -> None:
+  """NV12 pictures (h * 3/2, w) as a raw HEVC stream, as comma's encoder writes fcamera.hevc; `progress` says how far it is (of `count`)."""
   import av
+  name = os.path.basename(path)
+  progress.start(f"{name}: encoding{f' {count}' if count else ''} frames ...")
   with av.open(path, "w", format="hevc") as container:
     stream = container.add_stream("libx265", rate=20)
     stream.width, stream.height, stream.pix_fmt, stream.options = width, height, "yuv420p", {"x265-params": "log-level=error"}
-    for p in pictures:
+    for k, p in enumerate(pictures):
       for packet in stream.encode(av.VideoFrame.from_ndarray(p, format="nv12")): container.mux(packet)
+      progress.step(f"{name}: {k + 1}{f' of {count}' if count else ''} frames encoded")
+    progress.step(f"{name}: the encoder's last frames ...")
     for packet in stream.encode(): container.mux(packet)
 
 def write_log(path: str, frames: int, sensor: str, rpy=(0.0, 0.02, -0.01), height: float = 1.3, v_ego=lambda k: 15 + 0.1 * k,
@@ -91,20 +100,35 @@ def driver_events(event, t: int, frame_id: int, k: int, sensor: str, encode_idx:
   idx.driverEncodeIdx.timestampSof, idx.driverEncodeIdx.timestampEof = t - 30_000_000, t - 10_000_000
   return [dc, idx]
 
-def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: int = 24, distinct: int | None = None, driver: bool = True,
-                  **log_options) -> None:
-  """A segment folder of `frames` frames (the first `distinct` rendered, then looped: rendering is the slow part), with `driver` a
-  dcamera.hevc of the synthetic cabin (every frame rendered: the face's blinks and turns do not loop), and its rlog.zst."""
-  from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
+def road_picture(frame: NV12Frame, focal_length: float, seed: int, k: int) -> np.ndarray:
+  """The k-th road scene of a lens as an NV12 picture."""
   from sunnypilot.modeld_v2.replay.road_scene import road_scene
+  return visible_nv12(road_scene(frame, focal_length, t=k * 0.05, seed=seed + k), frame)
+
+def rendered(render: Callable[[int], np.ndarray], count: int, what: str, progress: Progress) -> Iterator[np.ndarray]:
+  """render(k) for k < count, one at a time, saying how far it is."""
+  for k in range(count):
+    yield render(k)
+    progress.step(f"{what}: {k + 1} of {count} frames rendered")
+
+def write_segment(folder: str, camera: tuple[int, int] = (1344, 760), frames: int = 24, distinct: int | None = None, driver: bool = True,
+                  progress: Progress = SILENT, **log_options) -> None:
+  """A segment folder of `frames` frames (the first `distinct` rendered, then looped: rendering is the slow part), with `driver` a
+  dcamera.hevc of the synthetic cabin (every frame rendered: the face's blinks and turns do not loop), and its rlog.zst. `progress` gets a
+  line per stage and one every few seconds within it."""
+  from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
   frame, sensor = camerad_frame(*camera), sensor_for_size(*camera)
   road, wide = SENSOR_CAMERAS[sensor]
   n = min(frames, distinct or frames)
   os.makedirs(folder, exist_ok=True)
   for name, lens, seed in (("fcamera.hevc", road, 0), ("ecamera.hevc", wide, 1000)):
-    rendered = [visible_nv12(road_scene(frame, lens.focal_length, t=k * 0.05, seed=seed + k), frame) for k in range(n)]
-    encode_hevc(os.path.join(folder, name), [rendered[k % n] for k in range(frames)], *camera)
-  if driver: encode_hevc(os.path.join(folder, "dcamera.hevc"), [visible_nv12(cabin_scene(frame, k), frame) for k in range(frames)], *camera)
+    progress.start(f"{name}: rendering {n} road scenes ...")
+    scenes = list(rendered(functools.partial(road_picture, frame, lens.focal_length, seed), n, name, progress))
+    encode_hevc(os.path.join(folder, name), (scenes[k % n] for k in range(frames)), *camera, progress, frames)
+  if driver:
+    cabin = rendered(lambda k: visible_nv12(cabin_scene(frame, k), frame), frames, "dcamera.hevc", progress)
+    encode_hevc(os.path.join(folder, "dcamera.hevc"), cabin, *camera, progress, frames)
+  progress.start(f"rlog.zst: {frames} frames of events ...")
   write_log(os.path.join(folder, "rlog.zst"), frames, sensor, driver=driver, **log_options)
 
 def missing_parents(folder: str) -> list[str]:
@@ -130,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
   try:
     try: os.makedirs(os.path.dirname(folder), exist_ok=True)  # a route folder under out/ on a fresh clone: its parents are made
     except OSError as e: parser.error(f"cannot make the folder {os.path.dirname(folder)}: {e.strerror or e}")
-    log.info(f"rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]} ...")
-    write_segment(tmp, args.camera, args.frames, args.distinct, driver=not args.no_driver)
+    log.info(f"rendering and encoding {args.frames} frames of {args.camera[0]}x{args.camera[1]}, a line every few seconds ...")
+    write_segment(tmp, args.camera, args.frames, args.distinct, driver=not args.no_driver, progress=Progress(log.info))
     if os.path.isdir(folder): os.rmdir(folder)
     os.rename(tmp, folder)
   except BaseException:

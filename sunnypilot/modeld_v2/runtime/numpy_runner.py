@@ -1,8 +1,10 @@
-"""Run a bundle on numpy arrays: inputs by name in, outputs by name out (as compile_onnx's bundles take and return them).
+"""Run a bundle on numpy arrays: inputs by name in, outputs by name out (as compile_onnx's bundles take and return them; a bundle whose run
+returns one tensor, a warp's, or a tuple gives its outputs the names of its output specs, in their order).
 
   from sunnypilot.modeld_v2.runtime.numpy_runner import NumpyRunner
   run = NumpyRunner("dmonitoring.bin")
   outputs = run(input_img=img, calib=calib)   # {output name: np.ndarray}
+  warped = NumpyRunner("dm_warp_1928x1208.bin")(frame=buf, M_inv=m_inv)["warped"]
 """
 from __future__ import annotations
 
@@ -30,8 +32,15 @@ class NumpyRunner:
       if value.shape != spec.shape or value.dtype != np.dtype(spec.dtype):
         raise InputError(f"input {name}: expected shape {spec.shape} {np.dtype(spec.dtype).name}, got {value.shape} {value.dtype.name}")
       write_tensor(self.inputs[name], value)
-    out = self.run(**self.inputs)
-    return {name: _copied_out(t) for name, t in out.items()}
+    return {name: _copied_out(t) for name, t in named_outputs(self.run(**self.inputs), list(self.output_specs)).items()}
+
+def named_outputs(out: Any, names: list[str]) -> dict[str, Any]:
+  """A bundle's `run` result by output name: a dict as it is; one tensor (a warp's `warped`), a tuple or a list named by the output specs'
+  order; nothing: no outputs."""
+  if isinstance(out, dict): return out
+  tensors = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+  if len(tensors) != len(names): raise InputError(f"the bundle returned {len(tensors)} tensors for the {len(names)} outputs its specs name {names}")
+  return dict(zip(names, tensors))
 
 def _copied_out(t: Any) -> np.ndarray:
   """A numpy copy of a returned tensor's buffer, read directly into a new array, once (tinygrad's own copy-out schedules a COPY, and a

@@ -3,10 +3,12 @@ dmonitoringmodeld, run N frames through each, summarize.
 
   python -m sunnypilot.modeld_v2.tools.demo [--frames 100] [--camera 1928x1208] [--generation split_09] [--size tiny|full] [--onnx model.onnx]
                                             [--dm-onnx dmonitoring_model.onnx | --no-dm]
-  python -m sunnypilot.modeld_v2.tools.demo --route SEGMENT_OR_ROUTE_FOLDER [--onnx model.onnx]
+  python -m sunnypilot.modeld_v2.tools.demo --route SEGMENT_OR_ROUTE_FOLDER [--onnx model.onnx] [--dm-onnx dmonitoring_model.onnx | --no-dm]
 
 With --route it replays a recorded drive instead of synthetic frames (route_replay, in lockstep, checked against onnxruntime on the same
-model): artifacts for the route's camera, then OUT/replay/<segment>/ with modeld's log, the overlay MP4, the plots and check.json.
+models): both daemons' artifacts for the route's camera (the driver-monitoring pair when its first segment has a driver camera video,
+dcamera.hevc, and not --no-dm), then OUT/demo_replay/<segment>/ with the daemons' log, the overlay MP4, the plots and check.json (its own
+folder: route_replay's OUT/replay is left alone).
 
 The default model is a RANDOM-WEIGHT STAND-IN of a driving-model generation (`--generation`, see stand_in_models) with openpilot's inputs
 and outputs: the pipeline is real, the predictions are noise. Point it at a real driving model with --onnx (native or supercombo),
@@ -39,7 +41,9 @@ from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile.model_plan import MODEL_FILES, add_model_flags, model_files
 from sunnypilot.modeld_v2.model.calibration import parse_camera_size
 
+PROG = "modeld_demo"  # its console command (pyproject.toml): what usage lines and errors name
 PNGS = ("demo_latency.png", "demo_preview.png")  # written into --out
+REPLAY_DIR = "demo_replay"  # --route's results, in --out: not route_replay's own default folder (out/replay), which a demo must not overwrite
 STAND_IN_BANNER = ("NOTE: the model is a random-weight stand-in (openpilot's I/O, seeded random weights): outputs are noise.\n"
                    "      Use a real model with --onnx driving.onnx (or --vision vision.onnx --policy policy.onnx, or --vision, --off-policy and --on-policy).")
 
@@ -108,7 +112,7 @@ def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size:
 
 def build_dm_artifacts(folder: str, camera: tuple[int, int], size: str, dm_onnx: str | None, log) -> str:
   """dmonitoring_model.bin (from `dm_onnx`, else the driver-monitoring stand-in of `size`, written beside it) and the driver camera's
-  dm_warp for `camera` in `folder`, by the same rebuild rule as the driving model's. Returns the dm_warp's path."""
+  dm_warp for `camera` in `folder`, by the same rebuild rule as the driving model's. Returns the ONNX the model is built from."""
   from sunnypilot.modeld_v2 import compile_dm_warp
   from sunnypilot.modeld_v2.daemon.model_sets import DM_MODEL_NAME
   from sunnypilot.modeld_v2.model.calibration import DM_INPUT_SIZE
@@ -125,7 +129,7 @@ def build_dm_artifacts(folder: str, camera: tuple[int, int], size: str, dm_onnx:
   build_warp(warp, {"frame": frame.spec, "model_size": list(DM_INPUT_SIZE), "border_fill": compile_dm_warp.BORDER_FILL},
              lambda: compile_dm_warp.compile_dm_warp(frame.spec, warp, log=lambda s: log(f"  {s}")),
              f"the driver camera's warp for {camera[0]}x{camera[1]}", log)
-  return warp
+  return dm_onnx or stand_in
 
 def collect(frames: int, timeout: float, camerad: subprocess.Popen, daemons: dict[str, subprocess.Popen]) -> dict[str, list[dict]]:
   """{service: rows} of the first `frames` published frames of each daemon's service (modelV2, with the matching cameraOdometry;
@@ -201,22 +205,23 @@ def plot_latency(rows: list[dict], path: str, model: str, dm_rows: list[dict] | 
   with replaced_atomically(path) as (tmp,): fig.savefig(tmp, dpi=100, format="png")
   plt.close(fig)
 
-def route_camera(path: str) -> tuple[int, int]:
-  """The camera size of a route's first segment (ValueError with the route's problem)."""
+def route_cameras(path: str) -> tuple[tuple[int, int], bool]:
+  """The camera size of a route's first segment and whether it has a driver camera video (ValueError with the route's problem)."""
   from sunnypilot.modeld_v2.replay.route_segment import RouteError, open_segment, segment_folders
-  try: frame = open_segment(segment_folders(path)[0]).frame
+  try: segment = open_segment(segment_folders(path)[0])
   except RouteError as e: raise ValueError(str(e)) from None
-  return frame.width, frame.height
+  return (segment.frame.width, segment.frame.height), segment.driver_video is not None
 
-def replay_route(args, folder: str, models: dict[str, str]) -> int:
-  """route_replay on args.route with the demo's artifacts, checked against the ONNX they were built from (the stand-in's when there)."""
+def replay_route(args, folder: str, models: dict[str, str], dm_onnx: str | None) -> int:
+  """route_replay on args.route with the demo's artifacts, into OUT/demo_replay, checked against the ONNX they were built from (the
+  stand-ins' when there; `dm_onnx`: the driver-monitoring model's, when dmonitoringmodeld runs)."""
   from sunnypilot.modeld_v2.replay import route_replay
   from sunnypilot.modeld_v2.tools.stand_in_models import model_path
   if not models:
     stand_in = os.path.join(folder, f"{args.generation}_{args.size}_stand_in.onnx")
     models = {k: p for k in MODEL_FILES if os.path.exists(p := model_path(stand_in, k))}
-  flags = [f"--{k.replace('_', '-')}={v}" for k, v in models.items()]
-  return route_replay.main([args.route, "--artifacts", folder, "--out", os.path.join(args.out, "replay"), *flags])
+  flags = [f"--{k.replace('_', '-')}={v}" for k, v in (models | ({"dm_onnx": dm_onnx} if dm_onnx else {})).items()]
+  return route_replay.main([args.route, "--artifacts", folder, "--out", os.path.join(args.out, REPLAY_DIR), *flags])
 
 def make_folders(*folders: str) -> list[str]:
   """Make each folder and its missing parents; returns the ones made, outermost first, for `remove_folders` when the run fails."""
@@ -296,7 +301,7 @@ def run_daemons(folder: str, camera_name: str, frames: int, dm: bool) -> tuple[d
     shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
   return got, codes
 
-@interruptible("demo")
+@interruptible(PROG)
 def main(argv: list[str] | None = None) -> int:
   from tinygrad import Device
 
@@ -304,42 +309,44 @@ def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.compile.onnx_model import ModelError
   from sunnypilot.modeld_v2.tools import stand_in_models
   from sunnypilot.modeld_v2.tools.preview import preview
-  parser = cli_parser("demo", __doc__)
+  parser = cli_parser(PROG, __doc__)
   parser.add_argument("--frames", type=positive_int, default=100)
   parser.add_argument("--camera", default="1928x1208", type=checked(parse_camera_size), help="1928x1208 (comma 3/3X) or 1344x760 (comma 4)")
   parser.add_argument("--generation", default="native", choices=stand_in_models.NAMES, help="the embedded stand-in's generation")
   parser.add_argument("--size", default="tiny", choices=("tiny", "full"), help="the embedded stand-in's size")
   add_model_flags(parser, ": a real model instead of the stand-in")
   parser.add_argument("--artifacts", help="where bundles are built and reused (default out/artifacts/<device>_<generation>_<size>)")
-  parser.add_argument("--out", default="out", help="where the summary PNGs go")
-  parser.add_argument("--route", help="replay this recorded segment (or folder of segments) instead: see route_replay")
+  parser.add_argument("--out", default="out", help=f"where the summary PNGs go (with --route: the replay's results, in OUT/{REPLAY_DIR})")
+  parser.add_argument("--route", help="replay this recorded segment (or folder of segments) instead: see route_replay (with its driver camera through "
+                      "dmonitoringmodeld when it has one)")
   parser.add_argument("--dm-onnx", help="a real driver-monitoring model (openpilot's dmonitoring_model.onnx) instead of its stand-in")
   parser.add_argument("--no-dm", action="store_true", help="run modeld only: no driver camera, no dmonitoringmodeld")
   args = parser.parse_args(argv)
   log = logging.getLogger(__name__).info
   models = model_files(args)
-  dm = not args.no_dm and not args.route  # route_replay runs modeld alone
-  if args.dm_onnx and not dm: parser.error("--dm-onnx is for the driver-monitoring daemon, which --no-dm and --route leave out")
+  if args.dm_onnx and args.no_dm: parser.error("--dm-onnx is for the driver-monitoring daemon, which --no-dm leaves out")
   try: check_model_files(models | ({"dm_onnx": args.dm_onnx} if args.dm_onnx else {}))
-  except ArtifactError as e: parser.exit(2, f"demo: error: {e}\n")
-  try: camera = args.camera if not args.route else route_camera(args.route)
+  except ArtifactError as e: parser.error(str(e))
+  try: camera, driver = route_cameras(args.route) if args.route else (args.camera, True)
   except ValueError as e: parser.error(str(e))
+  if args.dm_onnx and not driver: parser.error(f"--dm-onnx: {args.route} has no driver camera video (dcamera.hevc) for dmonitoringmodeld to run on")
+  dm = driver and not args.no_dm
   camera_name = f"{camera[0]}x{camera[1]}"
   real = bool(models)
   folder = args.artifacts or os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_{'custom' if real else f'{args.generation}_{args.size}'}")
   made: list[str] = []
   try:  # until the artifacts are built, a failure (or Ctrl-C) removes every folder this run made
     try: check_outputs(args.out, folder, PNGS, made)
-    except ArtifactError as e: parser.exit(2, f"demo: error: {e}\n")
+    except ArtifactError as e: parser.error(str(e))
     if not real: log(STAND_IN_BANNER)
     try:
       warp = build_artifacts(folder, camera, args.generation, args.size, models, log)
-      if dm: build_dm_artifacts(folder, camera, args.size, args.dm_onnx, log)
-    except (ModelError, ArtifactError) as e: parser.exit(2, f"demo: error: {e}\n")
+      dm_onnx = build_dm_artifacts(folder, camera, args.size, args.dm_onnx, log) if dm else None
+    except (ModelError, ArtifactError) as e: parser.error(str(e))
   except BaseException:
     remove_folders(made)
     raise
-  if args.route: return replay_route(args, folder, models)
+  if args.route: return replay_route(args, folder, models, dm_onnx)
   got, codes = run_daemons(folder, camera_name, args.frames, dm)
   exits = ", ".join(f"{name} exit code {code}" for name, code in codes.items())
   rows, dm_rows = got["modelV2"], got.get("driverStateV2", [])

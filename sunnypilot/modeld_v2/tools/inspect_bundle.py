@@ -3,6 +3,7 @@
   python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect model.bin   # provenance, inputs (with their roles)/outputs, buffers, kernels,
                                                                            # programs; who signed it, which manifest names it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect manifest.json   # a set's bundles by role and hash, who signed it
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect out/first       # a folder's bundles: kind, device, size, hash, signed or not
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin --trusted-keys keys/   # its signature first, as modeld checks it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify manifest.json --trusted-keys keys/   # a set: signature, folder, every hash
@@ -19,8 +20,30 @@ import sys
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible, non_negative_int, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.compile.onnx_model import ModelError, read_output_slices
+from sunnypilot.modeld_v2.format.bundle import BundleFile
+from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, Manifest, read_manifest
+from sunnypilot.modeld_v2.format.signature import read_signatures, sig_path
 
-LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles", "message_floats")  # line by line, or too long
+# line by line, or too long for the metadata line
+LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles", "message_floats", "onnx_metadata")
+LONG_VALUE = 80  # an ONNX metadata value longer than this is summarized, never printed whole
+
+def onnx_metadata_lines(props: dict) -> list[str]:
+  """A compile_onnx bundle's ONNX metadata as a person reads it: comma's output_slices (a base64 pickle) decoded as data by the compiler's
+  restricted unpickler (dicts and slices only), one head a line; any other long value summarized."""
+  lines = []
+  for key, value in props.items():
+    if key == "output_slices":
+      try: slices = read_output_slices(value)
+      except ModelError as e:
+        lines.append(f"  onnx metadata output_slices: {len(value):,} characters that are not comma's pickled slices ({e})")
+        continue
+      lines.append(f"  onnx metadata output_slices (comma's pickled slices, read as data): {len(slices)} heads, "
+                   f"{max((stop for _, stop in slices.values()), default=0)} floats")
+      lines += [f"    {name:32s} [{start}:{stop}]" for name, (start, stop) in slices.items()]
+    else: lines.append(f"  onnx metadata {key}: " + (repr(value) if len(str(value)) <= LONG_VALUE else f"{len(str(value)):,} characters, not shown"))
+  return lines
 
 def parse_line(floats: dict | None) -> str:
   """Where a model bundle's output parse runs: in its graph (the float block's size per service), or on the host."""
@@ -40,6 +63,7 @@ def describe(path: str) -> str:
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
   if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
+  lines += onnx_metadata_lines(meta.get("onnx_metadata", {}))
   if meta.get("kind") == "model":
     from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
     generation, source = of_bundle(meta)
@@ -101,6 +125,42 @@ def describe_manifest(path: str) -> str:
   lines += [f"  signature: {line}" for line in describe_signatures(path, digest, size)]
   return "\n".join(lines)
 
+def signed_or_not(path: str, digest: str, size: int, manifest: Manifest | None) -> str:
+  """Whether a bundle is signed, in a few words: its own .sig stating this content (and by which keys), or its folder's manifest naming it
+  with this hash (signed or not). Whether a key is trusted is verify --trusted-keys's question."""
+  if os.path.lexists(sig_path(path)):
+    try: sigs = read_signatures(sig_path(path))
+    except ArtifactError as e: return f"a bad .sig: {e}"
+    if (sigs.signed.sha256, sigs.signed.size) != (digest, size): return "its .sig states another content"
+    return f"signed by key {', '.join(s.key_id for s in sigs.signatures)}"
+  if manifest is not None and (entry := manifest.entry(os.path.basename(path))) is not None:
+    same = (entry.sha256, entry.size) == (digest, size)
+    signed = "signed" if os.path.lexists(sig_path(os.path.join(os.path.dirname(path), MANIFEST_NAME))) else "unsigned"
+    return f"named by the {signed} {MANIFEST_NAME}" + ("" if same else " with ANOTHER hash")
+  return "unsigned"
+
+def describe_folder(folder: str) -> str:
+  """A folder's bundles (every *.bin), one a line: kind, device, size, the content hash its preamble declares, signed or not. Headers are
+  read, not blobs: a whole read is verify's."""
+  manifest, note = None, ""
+  if os.path.isfile(path := os.path.join(folder, MANIFEST_NAME)):
+    try:
+      manifest = read_manifest(path)[0]
+      note = f", the manifest of set {manifest.name}"
+    except ArtifactError as e: note = f", {e}"
+  names = sorted(n for n in os.listdir(folder) if n.endswith(".bin"))
+  lines = [f"{folder}: {len(names)} bundles{note}", f"  {'file':32s} {'kind':18s} {'device':8s} {'bytes':>13s}  {'sha256':16s}  signed"]
+  for name in names:
+    try:
+      with BundleFile(path := os.path.join(folder, name)) as f: head, digest, size = f.head, f.digest.hex(), f.size
+    except ArtifactError as e:
+      lines.append(f"  {name:32s} not a bundle: {e}")
+      continue
+    kind = head.get("extras", {}).get("metadata", {}).get("kind", "?")
+    lines.append(f"  {name:32s} {kind:18s} {head['provenance'].get('device', '?'):8s} {size:>13,d}  {digest[:16]}  "
+                 f"{signed_or_not(path, digest, size, manifest)}")
+  return "\n".join(lines)
+
 def is_manifest(path: str) -> bool:
   """Whether `path` is a file that is not a bundle (read as a manifest); a file that cannot be read is left to the bundle reader's error."""
   from sunnypilot.modeld_v2.common.files import open_regular
@@ -138,7 +198,7 @@ def verify_manifest(path: str, trust) -> bool:
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("inspect_bundle", __doc__)
   parser.add_argument("command", choices=("inspect", "verify", "profile"))
-  parser.add_argument("bundle")
+  parser.add_argument("bundle", help="a bundle, a set's manifest.json, or (inspect) a folder of bundles")
   parser.add_argument("--warp", help="profile: a warp bundle to fuse in front of the model (the frame modeld runs)")
   parser.add_argument("--rounds", type=positive_int, default=20, help="profile: timed runs per call (median)")
   peak = finite_float(0, 1e6, low_open=True)
@@ -159,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
   try:
     from sunnypilot.modeld_v2.daemon.model_sets import Trust
     trust = Trust.from_folder(args.trusted_keys) if args.trusted_keys else None
+    if os.path.isdir(args.bundle):
+      if args.command != "inspect": raise ArtifactError(f"{args.bundle} is a folder: inspect lists its bundles, {args.command} takes one")
+      print(describe_folder(args.bundle))
+      return 0
     if args.command != "profile" and is_manifest(args.bundle):
       if args.command == "inspect":
         print(describe_manifest(args.bundle))

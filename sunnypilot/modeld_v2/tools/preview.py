@@ -15,6 +15,8 @@ import numpy as np
 from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
+PROG = "warp_preview"  # its console command (pyproject.toml): what usage lines and errors name
+
 def write_png(path: str, gray: np.ndarray) -> None:
   """An 8-bit grayscale PNG, no dependencies, written atomically (a full disk or Ctrl-C leaves the old file or none, never half a PNG)."""
   from sunnypilot.modeld_v2.common.files import replaced_atomically
@@ -115,9 +117,9 @@ def read_frame(path: str) -> np.ndarray:
   from sunnypilot.modeld_v2.common.files import open_regular
   with open_regular(path) as f: return np.frombuffer(f.read(), np.uint8)
 
-@interruptible("preview")
+@interruptible(PROG)
 def main(argv: list[str] | None = None) -> int:
-  parser = cli_parser("preview", __doc__)
+  parser = cli_parser(PROG, __doc__)
   parser.add_argument("--warp", required=True, help="a warp bundle from compile_warp")
   parser.add_argument("--output", required=True, help="PNG to write")
   parser.add_argument("--rpy", default="0,0,0", help="calibration roll,pitch,yaw in radians (default 0,0,0)")
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     check_output_path(args.output, inputs=(args.warp, args.road, args.wide))
     frames = (read_frame(args.road), read_frame(args.wide)) if args.road else None
     preview(args.warp, args.output, rpy, frames)
-  except (ArtifactError, ValueError, OSError) as e: parser.exit(2, f"preview: error: {e}\n")
+  except (ArtifactError, ValueError, OSError) as e: parser.error(str(e))
   print(f"wrote {args.output}: road (left) and wide (right) camera as the model sees them, labeled; Y on top, U and V below")
   return 0
 

@@ -19,6 +19,8 @@ from typing import Any
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
+PROG = "modeld_watch"  # its console command (pyproject.toml): what usage lines and errors name
+
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 
 def _num(value: float, fmt: str = "+.5f") -> str: return format(value, fmt) if math.isfinite(value) else str(value)
@@ -120,10 +122,10 @@ def service_list(text: str) -> list[str]:
   if unknown := [s for s in names if not has_service(s)]: raise argparse.ArgumentTypeError(f"no such service in this cereal schema: {', '.join(unknown)}")
   return list(dict.fromkeys(names))
 
-@interruptible("watch")
+@interruptible(PROG)
 def main(argv: list[str] | None = None) -> int:
   import os
-  parser = cli_parser("watch", __doc__)
+  parser = cli_parser(PROG, __doc__)
   parser.add_argument("--services", type=service_list, default=",".join(SERVICES), help=f"comma-separated services (default {','.join(SERVICES)})")
   parser.add_argument("--seconds", type=finite_float(0, 10**7, low_open=True), help="stop after this many seconds (default: until Ctrl-C)")
   args = parser.parse_args(argv)
