@@ -81,3 +81,22 @@ def test_errors_are_one_line_named_for_the_command_and_the_file_at_fault(native_
   assert capsys.readouterr().err == f"inspect_bundle: error: {missing}: cannot read: No such file or directory\n"
   assert main(["verify", missing]) == 2
   assert capsys.readouterr().err == f"inspect_bundle: error: {missing}: cannot read: No such file or directory\n"
+
+def test_inspect_shows_the_precision_and_verify_replays_a_float16_bundle(native_artifacts, tmp_path, capsys):
+  """A float16 bundle says so, with its weights' bytes as half; a float32 one and a warp say theirs; verify replays the half kernels'
+  recorded check bit for bit; a precision the reader does not know is refused in one line."""
+  from sunnypilot.modeld_v2.compile.compile_onnx import compile_onnx
+  from sunnypilot.modeld_v2.format.bundle import read_parts
+  from sunnypilot.modeld_v2.tools import stand_in_models
+  onnx = stand_in_models.write("dmonitoring", "tiny", str(tmp_path / "dm.onnx"), seed=1)["files"]["onnx"]
+  half = compile_onnx(str(tmp_path / "dm16.bin"), onnx, log=lambda s: None, precision="float16")["output"]
+  assert main(["inspect", half]) == 0
+  line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  precision: "))
+  assert line.startswith("  precision: float16 (weights and activations in half") and "initial buffers: half " in line, line
+  assert main(["verify", half]) == 0 and "PASS run: " in capsys.readouterr().out
+  assert main(["inspect", f"{native_artifacts}/model.bin"]) == 0 and "  precision: float32 (the ONNX's own dtypes)" in capsys.readouterr().out
+  assert main(["inspect", f"{native_artifacts}/warp_split.bin"]) == 0 and "  precision: float32 (a warp: " in capsys.readouterr().out
+  parts, extras = read_parts(half)
+  write_bundle(odd := str(tmp_path / "odd.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()},
+               extras | {"metadata": extras["metadata"] | {"precision": "bfloat16"}}, check=False)
+  assert main(["inspect", odd]) == 2 and "precision 'bfloat16' is none of ('float32', 'float16')" in capsys.readouterr().err
