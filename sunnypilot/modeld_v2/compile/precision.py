@@ -114,3 +114,41 @@ def onnx_runner(path: str, precision: str, workdir: str) -> Any:
   fd, half = tempfile.mkstemp(suffix=".onnx", dir=workdir)
   os.close(fd)
   return HalfRunner(path, write_float16(path, half))
+
+# *** how far float16 may move a model's outputs ***
+
+UNIT_ROUNDOFF = 2.0 ** -11  # float16 rounds to within this of a value, relative
+ROUNDINGS_PER_LAYER = 3  # a layer's input activation, its weights and its output, each stored in half (its sum accumulates in float32)
+LAYER_OPS = ("Conv", "MatMul", "Gemm")
+FED_BACK = ("state_", "features_buffer", "prev_desired_curv")  # inputs a frame fills from an earlier frame's outputs
+
+def _chains(path: str) -> dict[str, int]:
+  """Per graph input, the longest chain of LAYER_OPS from it to a graph output (-1: it reaches none)."""
+  import onnx
+  g = onnx.load(path, load_external_data=False).graph
+  inits, out = {i.name for i in g.initializer}, {}
+  for name in (v.name for v in g.input if v.name not in inits):
+    depth = {name: 0}
+    for n in g.node:
+      if reached := [depth[i] for i in n.input if i in depth]:
+        for o in n.output: depth[o] = max(reached) + (n.op_type in LAYER_OPS)
+    out[name] = max((depth.get(o.name, -1) for o in g.output), default=-1)
+  return out
+
+def layer_depth(files: dict[str, str]) -> int:
+  """L of float16_bound for a frame's models ({"onnx": path} or a vision model and its policies): the longest chain of layers from an
+  input to the outputs (the vision's, then a policy's from the features it reads), plus the chain from an input the frame feeds back (a
+  state, a model's own features_buffer, prev_desired_curv) once more: that input carries the previous frame's error."""
+  c = {k: _chains(p) for k, p in files.items()}
+  fed = lambda k, names: max((c[k][n] for n in c[k] if n.startswith(names)), default=0)
+  if len(c) == 1:
+    (k, chains), = c.items()
+    return max(chains.values()) + fed(k, FED_BACK)
+  vision, policies = c.get("vision", {}), [k for k in c if k != "vision"]
+  chain = max([max(vision.values(), default=0) + max((c[k].get("features_buffer", 0) for k in policies), default=0)] + [max(c[k].values()) for k in policies])
+  return chain + max((fed(k, ("prev_desired_curv",)) for k in policies), default=0)
+
+def float16_bound(files: dict[str, str]) -> float:
+  """How far a float16 build moves the outputs of the models `files` from float32's, relative to their scale: ROUNDINGS_PER_LAYER
+  roundings of UNIT_ROUNDOFF per layer through layer_depth(files) layers of gain about 1 (docs/ARCHITECTURE.md, "Precision")."""
+  return ROUNDINGS_PER_LAYER * layer_depth(files) * UNIT_ROUNDOFF
