@@ -19,7 +19,8 @@ launch. The generation is derived from the ONNX inputs and heads, or given with 
 in the bundle. Host inputs are float32, cast in the graph to the model's dtype;
 `outputs` is float32 (the models' outputs concatenated in the order given). The bundle also returns `message_floats`: openpilot's output
 parse, in the graph (compile/output_parse.py), as the float block modeld copies into modelV2, drivingModelData and cameraOdometry
-(model/published_floats.py); --host-parse leaves it out. docs/FORMAT.md has the metadata each bundle carries.
+(model/published_floats.py); --host-parse leaves it out. --precision float16 (the default under FLOAT16=1, as a comma device builds)
+computes in half with the same inputs and outputs (compile/precision.py). docs/FORMAT.md has the metadata each bundle carries.
 """
 from __future__ import annotations
 
