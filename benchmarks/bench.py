@@ -15,6 +15,10 @@ and the kernel-only floor (the fused split part's calls on its last bindings wit
 overhead = total - floor; for the fused split path the time is also split into copy_frames, run and output_array. Load times are
 measured in fresh processes. Camera buffers are 18 page-aligned shared mappings per stream cycling like camerad's; their contents are
 synthetic road scenes. `--beam N` builds the model and warps with searched kernels (the legacy baseline stays unsearched).
+`--precision float16` builds the model in half (compile/precision.py; the warps have no precision: uint8 in and out) and runs the peers in
+half too: the same float16 ONNX (weights, activations and inputs half, as torch's model.half()), onnxruntime on it where its CPU EP runs
+it (else on the float32 ONNX, labelled "float32 only"). Every path's outputs are checked against the fused split path's on every frame:
+within 1e-3 in float32; in float16 within twice compile/precision.float16_bound of the models (both sides round), relative above 1.
 """
 from __future__ import annotations
 
@@ -58,9 +62,34 @@ class CameraBuffer:
     self.data = memoryview(self._map)
     np.frombuffer(self.data, np.uint8)[:] = data
 
-def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0, host_parse: bool = False) -> dict:
-  """Stand-in ONNX files (or the given one), model bundle (`host_parse`: without the output parse in its graph) and warp bundles per camera
-  size; compile times."""
+ORT_PEER = "onnxruntime (CPU EP, numpy warp)"
+FLOAT32_TOLERANCE = 1e-3  # between float32 paths: other kernels and sum orders, far under it
+
+def peer_models(files: dict[str, str], precision: str, workdir: str, log) -> dict:
+  """The ONNX files the peers run in `precision` and how far their outputs may be from the fused path's: {"torch": files, "ort": files,
+  "ort_label", "tolerance", "relative"}. float16: each ONNX converted by compile/precision.to_float16 (the model the bundle computes), for
+  onnxruntime only where its CPU EP runs it."""
+  from sunnypilot.modeld_v2.compile.precision import FLOAT16, float16_bound, write_float16
+  if precision != FLOAT16: return {"torch": files, "ort": files, "ort_label": ORT_PEER, "tolerance": FLOAT32_TOLERANCE, "relative": False}
+  import onnxruntime as ort
+  half = {k: write_float16(p, os.path.join(workdir, f"{os.path.splitext(os.path.basename(p))[0]}_float16.onnx")) for k, p in files.items()}
+  try:
+    for p in half.values(): ort.InferenceSession(p, providers=["CPUExecutionProvider"])
+    ort_files, label = half, f"{ORT_PEER}, float16"
+  except Exception as e:
+    log(f"onnxruntime's CPU EP does not run the float16 ONNX ({type(e).__name__}: {str(e).splitlines()[0][:120]}): its peer runs float32")
+    ort_files, label = files, f"{ORT_PEER}, float32 only"
+  return {"torch": half, "ort": ort_files, "ort_label": label, "tolerance": 2 * float16_bound(files), "relative": True}
+
+def output_difference(out: np.ndarray, ref: np.ndarray, relative: bool) -> float:
+  """The largest difference of two paths' outputs: absolute, or relative to the reference above 1 (float16 rounds relatively)."""
+  d = np.abs(out.astype(np.float64) - ref)
+  return float((d / np.maximum(1.0, np.abs(ref)) if relative else d).max())
+
+def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0, host_parse: bool = False,
+          precision: str = "float32") -> dict:
+  """Stand-in ONNX files (or the given one), model bundle in `precision` (`host_parse`: without the output parse in its graph) and warp
+  bundles per camera size; compile times; the peers' models (peer_models)."""
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.compile_warp import compile_warp
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
@@ -70,8 +99,9 @@ def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: 
   else: files = {"onnx": model}
   bundle = os.path.join(workdir, "model.bin")
   log(f"compiling {', '.join(files.values())} ...")
-  summary = compile_model(bundle, **files, log=lambda s: None, beam=beam, host_parse=host_parse)
-  out = {"files": files, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}}
+  summary = compile_model(bundle, **files, log=lambda s: None, beam=beam, host_parse=host_parse, precision=precision)
+  out = {"files": files, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}, "precision": precision,
+         "peers": peer_models(files, precision, workdir, log)}
   for w, h in cameras:
     frame = camerad_frame(w, h)
     out["warps"][(w, h)] = {split: compile_warp(frame.spec, "512x256", os.path.join(workdir, f"warp_{w}x{h}_{split}.bin"), split, beam=beam)["output"]
@@ -169,11 +199,11 @@ class PeerAdapter:
 
 TORCH_PEERS = {"eager": "torch eager (CUDA)", "graph": "torch CUDA graph", "compile": "torch.compile max-autotune (CUDA graph)"}
 
-def make_peers(files: dict[str, str], frame, torch_modes: list[str], log, ort_peer=None, torch_peer=None, **adapter) -> dict:
+def make_peers(files: dict[str, str], frame, torch_modes: list[str], log, ort_peer=None, torch_peer=None, ort_label: str = ORT_PEER, **adapter) -> dict:
   """onnxruntime on CPU always; the PyTorch peers in `torch_modes` where torch sees a GPU. Each starts from zeroed states and queues.
   A driving model's peers (OrtPeer, TorchPeer on `files`), or `ort_peer` and `torch_peer(mode)`'s (another model's, such as
   bench_dm's), each behind a PeerAdapter(peer, **adapter)."""
-  peers = {"onnxruntime (CPU EP, numpy warp)": PeerAdapter(ort_peer or OrtPeer(files, frame), **adapter)}
+  peers = {ort_label: PeerAdapter(ort_peer or OrtPeer(files, frame), **adapter)}
   try:
     import torch
   except ImportError: return peers
@@ -221,7 +251,9 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
               "fused split upload": ModelRunner(built["model"], warps[True], map_camera_buffers=False),
               "fused packed": ModelRunner(built["model"], warps[False]),
               "unfused": Unfused(built["model"], warps[False])} | ({"legacy": LegacyModelAdapter(*legacy_pickles)} if legacy_pickles else {})
-  if peers: adapters |= make_peers(built["files"], warps["frame"], torch_modes, log)
+  models = built["peers"]
+  if peers: adapters |= make_peers(models["torch"], warps["frame"], torch_modes, log, ort_peer=OrtPeer(models["ort"], warps["frame"]),
+                                   ort_label=models["ort_label"])
   from tinygrad.helpers import GlobalCounters
   device_bytes = GlobalCounters.mem_used
   times: dict[str, list[float]] = {p: [] for p in adapters}
@@ -255,7 +287,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
       if path in kernels: kernels[path].append(adapter.replay.replay_s * 1e3)
       if path == "fused split":
         for stage, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3))): stages[stage].append((b - a) * 1e3)
-    for path, out in outputs.items(): max_diff[path] = max(max_diff[path], float(np.abs(out - outputs["fused split"]).max()))
+    for path, out in outputs.items(): max_diff[path] = max(max_diff[path], output_difference(out, outputs["fused split"], models["relative"]))
   alone = {name: run_alone(adapters["fused split"], bufs, m_inv, pick, frames) for name, pick in
            (("18 rotating buffers", lambda i: i % BUFFERS_PER_STREAM), ("one buffer pair", lambda i: 0))}
   split_run = adapters["fused split"].replay
@@ -272,10 +304,12 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
                   "p99": float(np.percentile(t, 99)), "x_floor": float(np.percentile(t, 50)) / floor,
                   "host_overhead_ms": float(np.percentile(overhead, 50)) if ours else None, "camera_frames_in_place": in_place.get(path),
                   "bindings_made": adapters[path].replay.bindings_made if path.startswith("fused") else None,
-                  "max_abs_diff_vs_fused_split": max_diff[path]}
+                  "max_abs_diff_vs_fused_split": max_diff[path],
+                  "within_tolerance": max_diff[path] <= models["tolerance"] or path == "fused split, one buffer pair"}
   for adapter in adapters.values():
     if hasattr(adapter, "close"): adapter.close()  # unregister the camera buffers and pinned memory before they are freed
   return {"camera": f"{size[0]}x{size[1]}", "device": dev, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows, "times": times,
+          "precision": built["precision"], "tolerance": models["tolerance"], "relative": models["relative"],
           "fused_split_stages_ms": {k: {"p10": float(np.percentile(v, 10)), "p50": float(np.percentile(v, 50))} for k, v in stages.items()},
           "fused_split_alone_ms": alone,
           "tinygrad_device_bytes": device_bytes, "torch_cuda_peak_bytes": _torch_peak()}
@@ -338,7 +372,7 @@ def bench_load(built: dict, size: tuple[int, int], legacy_pickles: tuple, workdi
 def table(results: list[dict], loads: dict) -> str:
   lines = []
   for r in results:
-    lines += [f"\n{r['camera']} on {r['device']}, {r['frames']} frames; kernel-only floor {r['floor_ms']:.2f} ms ({r['floor']})", "",
+    lines += [f"\n{r['camera']} on {r['device']}, {r['frames']} frames, {r['precision']}; kernel-only floor {r['floor_ms']:.2f} ms ({r['floor']})", "",
               "| path | p10 ms | p50 ms | p95 ms | p99 ms | p50 / floor | host overhead ms (median of total - floor) | camera frames read in place "
               "| bindings made | max abs diff vs fused split (every frame) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for path, row in r["paths"].items():
@@ -346,6 +380,9 @@ def table(results: list[dict], loads: dict) -> str:
       place = {True: "yes", False: "no (copied)", None: "no (copied)"}[row["camera_frames_in_place"]]
       lines.append(f"| {path} | {row['p10']:.2f} | {row['p50']:.2f} | {row['p95']:.2f} | {row['p99']:.2f} | {row['x_floor']:.2f}x | {overhead} | {place} "
                    f"| {row['bindings_made'] if row['bindings_made'] is not None else '-'} | {row['max_abs_diff_vs_fused_split']:.2g} |")
+    past = [p for p, row in r["paths"].items() if not row["within_tolerance"]]
+    lines.append(f"\noutputs vs fused split: tolerance {r['tolerance']:.2g}{' relative above 1' if r['relative'] else ''}: "
+                 + (f"PAST IT: {', '.join(past)}" if past else "every path within it"))
     stages = r["fused_split_stages_ms"]
     lines.append("\nfused split per frame: " + ", ".join(f"{k} {v['p50'] * 1e3:.0f} us (p10 {v['p10'] * 1e3:.0f})" for k, v in stages.items()) +
                  " (output_array includes waiting for the device)")
@@ -395,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--no-peers", action="store_true", help="skip onnxruntime and PyTorch")
   parser.add_argument("--torch-modes", default="eager,graph,compile", help=f"PyTorch peers on a GPU, comma separated: {', '.join(TORCH_PEERS)}")
   parser.add_argument("--beam", type=int, default=0, help="build the model and warp bundles with BEAM-searched kernels (0: no search)")
+  parser.add_argument("--precision", choices=("float32", "float16"), default="float32", help="build the model in this precision and run the peers "
+                      "in it (float16: torch and onnxruntime on the float16 ONNX the bundle computes)")
   parser.add_argument("--json")
   parser.add_argument("--plot", help="PNG of the latency distributions")
   args = parser.parse_args(argv)
@@ -403,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
   cameras = [tuple(int(x) for x in c.split("x")) for c in args.camera.split(",")]
   torch_modes = [m for m in args.torch_modes.split(",") if m]
   if bad := [m for m in torch_modes if m not in TORCH_PEERS]: parser.error(f"unknown --torch-modes {bad}: choose from {', '.join(TORCH_PEERS)}")
-  built = build(args.model, args.generation, cameras, args.workdir, log, args.beam)
+  built = build(args.model, args.generation, cameras, args.workdir, log, args.beam, precision=args.precision)
   results, loads = [], {}
   for size in cameras:
     frame = built["warps"][size]["frame"]
@@ -414,11 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     results.append(bench_frames(built, size, args.frames, legacy, log, not args.no_peers, torch_modes))
     if args.load_runs and legacy: loads[f"{size[0]}x{size[1]}"] = bench_load(built, size, legacy, args.workdir, args.load_runs)
   print(f"model {args.model} ({args.generation}{', random-weight stand-in' if args.model in ('tiny', 'full') else ''}), {built['kernels']} model kernels, "
-        f"BEAM={args.beam}, "
+        f"BEAM={args.beam}, {args.precision}, "
         f"device {Device.DEFAULT}, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
   print(table(results, loads))
   if args.plot: plot(results, args.plot)
-  write_json(args.json, {"model": args.model, "generation": args.generation, "beam": args.beam, "device": Device.DEFAULT, "loads": loads,
+  write_json(args.json, {"model": args.model, "generation": args.generation, "beam": args.beam, "precision": args.precision, "device": Device.DEFAULT,
+                         "loads": loads,
                          "results": [{k: v for k, v in r.items() if k != "times"} for r in results],
                          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   return 0

@@ -14,6 +14,8 @@ frame. Frames are the synthetic cabin (replay/cabin_scene: a face that sways, tu
 
 --model tiny (default) is the random-weight DM stand-in with a two-layer backbone, full the stand-in's realistic-depth backbone; both
 take openpilot's DM input (1440x960 Y, calib) and give its output layout. --beam N searches the model's and the warp's kernels (BEAM=N).
+--precision float16 builds the DM model in half and runs the peers on the float16 ONNX it computes (bench.py's peer_models: onnxruntime
+only where its CPU EP runs it); outputs are checked against the fused frame's within bench.py's precision-aware tolerance.
 """
 from __future__ import annotations
 
@@ -24,7 +26,18 @@ import time
 
 import numpy as np
 
-from benchmarks.bench import BUFFERS_PER_STREAM, TORCH_PEERS, CameraBuffer, PeerAdapter, check_outputs, device_floor_ms, make_peers, write_json
+from benchmarks.bench import (
+  BUFFERS_PER_STREAM,
+  TORCH_PEERS,
+  CameraBuffer,
+  PeerAdapter,
+  check_outputs,
+  device_floor_ms,
+  make_peers,
+  output_difference,
+  peer_models,
+  write_json,
+)
 from benchmarks.bench_daemon import percentiles
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
@@ -33,9 +46,9 @@ from sunnypilot.modeld_v2.runtime.frame_feeds import DRIVER_BUFFER
 FUSED = "fused DM frame (camera buffer in place)"
 WARMUP = 20
 
-def build_dm(model: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0) -> dict:
-  """The DM stand-in's ONNX (tiny, full) or the given one, its bundle dmonitoring_model.bin and a dm_warp_<w>x<h>.bin per camera size in
-  `workdir` (an artifacts folder dmonitoringmodeld reads), with `beam`; what was built."""
+def build_dm(model: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0, precision: str = "float32") -> dict:
+  """The DM stand-in's ONNX (tiny, full) or the given one, its bundle dmonitoring_model.bin in `precision` and a dm_warp_<w>x<h>.bin per
+  camera size in `workdir` (an artifacts folder dmonitoringmodeld reads), with `beam`; what was built, with the peers' models (peer_models)."""
   from sunnypilot.modeld_v2 import compile_dm_warp
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING
@@ -47,14 +60,15 @@ def build_dm(model: str, cameras: list[tuple[int, int]], workdir: str, log, beam
     if model in ("tiny", "full") else model
   bundle = os.path.join(workdir, DRIVER_MONITORING.model_name)
   log(f"compiling {onnx}{f' with BEAM={beam}' if beam else ''} ...")
-  summary = compile_model(bundle, onnx=onnx, log=lambda s: None, beam=beam)
+  summary = compile_model(bundle, onnx=onnx, log=lambda s: None, beam=beam, precision=precision)
   warps = {}
   for w, h in cameras:
     log(f"compiling the driver camera's warp for {w}x{h} ...")
     warps[(w, h)] = compile_dm_warp.compile_dm_warp(camerad_frame(w, h).spec, os.path.join(workdir, f"dm_warp_{w}x{h}.bin"), beam=beam,
                                                     log=lambda s: None)["output"]
   return {"onnx": onnx, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": warps,
-          "model_size": DM_INPUT_SIZE, "border_fill": compile_dm_warp.BORDER_FILL}
+          "model_size": DM_INPUT_SIZE, "border_fill": compile_dm_warp.BORDER_FILL, "precision": precision,
+          "peers": peer_models({"onnx": onnx}, precision, workdir, log)}
 
 def cabin_buffers(frame, n: int = BUFFERS_PER_STREAM) -> list[dict[str, CameraBuffer]]:
   """camerad's `n` driver buffers (page-aligned shared mappings), each a cabin_scene frame."""
@@ -95,10 +109,12 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, log, peers: bo
   bufs, m_inv = cabin_buffers(frame), dm_warp_matrix(sensor_for_size(*size), built["model_size"])
   fused = ModelRunner(built["model"], built["warps"][size])
   adapters: dict = {FUSED: fused}
+  models = built["peers"]
   if peers:
     shape, fill = built["model_size"], built["border_fill"]
-    adapters |= make_peers({}, frame, torch_modes, log, ort_peer=OrtDMPeer(built["onnx"], frame, shape, fill),
-                           torch_peer=lambda mode: TorchDMPeer(built["onnx"], frame, shape, fill, mode), cameras=(DRIVER_BUFFER,), transform=(3, 3))
+    adapters |= make_peers({}, frame, torch_modes, log, ort_peer=OrtDMPeer(models["ort"]["onnx"], frame, shape, fill), ort_label=models["ort_label"],
+                           torch_peer=lambda mode: TorchDMPeer(models["torch"]["onnx"], frame, shape, fill, mode), cameras=(DRIVER_BUFFER,),
+                           transform=(3, 3))
   times: dict[str, list[float]] = {p: [] for p in adapters}
   kernels, max_diff = [], dict.fromkeys(adapters, 0.0)
   log(f"{size[0]}x{size[1]} driver camera: {frames} frames per path, interleaved ...")
@@ -119,25 +135,30 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, log, peers: bo
       if step >= WARMUP:
         times[path].append((time.perf_counter() - t0) * 1e3)
         if path == FUSED: kernels.append(fused.replay.replay_s * 1e3)
-    for path, out in outputs.items(): max_diff[path] = max(max_diff[path], float(np.abs(out - outputs[FUSED]).max()))
+    for path, out in outputs.items(): max_diff[path] = max(max_diff[path], output_difference(out, outputs[FUSED], models["relative"]))
   if fused.replay.outputs_in_place: floors, floor_how = kernels, "the fused part's kernel calls, timed inside each call"
   else: floors, floor_how = device_floor_ms(fused), "the fused part's graph run back to back with wait=True"
   floor, fused_p50 = float(np.percentile(floors, 50)), float(np.percentile(times[FUSED], 50))
   rows = {p: percentiles(t) | {"x_fused": float(np.percentile(t, 50)) / fused_p50, "max_abs_diff_vs_fused": max_diff[p],
+                               "within_tolerance": max_diff[p] <= models["tolerance"],
                                "camera_frame_in_place": fused.frame_feed.reads_in_place if p == FUSED else False} for p, t in times.items()}
   bindings = fused.replay.bindings_made
   for adapter in adapters.values():
     if hasattr(adapter, "close"): adapter.close()  # unregister the camera buffers before they are freed
   return {"camera": f"{size[0]}x{size[1]}", "device": Device.DEFAULT, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows,
-          "fused_bindings_made": bindings}
+          "fused_bindings_made": bindings, "precision": built["precision"], "tolerance": models["tolerance"], "relative": models["relative"]}
 
 def table(r: dict) -> str:
-  lines = [f"\n{r['camera']} driver camera on {r['device']}, {r['frames']} frames; kernel-only floor {r['floor_ms']:.3f} ms ({r['floor']})", "",
+  lines = [f"\n{r['camera']} driver camera on {r['device']}, {r['frames']} frames, {r['precision']}; kernel-only floor {r['floor_ms']:.3f} ms "
+           f"({r['floor']})", "",
            "| path | p10 ms | p50 ms | p95 ms | p99 ms | p50 / fused | camera frame read in place | max abs diff vs fused (every frame) |",
            "|---|---|---|---|---|---|---|---|"]
   for path, row in r["paths"].items():
     lines.append(f"| {path} | {row['p10']:.3f} | {row['p50']:.3f} | {row['p95']:.3f} | {row['p99']:.3f} | {row['x_fused']:.2f}x "
                  f"| {'yes' if row['camera_frame_in_place'] else 'no (copied)'} | {row['max_abs_diff_vs_fused']:.2g} |")
+  past = [p for p, row in r["paths"].items() if not row["within_tolerance"]]
+  lines.append(f"\noutputs vs the fused DM frame: tolerance {r['tolerance']:.2g}{' relative above 1' if r['relative'] else ''}: "
+               + (f"PAST IT: {', '.join(past)}" if past else "every path within it"))
   fused = r["paths"][FUSED]["p50"]
   lines.append(f"\nfused DM frame p50 {fused:.3f} ms = {fused / r['floor_ms']:.2f}x its kernel-only floor; {r['fused_bindings_made']} bindings made "
                f"(the fixed slots once, each of the {BUFFERS_PER_STREAM} rotating driver buffers once)")
@@ -152,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--camera", default="1928x1208", help="driver camera sizes, comma separated (1928x1208: comma 3/3X, 1344x760: comma 4)")
   parser.add_argument("--frames", type=int, default=200, help="timed frames per path and camera size")
   parser.add_argument("--beam", type=int, default=0, help="build the DM model and its warps with BEAM-searched kernels (0: no search)")
+  parser.add_argument("--precision", choices=("float32", "float16"), default="float32", help="build the DM model in this precision and run the "
+                      "peers in it (float16: torch and onnxruntime on the float16 ONNX the bundle computes)")
   parser.add_argument("--no-peers", action="store_true", help="skip onnxruntime and PyTorch")
   parser.add_argument("--torch-modes", default="eager,graph,compile", help=f"PyTorch peers on a GPU, comma separated: {', '.join(TORCH_PEERS)}")
   parser.add_argument("--workdir", default="out/bench_dm", help="where the stand-in and the bundles are built (an artifacts folder)")
@@ -169,13 +192,14 @@ def main(argv: list[str] | None = None) -> int:
   if args.frames < 1 or args.beam < 0: parser.error("--frames must be positive and --beam not negative")
   if args.model not in ("tiny", "full") and not os.path.isfile(args.model): parser.error(f"--model {args.model}: not tiny, full or an ONNX file")
   log = lambda s: print(s, file=sys.stderr, flush=True)
-  built = build_dm(args.model, cameras, args.workdir, log, args.beam)
+  built = build_dm(args.model, cameras, args.workdir, log, args.beam, args.precision)
   results = [bench_frames(built, size, args.frames, log, not args.no_peers, torch_modes) for size in cameras]
   print(f"driver-monitoring model {args.model}{' (random-weight stand-in)' if args.model in ('tiny', 'full') else ''}, {built['kernels']} model "
-        f"kernels, BEAM={args.beam}, device {Device.DEFAULT}, compile {built['compile_s']:.1f} s, peak RSS "
+        f"kernels, BEAM={args.beam}, {args.precision}, device {Device.DEFAULT}, compile {built['compile_s']:.1f} s, peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
   for r in results: print(table(r))
-  write_json(args.json, {"model": args.model, "beam": args.beam, "device": Device.DEFAULT, "kernels": built["kernels"], "compile_s": built["compile_s"],
+  write_json(args.json, {"model": args.model, "beam": args.beam, "precision": args.precision, "device": Device.DEFAULT, "kernels": built["kernels"],
+                         "compile_s": built["compile_s"],
                          "results": results, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
   return 0
 

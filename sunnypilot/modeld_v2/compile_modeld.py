@@ -19,7 +19,8 @@ launch. The generation is derived from the ONNX inputs and heads, or given with 
 in the bundle. Host inputs are float32, cast in the graph to the model's dtype;
 `outputs` is float32 (the models' outputs concatenated in the order given). The bundle also returns `message_floats`: openpilot's output
 parse, in the graph (compile/output_parse.py), as the float block modeld copies into modelV2, drivingModelData and cameraOdometry
-(model/published_floats.py); --host-parse leaves it out. docs/FORMAT.md has the metadata each bundle carries.
+(model/published_floats.py); --host-parse leaves it out. --precision float16 (the default under FLOAT16=1, as a comma device builds)
+computes in half with the same inputs and outputs (compile/precision.py). docs/FORMAT.md has the metadata each bundle carries.
 """
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from sunnypilot.modeld_v2.compile.input_queues import (  # POLICY_INPUTS, derive
 from sunnypilot.modeld_v2.compile.model_plan import DMONITORING, Plan, QueuedPlan, add_model_flags, plan_model
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError
 from sunnypilot.modeld_v2.compile.output_parse import message_floats
+from sunnypilot.modeld_v2.compile.precision import as_dtype
 from sunnypilot.modeld_v2.format.bundle import next_name
 from sunnypilot.modeld_v2.model.generations import GENERATIONS
 from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, FloatLayout, trace
@@ -65,29 +66,20 @@ def _write(output_buffers: dict, values: dict, parse: Callable | None = None) ->
   parsed = [output_buffers[FLOAT_BLOCK].assign(parse(temps["outputs"]))] if parse is not None else []
   Tensor.realize(*(output_buffers[k].assign(t) for k, t in temps.items()), *parsed)
 
-def _as(t, dtype: Any):
-  """`t` in a numpy dtype's tinygrad equivalent, cast in the graph only if it differs."""
-  from tinygrad import dtypes
-  from tinygrad.dtype import to_dtype
-  target = to_dtype(np.dtype(dtype).name)
-  if t.dtype == target: return t
-  narrowed = dtypes.is_float(t.dtype) and dtypes.is_float(target) and target.itemsize < t.dtype.itemsize
-  return t.cast(target).contiguous() if narrowed else t.cast(target)  # tinygrad folds cast(cast(x, half), float) to x: keep the rounding
-
 def make_step(plan: Plan, runners: dict, floats: FloatLayout | None = None):
   """The function TinyJit captures for a plan, with an OnnxRunner per model; with `floats`, the output parse in the graph too (output_parse:
   the messages' float block of that layout, as the output FLOAT_BLOCK)."""
   parse = functools.partial(message_floats, slices=plan.slices, layout=floats) if floats is not None else None
   if not isinstance(plan, QueuedPlan):
     def native(output_buffers, **inputs):
-      out = runners["model"]({name: _as(inputs[name], dtype) for name, dtype in plan.dtypes["model"].items()})
-      _write(output_buffers, {k: _as(out[k], plan.out_specs[k][1]) for k in output_buffers if k != FLOAT_BLOCK}, parse)
+      out = runners["model"]({name: as_dtype(inputs[name], dtype) for name, dtype in plan.dtypes["model"].items()})
+      _write(output_buffers, {k: as_dtype(out[k], plan.out_specs[k][1]) for k in output_buffers if k != FLOAT_BLOCK}, parse)
     return native
 
   def run(model: str, values: dict):
     """One model on the values of its inputs, cast to its dtypes; its output read, as float32, computed once."""
-    feeds = {name: _as(values[name], dtype) for name, dtype in plan.dtypes[model].items()}
-    return _as(runners[model](feeds)[plan.outputs[model]], np.float32).contiguous()
+    feeds = {name: as_dtype(values[name], dtype) for name, dtype in plan.dtypes[model].items()}
+    return as_dtype(runners[model](feeds)[plan.outputs[model]], np.float32).contiguous()
 
   queues, runs = plan.queues, [functools.partial(run, k) for k in plan.paths]
   def queued(output_buffers, new_img, prepare_only, **inputs):
@@ -102,23 +94,23 @@ logger = logging.getLogger(__name__)
 
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
                   off_policy: str | None = None, on_policy: str | None = None, log=logger.info, beam: int | None = None, fuse_layers: bool = False,
-                  generation: str | None = None, host_parse: bool = False) -> dict:
+                  generation: str | None = None, host_parse: bool = False, precision: str | None = None) -> dict:
   """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
   Returns a summary. Fails before any work when `output` cannot be written or `beam` cannot search here. `beam`: search every kernel
   with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see bundle_compile.layer_boundaries).
   `generation`: the model's generation (generations.GENERATIONS) when its ONNX does not tell. `host_parse`: leave the output parse out of
-  the graph (modeld parses on the host, as with bundles built before the parse was in the graph)."""
-  from tinygrad.nn.onnx import OnnxRunner
-  job = BundleCompile(output, (onnx, vision, policy, off_policy, on_policy), beam)
+  the graph (modeld parses on the host, as with bundles built before the parse was in the graph). `precision`: float32 or float16
+  (compile/precision.py; None: float16 when the environment sets FLOAT16=1, else float32)."""
+  job = BundleCompile(output, (onnx, vision, policy, off_policy, on_policy), beam, precision)
   plan = plan_model(onnx, vision, policy, off_policy, on_policy, frame_skip, generation)
   frame_skip = plan.queues.frame_skip if isinstance(plan, QueuedPlan) else None
   log(f"{plan.layout} ({', '.join(f'{k} {p}' for k, p in plan.paths.items())}), generation {plan.generation} ({plan.generation_source}), "
-      f"frame_skip {frame_skip}, on {job.device}")
+      f"frame_skip {frame_skip}, {job.precision}, on {job.device}")
   try: floats = None if host_parse or plan.layout == DMONITORING else trace(plan.slices)  # driverStateV2 parses on the host
   except ValueError as e: raise ModelError(f"{', '.join(plan.paths.values())}: the output parse cannot go in the graph: {e} (--host-parse)") from None
   if floats is not None and not len(floats.sources): floats = None  # no head the messages publish: nothing for the graph to parse
   out_specs = plan.out_specs | ({FLOAT_BLOCK: ((len(floats.sources),), np.float32)} if floats is not None else {})
-  jit, part, inputs = job.capture(lambda: make_step(plan, {k: OnnxRunner(p) for k, p in plan.paths.items()}, floats),
+  jit, part, inputs = job.capture(lambda: make_step(plan, {k: job.onnx_runner(p) for k, p in plan.paths.items()}, floats),
                                   lambda: job.random_inputs(plan.specs) | {"output_buffers": job.random_inputs(out_specs)}, fuse_layers, log)
   metadata = {"kind": "dmonitoring_model" if plan.layout == DMONITORING else "model", "layout": plan.layout, "generation": plan.generation,
               "generation_source": plan.generation_source,
@@ -152,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
   try:
     frame_skip = None if args.frame_skip is None else check_frame_skip(args.frame_skip, "--frame-skip")
     compile_model(args.output, args.onnx, args.vision, args.policy, frame_skip, args.off_policy, args.on_policy,
-                  log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation, host_parse=args.host_parse)
+                  log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers, generation=args.generation, host_parse=args.host_parse,
+                  precision=args.precision)
   except (ModelError, QueueError, ArtifactError) as e:
     parser.exit(2, f"compile_modeld: error: {e}\n")
   return 0

@@ -56,3 +56,41 @@ def test_the_driver_monitoring_peer_matches_the_fused_dm_frame(dm_artifacts):
       outs.append(np.array(path.output_array()))
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-5, err_msg=f"step {step}")
   adapter.close()
+
+@pytest.mark.parametrize("generation", ["native", "split_current"])
+def test_float16_peers_run_the_float16_model_within_the_tolerance(native_artifacts, tmp_path, generation):
+  """--precision float16: the peers run the float16 ONNX the bundle computes (onnxruntime's CPU EP runs it here), and the fused float16
+  adapter's outputs stay within bench's float16 tolerance of theirs, frame by frame with states fed back; but not within float32's
+  reach of the float32 ONNX: both really compute in half."""
+  from benchmarks.bench import output_difference, peer_models
+  files = stand_in_models.write(generation, "tiny", str(tmp_path / f"{generation}.onnx"), seed=3)["files"]
+  compile_model(str(tmp_path / "model.bin"), **files, log=lambda s: None, precision="float16")
+  models = peer_models(files, "float16", str(tmp_path), lambda s: None)
+  assert models["ort_label"].endswith("float16") and models["relative"] and set(models["torch"]) == set(files)
+  adapter = ModelRunner(str(tmp_path / "model.bin"), f"{native_artifacts}/warp_split.bin")
+  peers = [PeerAdapter(OrtPeer(models["ort"], FRAME)), PeerAdapter(OrtPeer(files, FRAME))]
+  rng, worst = np.random.default_rng(5), [0.0, 0.0]
+  m_inv = np.array([[2, 0, 40], [0, 2, 60], [0, 0, 1]], np.float32)
+  for step in range(8):
+    bufs = {k: CameraBuffer(rng.integers(0, 256, FRAME.size, dtype=np.uint8)) for k in ("img", "big_img")}
+    outs = []
+    for path in (adapter, *peers):
+      set_inputs(path, step, np.stack([m_inv, m_inv]))
+      path.copy_frames(bufs)
+      path.run()
+      outs.append(np.array(path.output_array()))
+    worst = [max(w, output_difference(o, outs[0], True)) for w, o in zip(worst, outs[1:])]
+  assert worst[0] <= models["tolerance"] and worst[1] <= models["tolerance"] / 2, (worst, models["tolerance"])
+  assert worst[1] > 1e-5, "the float16 bundle's outputs are not float32's"
+  adapter.close()
+
+def test_bench_dm_in_float16_writes_its_precision_and_the_check(tmp_path):
+  import json
+
+  from benchmarks.bench_dm import main
+  assert main(["--model", "tiny", "--camera", "1344x760", "--frames", "2", "--precision", "float16", "--workdir", str(tmp_path / "work"),
+               "--json", str(tmp_path / "dm.json")]) == 0
+  out = json.loads((tmp_path / "dm.json").read_text())
+  result = out["results"][0]
+  assert out["precision"] == result["precision"] == "float16" and result["relative"] and 0 < result["tolerance"] < 0.05
+  assert all(row["within_tolerance"] for row in result["paths"].values()) and "onnxruntime (CPU EP, numpy warp), float16" in result["paths"]

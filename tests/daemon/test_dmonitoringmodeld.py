@@ -158,6 +158,22 @@ def test_frames_in_driver_states_out(folder, openpilot_prefix):
   lacking = [line for line in lines.splitlines() if "driverStateV2: this cereal schema has no" in line]
   assert len(lacking) == 1 and all(f"leftDriverData.{field}" in lacking[0] for field in ("eyesVisibleProb", "eyesClosedProb", "phoneProb")), lines
 
+def test_a_float16_driver_monitoring_model_end_to_end(dm_artifacts, tmp_path, openpilot_prefix):
+  """The DM stand-in built in float16 (what a device builds), fused with the dm_warp: every frame's driverStateV2 by openpilot's formulas
+  from its own rawPredictions, the outputs of the pair run directly."""
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  compile_model(str(tmp_path / "dmonitoring_model.bin"), onnx=os.path.join(dm_artifacts, "dmonitoring_model.onnx"), log=lambda s: None,
+                precision="float16")
+  shutil.copy(os.path.join(dm_artifacts, "dm_warp_1344x760.bin"), tmp_path / "dm_warp_1344x760.bin")
+  meta = read_bundle(str(tmp_path / "dmonitoring_model.bin"))[0]["extras"]["metadata"]
+  assert meta["precision"] == "float16"
+  daemon = DMDaemon(str(tmp_path))
+  for frame_id in range(10):
+    daemon.send(frame_id, RPY)
+    check_fields(daemon.receive(frame_id), meta["output_slices"])
+  assert daemon.stop() == 0 and daemon.published == list(range(10))
+  assert [daemon.raw(i).tobytes() for i in range(10)] == reference(str(tmp_path), range(10), calibs=dict.fromkeys(range(10), RPY))
+
 def test_the_previous_layout_publishes_its_eye_fields(dm_artifacts, tmp_path, openpilot_prefix):
   """A DM model of openpilot's previous layout (per-eye and blink probabilities, sunglasses): each field by openpilot's formula."""
   import onnx

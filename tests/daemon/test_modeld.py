@@ -36,13 +36,13 @@ def artifacts(native_artifacts, tmp_path_factory) -> str:
   (folder / "notes.bin").write_bytes(open(folder / "warp_packed.bin", "rb").read()[:5000])
   return str(folder)
 
-def stand_in_artifacts(generation: str, artifacts: str, tmp_path_factory) -> str:
-  """A generation's tiny stand-in compiled into an artifacts folder with the 1344x760 warp."""
+def stand_in_artifacts(generation: str, artifacts: str, tmp_path_factory, precision: str = "float32") -> str:
+  """A generation's tiny stand-in compiled (in `precision`) into an artifacts folder with the 1344x760 warp."""
   from sunnypilot.modeld_v2.compile_modeld import compile_model
   from sunnypilot.modeld_v2.tools import stand_in_models
   folder = tmp_path_factory.mktemp(generation)
   files = stand_in_models.write(generation, "tiny", str(folder / f"{generation}.onnx"), seed=6)["files"]
-  compile_model(str(folder / "model.bin"), **files, log=lambda s: None)
+  compile_model(str(folder / "model.bin"), **files, log=lambda s: None, precision=precision)
   shutil.copy(os.path.join(artifacts, "warp_split.bin"), folder / "warp_split.bin")
   return str(folder)
 
@@ -418,6 +418,21 @@ def test_todays_layout_every_field_from_raw_predictions(split_current, openpilot
   assert daemon.stop() == 0 and daemon.published == list(range(45))
   assert any("generation split_current (recorded, from the ONNX)" in line for line in daemon.lines)
   assert [daemon.raw(i) for i in range(45)] == reference(split_current, list(range(45))), "the same inputs as openpilot's modeld"
+
+def test_a_float16_bundle_end_to_end(artifacts, tmp_path_factory, openpilot_prefix):
+  """openpilot's current layout built in float16 (what a device builds), fused with the float32-built warp: modeld on CPU publishes every
+  frame, every field from its own rawPredictions by openpilot's formulas (the in-graph parse reads the half model's float32 outputs), and
+  the outputs the adapter gives run directly on the same frames."""
+  from sunnypilot.modeld_v2.runtime.loader import load_bundle
+  folder = stand_in_artifacts("split_current", artifacts, tmp_path_factory, precision="float16")
+  meta = load_bundle(os.path.join(folder, "model.bin")).metadata
+  assert meta["precision"] == "float16"
+  daemon, expected = Daemon(folder), Expected(meta["output_slices"], LAT_DELAY + 1.5 * DT_MDL)
+  for frame_id in range(45):
+    daemon.send(frame_id)
+    expected.check(daemon.receive(frame_id))
+  assert daemon.stop() == 0 and daemon.published == list(range(45))
+  assert [daemon.raw(i) for i in range(45)] == reference(folder, list(range(45))), "the same inputs as openpilot's modeld"
 
 def fake_openpilot_params(folder, steer: float, long: float) -> dict:
   """An `openpilot.common.params` whose Params hands out a CarParams with these actuator delays: modeld's device path on a PC."""

@@ -116,6 +116,27 @@ def test_replay_in_lockstep_matches_onnxruntime(route, native_artifacts, dm_arti
   assert "PASSED" in run.stdout and f"{FRAMES} frames sent, {FRAMES} published, 0 dropped" in run.stdout
   assert f"driver camera: {FRAMES} frames sent, {FRAMES} driverStateV2 published" in run.stdout
 
+def test_float16_bundles_are_checked_with_float16s_tolerance(route, native_artifacts, dm_artifacts, tmp_path):
+  """Both daemons' models built in float16 against onnxruntime on their float32 ONNX, no --tolerance: the check takes float16's 1e-2 with
+  differences relative to the value above 1 (an exp'd std of 100 moves by 0.1 in half), says so, and passes; every raw head within it."""
+  import json
+
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  from sunnypilot.modeld_v2.replay.route_replay import difference
+  folder, out = tmp_path / "half", tmp_path / "out"
+  folder.mkdir()
+  onnxs = {"model.bin": os.path.join(native_artifacts, "native.onnx"), "dmonitoring_model.bin": os.path.join(dm_artifacts, "dmonitoring_model.onnx")}
+  for name, onnx_name in onnxs.items(): compile_model(str(folder / name), onnx=onnx_name, log=lambda s: None, precision="float16")
+  for name, src in (("warp_split.bin", native_artifacts), ("dm_warp_1344x760.bin", dm_artifacts)): shutil.copy(os.path.join(src, name), folder / name)
+  run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.replay.route_replay", route, "--artifacts", str(folder), "--onnx",
+                        os.path.join(native_artifacts, "native.onnx"), "--dm-onnx", os.path.join(dm_artifacts, "dmonitoring_model.onnx"),
+                        "--no-pictures", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0 and "(tolerance 0.01)" in run.stderr + run.stdout, run.stdout + run.stderr
+  check = json.loads((out / os.path.basename(route) / "check.json").read_text())
+  assert check["passed"] and check["tolerance"] == 1e-2 and check["frames"] == FRAMES and check["driver_frames"] == FRAMES, check
+  assert 0 < max(h["max"] for h in check["heads"].values()) <= 1e-2, "computed in half: not float32's values, within float16's tolerance"
+  assert difference([200.0, 0.5], [199.0, 0.4], relative=True) == pytest.approx(0.1) and difference([200.0], [199.0]) == 1.0
+
 def test_jobs_against_a_bundle_and_the_fallbacks_for_a_log_without_calibration_or_car_state(route, native_artifacts, tmp_path):
   """Two segments in parallel processes, one of them with no liveCalibration and no carState: a warning each, the default calibration
   (every message invalid until a calibration arrives), vEgo 0. Each is checked --against the bundle modeld runs: its outputs bit for bit,

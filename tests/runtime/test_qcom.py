@@ -33,6 +33,18 @@ def test_bundles_say_they_are_for_adreno(bundles):
     assert (prov["device"], prov["target"]) == ("QCOM", "QCOM:IR3:a630") and prov["flags"] | {"IMAGE": 1, "FLOAT16": 1, "NOLOCALS": 1} == prov["flags"]
     assert prov["flags"]["JIT_BATCH_SIZE"] == 0
 
+def test_the_devices_flags_build_the_model_in_float16(bundles):
+  """FLOAT16=1 as openpilot's device build sets it: the model is float16 (half weights, half between its Adreno kernels, float32 at its
+  interface); the warps have no precision of their own (uint8 in and out)."""
+  from sunnypilot.modeld_v2.format.bundle import read_bundle, read_parts
+  head = read_bundle(bundles["model"])[0]
+  assert head["extras"]["metadata"]["precision"] == "float16" and head["extras"]["output_specs"]["outputs"][1] == "<f4"
+  part = read_parts(bundles["model"], device="NULL", allow_device=True)[0]["run"][0]
+  big = {b.dtype for b in part.buffers if b.init is not None and b.nbytes > 4096}  # the output parse's int32 indices besides
+  assert big & {"dtypes.half", "dtypes.float", "dtypes.double"} == {"dtypes.half"}, "the weights are half"
+  assert any(p.dtype == "dtypes.half" for prog in part.programs for p in prog.signature)
+  assert all("precision" not in read_bundle(bundles[k])[0]["extras"]["metadata"] for k in ("split", "packed"))
+
 def test_programs_disassemble_as_adreno_ir3(bundles):
   out = run_python(f"""
 from sunnypilot.modeld_v2.format.bundle import read_parts

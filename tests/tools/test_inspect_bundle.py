@@ -138,3 +138,22 @@ def test_inspect_of_a_folder_lists_its_bundles(native_artifacts, tmp_path, capsy
   assert rows["warp_packed.bin"][5:8] == ["signed", "by", "key"]
   assert rows["notes.bin"][1:4] == ["not", "a", "bundle:"]
   assert main(["verify", str(folder)]) == 2 and "is a folder: inspect lists its bundles, verify takes one" in capsys.readouterr().err
+
+def test_inspect_shows_the_precision_and_verify_replays_a_float16_bundle(native_artifacts, tmp_path, capsys):
+  """A float16 bundle says so, with its weights' bytes as half; a float32 one and a warp say theirs; verify replays the half kernels'
+  recorded check bit for bit; a precision the reader does not know is refused in one line."""
+  from sunnypilot.modeld_v2.compile.compile_onnx import compile_onnx
+  from sunnypilot.modeld_v2.format.bundle import read_parts
+  from sunnypilot.modeld_v2.tools import stand_in_models
+  onnx = stand_in_models.write("dmonitoring", "tiny", str(tmp_path / "dm.onnx"), seed=1)["files"]["onnx"]
+  half = compile_onnx(str(tmp_path / "dm16.bin"), onnx, log=lambda s: None, precision="float16")["output"]
+  assert main(["inspect", half]) == 0
+  line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("  precision: "))
+  assert line.startswith("  precision: float16 (weights and activations in half") and "initial buffers: half " in line, line
+  assert main(["verify", half]) == 0 and "PASS run: " in capsys.readouterr().out
+  assert main(["inspect", f"{native_artifacts}/model.bin"]) == 0 and "  precision: float32 (the ONNX's own dtypes)" in capsys.readouterr().out
+  assert main(["inspect", f"{native_artifacts}/warp_split.bin"]) == 0 and "  precision: float32 (a warp: " in capsys.readouterr().out
+  parts, extras = read_parts(half)
+  write_bundle(odd := str(tmp_path / "odd.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()},
+               extras | {"metadata": extras["metadata"] | {"precision": "bfloat16"}}, check=False)
+  assert main(["inspect", odd]) == 2 and "precision 'bfloat16' is none of ('float32', 'float16')" in capsys.readouterr().err

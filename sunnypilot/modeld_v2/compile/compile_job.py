@@ -6,15 +6,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
+from tinygrad.helpers import Context
 
 from sunnypilot.modeld_v2.common.cli import non_negative_int
 from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
-from sunnypilot.modeld_v2.format.bundle import write_bundle
+from sunnypilot.modeld_v2.compile.precision import FLOAT16, FLOAT32, check_precision, default_precision, onnx_runner
+from sunnypilot.modeld_v2.format.bundle import PRECISIONS, write_bundle
 from sunnypilot.modeld_v2.format.part import Part
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import onnx_ops, patched_onnx_ops
 
@@ -38,15 +42,32 @@ def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -
 class BundleCompile:
   """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`)
   or `beam` cannot search here: a compiler makes it first thing, so its library call and its CLI check alike. `capture` then captures a
-  step, `write` writes the bundle."""
-  def __init__(self, output: str, sources: Iterable[str | None], beam: int | None):
+  step, `write` writes the bundle.
+
+  `precision` (a model's compile; compile/precision.py): the ONNX runners `onnx_runner` makes compute in it, tinygrad's FLOAT16 is set to
+  match while the step is captured (half image buffers where IMAGE convolutions make them) and the bundle records both; "" keeps the
+  environment's FLOAT16 and records no precision (a warp: uint8 in and out, its coordinates in float32). None: default_precision()."""
+  def __init__(self, output: str, sources: Iterable[str | None], beam: int | None, precision: str | None = ""):
     from tinygrad import Device
 
     from sunnypilot.modeld_v2.compile.capture import search_level
     self.t0, self.device, self.output = time.perf_counter(), Device.DEFAULT, output
+    try: self.precision = default_precision() if precision is None else precision and check_precision(precision)
+    except ValueError as e: raise ArtifactError(str(e)) from None
     check_output_path(output, inputs=sources)
     self.level = search_level(beam)
     self.rng = np.random.default_rng(0)
+    self.workdir: str | None = None  # a float16 compile's converted ONNX files, for the capture's duration
+
+  def onnx_runner(self, path: str) -> Callable[[dict], dict]:
+    """tinygrad's ONNX runner of `path` in the compile's precision (inside `capture`'s make_step)."""
+    if self.precision == FLOAT16 and self.workdir is None: self.workdir = tempfile.mkdtemp(prefix="compile-float16-")
+    return onnx_runner(path, self.precision or FLOAT32, self.workdir or "")
+
+  @property
+  def flags(self) -> dict[str, int]:
+    """The build flags this compile sets itself: BEAM, and FLOAT16 when it has a precision."""
+    return {"BEAM": self.level} | ({"FLOAT16": int(self.precision == FLOAT16)} if self.precision else {})
 
   def random_inputs(self, specs: dict[str, tuple[tuple, Any]]) -> dict[str, Any]:
     """Fresh realized tensors for specs {name: (shape, numpy dtype)} on the compile's device."""
@@ -57,17 +78,23 @@ class BundleCompile:
     """capture.capture_part of the step `make_step()` builds (its ONNX runners load their weights inside the compile session: into host-backed
     buffers on NULL). `fuse_layers`: no realize point per layer (see layer_boundaries); a step without ONNX runners has no layers."""
     from sunnypilot.modeld_v2.compile.capture import capture_part, compile_session
-    with compile_session() as null_holds_data, layer_boundaries(not fuse_layers):
-      step = make_step()
-      log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
-      try: return capture_part(step, make_inputs, null_holds_data=null_holds_data, beam=self.level, log=log)
-      except OSError as e: raise ArtifactError(f"compiling for {self.device} failed: {e}") from e  # e.g. the CPU backend's clang is missing
+    float16 = Context(FLOAT16=self.flags["FLOAT16"]) if self.precision else contextlib.nullcontext()
+    try:
+      with compile_session() as null_holds_data, layer_boundaries(not fuse_layers), float16:
+        step = make_step()
+        log("capturing (call 0 runs eagerly and compiles the kernels, call 1 captures), then self-checking against the TinyJit replay ...")
+        try: return capture_part(step, make_inputs, null_holds_data=null_holds_data, beam=self.level, log=log)
+        except OSError as e: raise ArtifactError(f"compiling for {self.device} failed: {e}") from e  # e.g. the CPU backend's clang is missing
+    finally:
+      if self.workdir is not None: shutil.rmtree(self.workdir, ignore_errors=True)
+      self.workdir = None
 
   def write(self, part: tuple[Part, bytes], input_specs: dict[str, tuple[tuple, Any]], output_specs: dict[str, tuple[tuple, Any]], metadata: dict) -> dict:
     """Write the bundle of one part `run` with its specs {name: (shape, numpy dtype)} and metadata; a summary of it."""
     specs = lambda s: {k: (list(shape), np.dtype(dtype).str, self.device) for k, (shape, dtype) in s.items()}
+    metadata = metadata | ({"precision": self.precision} if self.precision not in ("", FLOAT32) else {})
     size = write_bundle(self.output, {"run": part}, {"input_specs": specs(input_specs), "output_specs": specs(output_specs), "metadata": metadata},
-                        flags={"BEAM": self.level})
+                        flags=self.flags)
     record = part[0]
     return {"output": self.output, "kernels": sum(c.kind == "program" for c in record.calls), "calls": len(record.calls),
             "programs": len(record.programs), "onetime": len(record.onetime_calls),
@@ -75,10 +102,13 @@ class BundleCompile:
             "compile_s": time.perf_counter() - self.t0}
 
 def add_compile_flags(parser: argparse.ArgumentParser, layers: bool = True) -> None:
-  """--beam, as every compiler takes it, and --fuse-layers for a compiler of ONNX models (`layers`)."""
+  """--beam, as every compiler takes it, and --fuse-layers and --precision for a compiler of ONNX models (`layers`)."""
   parser.add_argument("--beam", type=non_negative_int, help="search each kernel's optimizations with tinygrad's BEAM of this width on this device (slow "
                       "once: tinygrad caches the searches in ~/.cache/tinygrad/cache.db); the bundle ships the searched kernels. Refused on NULL. "
                       "Default: the BEAM environment setting, else 0")
   if not layers: return
+  parser.add_argument("--precision", choices=PRECISIONS, help="what the model computes in: float16 stores weights and activations in half and "
+                      "accumulates sums in float32, as a comma device's build does; inputs and outputs keep the ONNX's dtypes either way. Default: "
+                      "float16 when the environment sets FLOAT16=1 (openpilot's device build), else float32")
   parser.add_argument("--fuse-layers", action="store_true", help="leave tinygrad free to fuse across layers (no realize point after each "
                       "Conv/MatMul/Gemm); slower for supercombo-style models, kept for comparison")

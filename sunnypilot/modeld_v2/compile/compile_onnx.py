@@ -7,7 +7,8 @@ The bundle runs as `load_bundle(path).run(**{input name: Tensor})` -> {output na
 `numpy_runner.NumpyRunner(path)(**{input name: array})` -> {output name: array}. Inputs keep the ONNX's dtypes and shapes (after --shape);
 the returned tensors are the bundle's own buffers, overwritten by the next call. Every ONNX input must have a fixed shape: a dynamic one
 is refused, naming its dimensions, unless --shape gives it. Set tinygrad's flags (DEV, FLOAT16=1, IMAGE=1, ...) in the environment as for
-compile_modeld; they are recorded in the bundle's provenance.
+compile_modeld; they are recorded in the bundle's provenance. --precision float16 (the default under FLOAT16=1) computes in half with the
+ONNX's input and output dtypes kept (compile/precision.py).
 """
 from __future__ import annotations
 
@@ -70,15 +71,15 @@ def make_step(runner: Any, outputs: list[str]) -> Callable[..., dict[str, Any]]:
   return step
 
 def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | None = None, log: Callable[[str], None] = logger.info,
-                 beam: int | None = None, fuse_layers: bool = False) -> dict:
+                 beam: int | None = None, fuse_layers: bool = False, precision: str | None = None) -> dict:
   """Compile the ONNX at `onnx` into a bundle at `output`; returns a summary. Fails before any work when `output` cannot be written, `beam`
-  cannot search here, or an input's shape is not fixed. `beam`, `fuse_layers`: as for compile_modeld."""
-  from tinygrad.nn.onnx import OnnxRunner
-  job = BundleCompile(output, (onnx,), beam)
+  cannot search here, or an input's shape is not fixed. `beam`, `fuse_layers`, `precision`: as for compile_modeld."""
+  job = BundleCompile(output, (onnx,), beam, precision)
   model, specs = plan_inputs(onnx, shapes)
   outputs = [v.name for v in model.graph.output]
-  log(f"{onnx}: inputs {', '.join(f'{n} {s} {np.dtype(d).name}' for n, (s, d) in specs.items()) or 'none'}; outputs {', '.join(outputs)}; on {job.device}")
-  try: jit, part, _ = job.capture(lambda: make_step(OnnxRunner(onnx), outputs), lambda: job.random_inputs(specs), fuse_layers, log)
+  log(f"{onnx}: inputs {', '.join(f'{n} {s} {np.dtype(d).name}' for n, (s, d) in specs.items()) or 'none'}; outputs {', '.join(outputs)}; "
+      f"{job.precision}, on {job.device}")
+  try: jit, part, _ = job.capture(lambda: make_step(job.onnx_runner(onnx), outputs), lambda: job.random_inputs(specs), fuse_layers, log)
   except ArtifactError: raise
   except Exception as e:  # tinygrad's ONNX runner or scheduler on a graph it cannot run: the reason, not a traceback
     raise ModelError(f"{onnx}: tinygrad cannot run this model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     shapes = dict(parse_shape(s) for s in args.shape)
     if len(shapes) != len(args.shape): raise ModelError(f"--shape gives an input twice: {args.shape}")
-    compile_onnx(args.output, args.onnx, shapes, log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers)
+    compile_onnx(args.output, args.onnx, shapes, log=logger.info, beam=args.beam, fuse_layers=args.fuse_layers, precision=args.precision)
   except (ModelError, ArtifactError) as e:
     parser.exit(2, f"compile_onnx: error: {e}\n")
   return 0

@@ -27,6 +27,13 @@ MAGIC = b"SPMV2ART"
 PREAMBLE = struct.Struct("<8sIQ32s")  # magic, format version, header bytes, sha256(header + blob)
 MAX_HEADER_BYTES = 64 << 20  # a full model's header is a few MB: a larger one is a stray or crafted file, refused before it is read
 BUILD_FLAGS = ("IMAGE", "FLOAT16", "NOLOCALS", "JIT_BATCH_SIZE", "JIT", "BEAM", "JITBEAM")
+# a model's arithmetic: float32, or float16 (weights and activations in half, sums accumulated in float32; compile/precision.py). A bundle
+# records `precision` in its metadata only when it is not float32, so a float32 bundle is what it was before precisions existed
+PRECISIONS = ("float32", "float16")
+
+def precision_of(metadata: dict) -> str:
+  """The precision a bundle's model computes in (a warp's, uint8 in and out with float32 coordinates: float32)."""
+  return metadata.get("precision", PRECISIONS[0])
 
 class TensorSpec(NamedTuple):
   """What a bundle's caller passes or gets for one name: shape, numpy dtype string ("<f4", "|u1") and device. Stored as a JSON list."""
@@ -296,6 +303,7 @@ def check_metadata(extras: dict, path: str = "bundle") -> None:
 
 def _check_metadata(extras: dict) -> None:
   meta = extras.get("metadata", {})
+  if meta.get("precision", PRECISIONS[0]) not in PRECISIONS: raise ArtifactError(f"precision {meta['precision']!r:.40} is none of {PRECISIONS}")
   if meta.get("kind") == "model": _check_model(extras)
   try:  # after the reader's own: a registered check may take the structure they check as given
     for check in METADATA_CHECKS.get(kind, ()) if isinstance(kind := meta.get("kind"), str) else (): check(extras)

@@ -54,6 +54,9 @@ from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 OUTPUT_SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
 LOG_NAME, VIDEO_NAME, PLOT_NAME, CHECK_NAME = "modeld_rlog.zst", "overlay.mp4", "plots.png", "check.json"
 TOLERANCE = {"float32": 1e-3, "float16": 1e-2}  # per output dtype of the reference: float16 rounding alone reaches 1e-3 on values near 1
+# a float16 bundle is checked as a float16 reference is, its differences relative to the value above 1 (half rounds relatively: an exp'd
+# std of 100 moves by 0.1 where a logit near 1 moves by 1e-3): 1e-2 is 3 roundings of 2^-11 per layer through about 7 layers, the
+# stand-ins' depth; a deeper model needs --tolerance 3 * layers * 2^-11 (docs/ARCHITECTURE.md, "Precision")
 # timing, the raw vector (compared head by head), and which model ran (modeld's bundle identity: the reference runs the ONNX)
 NOT_COMPARED = ("modelExecutionTime", "rawPredictions", "locationMonoTimeDEPRECATED")
 DRIVER_SERVICE = "driverStateV2"
@@ -104,8 +107,8 @@ class OutputCheck:
   """A reference run in a thread beside the daemon, frame by frame, and its outputs compared with what the daemon published: per head (of
   the published rawPredictions) and per published field, the largest difference and where. Subclasses say how a frame runs (step) and
   what is compared (compare)."""
-  def __init__(self, slices: dict):
-    self.slices = slices
+  def __init__(self, slices: dict, relative: bool = False):
+    self.slices, self.relative = slices, relative  # relative: differences measured relative to the value above 1 (a float16 bundle)
     self.heads = {name: {"max": 0.0, "sum": 0.0, "frame": None} for name in slices}
     self.fields: dict[str, dict] = {}
     self.frames = 0
@@ -138,6 +141,7 @@ class OutputCheck:
     outputs, fields = self.pending.pop(frame_id)
     raw_outputs = np.frombuffer(raw, np.float32)
     diff = np.abs(raw_outputs - outputs) if raw_outputs.shape == outputs.shape else np.full(outputs.shape, np.inf)
+    if self.relative: diff = diff / np.maximum(1.0, np.abs(outputs))
     for name, (a, b) in self.slices.items():
       head, d = self.heads[name], diff[a:b]
       head["sum"] += float(d.mean())
@@ -146,7 +150,7 @@ class OutputCheck:
       got = flatten(published[service].to_dict()) if published[service] is not None else {}  # a message that never came differs in every field
       for path, value in ref.items():
         if path.split(".")[0] in not_compared: continue
-        d = difference(got.get(path), value)
+        d = difference(got.get(path), value, self.relative)
         entry = self.fields.setdefault(f"{service}.{path}", {"max": 0.0, "frame": frame_id})
         if d > entry["max"]: entry["max"], entry["frame"] = d, frame_id
     self.frames += 1
@@ -178,7 +182,7 @@ class ReferenceCheck(OutputCheck):
     self.inputs = FrameInputs(BusInputs(Episodes(lambda s: None)), args.rhd, args.camera_offset)
     self.inputs.use_cameras(segment.sensor, main_wide=False)  # the replay serves the road camera as the main stream
     self.delays = Delays(args.lat_delay, args.long_delay, "route_replay's --lat-delay/--long-delay")
-    super().__init__(metadata["output_slices"])
+    super().__init__(metadata["output_slices"], metadata.get("precision") == "float16")
 
   def submit(self, state: LogState, cam: CameraFrame, road: np.ndarray, wide: np.ndarray) -> None: super().submit(state.snapshot(), cam, road, wide)
 
@@ -204,13 +208,13 @@ class DriverCheck(OutputCheck):
   driver camera's M_inv for the segment's sensor, and calib from liveCalibration as dmonitoringmodeld takes it (BusInputs: refused values
   keep the last good ones) on the same log state; its outputs parsed and filled by openpilot's formulas (parse_dmonitoring_outputs,
   fill_driver_state) and written through pycapnp; compared with driverStateV2 per head and per field."""
-  def __init__(self, reference, slices: dict, segment: Segment, m_inv: np.ndarray):
+  def __init__(self, reference, slices: dict, segment: Segment, m_inv: np.ndarray, relative: bool = False):
     from sunnypilot.modeld_v2.common.logs import Episodes
     from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
     from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import DMOutputParser
     self.reference, self.segment, self.m_inv = reference, segment, m_inv
     self.parser, self.bus = DMOutputParser(slices), BusInputs(Episodes(lambda s: None))
-    super().__init__(slices)
+    super().__init__(slices, relative)
 
   def submit(self, state: LogState, cam: CameraFrame, buf: np.ndarray) -> None: super().submit(state.snapshot(), cam, buf)
 
@@ -242,12 +246,13 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {k: v for i, item in enumerate(value) for k, v in flatten(item, f"{prefix}{i}.").items()}
   return {prefix[:-1]: value}
 
-def difference(a: Any, b: Any) -> float:
-  """Largest absolute difference of two leaves; inf when they differ in kind or length, 0/inf for equal/unequal non-numbers."""
+def difference(a: Any, b: Any, relative: bool = False) -> float:
+  """Largest absolute difference of two leaves (`relative`: over max(1, |b|)); inf when they differ in kind or length, 0/inf for equal/unequal
+  non-numbers."""
   if a is None or isinstance(b, (bytes, str)) or isinstance(a, (bytes, str)): return 0.0 if a == b else float("inf")
   x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
   if x.shape != y.shape: return float("inf")
-  d = np.abs(x - y)
+  d = np.abs(x - y) / (np.maximum(1.0, np.abs(y)) if relative else 1.0)
   return float(np.max(np.where(np.isnan(x) & np.isnan(y), 0.0, np.where(np.isnan(d), np.inf, d)), initial=0.0))
 
 # *** modeld ***
@@ -420,13 +425,15 @@ def make_driver_check(args, segment: Segment, dm: tuple[str, str] | None) -> Dri
   try: reference = DMOnnxReference(args.dm_onnx, tuple(warp["model_size"]), warp.get("border_fill"))
   except (ModelError, ValueError) as e: raise RouteError(str(e)) from None
   except Exception as e: raise RouteError(f"the driver-monitoring reference does not load: {type(e).__name__}: {e}") from None
-  slices = read_bundle(dm[0])[0]["extras"]["metadata"]["output_slices"]
-  return DriverCheck(reference, slices, segment, dm_warp_matrix(segment.sensor, tuple(warp["model_size"])))
+  meta = read_bundle(dm[0])[0]["extras"]["metadata"]
+  return DriverCheck(reference, meta["output_slices"], segment, dm_warp_matrix(segment.sensor, tuple(warp["model_size"])), meta.get("precision") == "float16")
 
-def check_tolerance(args, reference, driver_check: DriverCheck | None) -> float | None:
-  """--tolerance, else the default for the reference's output dtype (the driving model's reference's, else the driver-monitoring one's)."""
+def check_tolerance(args, reference, driver_check: DriverCheck | None, check: ReferenceCheck | None = None) -> float | None:
+  """--tolerance, else the default for the reference's output dtype (the driving model's reference's, else the driver-monitoring one's),
+  float16's for a float16 bundle (`check`, `driver_check` relative)."""
   checked = reference if reference is not None else driver_check.reference if driver_check is not None else None
   if args.tolerance is not None or checked is None: return args.tolerance
+  if any(c is not None and c.relative for c in (check, driver_check)): return TOLERANCE["float16"]
   return TOLERANCE.get(checked.output_dtype.name, 1e-3)
 
 def intro_line(segment: Segment, args, reference, driver_check: DriverCheck | None, tolerance: float | None, driver_frames: int) -> str:
@@ -481,7 +488,7 @@ def replay_segment(folder: str, args, report: Callable[[str], None] = log.info, 
   reference = make_reference(args, warp)
   check = ReferenceCheck(reference, metadata, segment, args) if reference is not None else None
   driver_check = make_driver_check(args, segment, dm)
-  tolerance = check_tolerance(args, reference, driver_check)
+  tolerance = check_tolerance(args, reference, driver_check, check)
   frames, driver_frames = segment.frames, segment.driver_frames if dm else []
   if not args.no_pictures and args.frames[0] >= len(frames): raise RouteError(f"--frames starts at {args.frames[0]}: {segment.name} has {len(frames)} frames")
   report(intro_line(segment, args, reference, driver_check, tolerance, len(driver_frames)))
@@ -605,7 +612,7 @@ def parser() -> argparse.ArgumentParser:
                  "this driver-monitoring ONNX (the artifacts then need dmonitoring_model.bin and a dm_warp for the camera)")
   p.add_argument("--against", help="check against a second bundle (e.g. unsearched vs searched, CPU vs CUDA), run with the artifacts' warp")
   p.add_argument("--tolerance", type=finite_float(0, 1e6), help="largest absolute difference allowed per output and published field (default: 1e-3 for float32 "
-                 "references, 1e-2 for float16)")
+                 "references, 1e-2 for float16 references and float16 bundles, whose differences count relative to the value above 1)")
   p.add_argument("--realtime", action="store_true", help="send at 20 Hz instead of lockstep and report drops (no reference check)")
   p.add_argument("--frames", default=":", help="the frames drawn in overlay.mp4 and plots.png, a:b (default: all)")
   p.add_argument("--no-pictures", action="store_true", help="skip overlay.mp4 and plots.png")

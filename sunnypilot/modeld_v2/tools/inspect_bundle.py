@@ -1,7 +1,7 @@
 """Look inside a bundle or a model set's manifest, or check it still computes what it computed when it was built and who signed it.
 
-  python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect model.bin   # provenance, inputs (with their roles)/outputs, buffers, kernels,
-                                                                           # programs; who signed it, which manifest names it
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect model.bin   # provenance, precision, inputs (with their roles)/outputs, buffers,
+                                                                           # kernels, programs; who signed it, which manifest names it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect manifest.json   # a set's bundles by role and hash, who signed it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle inspect out/first       # a folder's bundles: kind, device, size, hash, signed or not
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
@@ -54,6 +54,18 @@ def parse_line(floats: dict | None) -> str:
   return (f"in the graph: message_floats holds {', '.join(f'{s} {n}' for s, n in per.items())} floats"
           + (f", and {tail} the host reads alone" if tail else "") + f" (layout version {floats['version']})")
 
+def precision_line(meta: dict, parts: dict) -> str:
+  """What a bundle computes in, and the bytes its initial buffers hold per dtype (a float16 model's weights are half)."""
+  from sunnypilot.modeld_v2.format.bundle import precision_of
+  held = collections.Counter()
+  for h in parts.values():
+    for b in h.buffers:
+      if b.init is not None: held[b.dtype.removeprefix("dtypes.")] += b.init[1] - b.init[0]
+  kind = ("a warp: uint8 in and out, its coordinates in float32" if meta.get("kind") in ("warp", "dm_warp") else
+          "weights and activations in half, sums accumulated in float32; inputs and outputs keep their dtypes" if precision_of(meta) == "float16"
+          else "the ONNX's own dtypes")
+  return f"precision: {precision_of(meta)} ({kind}); initial buffers: {', '.join(f'{d} {n:,} bytes' for d, n in held.most_common()) or 'none'}"
+
 def describe(path: str) -> str:
   from sunnypilot.modeld_v2.format.bundle import check_parts, read_bundle
   head, blob = read_bundle(path)
@@ -63,7 +75,11 @@ def describe(path: str) -> str:
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
   if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
+<<<<<<< HEAD
   lines += onnx_metadata_lines(meta.get("onnx_metadata", {}))
+=======
+  lines.append(f"  {precision_line(meta, parts)}")
+>>>>>>> fp16
   if meta.get("kind") == "model":
     from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
     generation, source = of_bundle(meta)
