@@ -75,11 +75,8 @@ def describe(path: str) -> str:
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
   if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
-<<<<<<< HEAD
   lines += onnx_metadata_lines(meta.get("onnx_metadata", {}))
-=======
   lines.append(f"  {precision_line(meta, parts)}")
->>>>>>> fp16
   if meta.get("kind") == "model":
     from sunnypilot.modeld_v2.model.generations import GENERATIONS, of_bundle
     generation, source = of_bundle(meta)
