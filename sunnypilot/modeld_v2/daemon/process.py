@@ -13,15 +13,27 @@ import threading
 def config_realtime(core: int | None, priority: int | None) -> str:
   """openpilot's config_realtime_process (common/realtime.py @0318f5a6): the garbage collector off, so that no collection pauses a frame
   (a frame loop makes no reference cycles: the daemons count them on exit, the tests check it); with a core the process pinned to it; with a
-  `priority` (on a device, as openpilot does it there) SCHED_FIFO at that priority. Returns what it did, for the log."""
+  `priority` (on a device, as openpilot does it there) SCHED_FIFO at that priority, through the device's own config_realtime_process
+  where it has one. Returns what it did, for the log."""
+  if priority is not None and core is not None:
+    try:
+      from openpilot.common.realtime import config_realtime_process  # type: ignore[import-not-found]
+    except ImportError:
+      config_realtime_process = None
+    if config_realtime_process is not None:
+      config_realtime_process(core, priority)
+      gc.disable()  # openpilot's does it too; said here in one place
+      return f"garbage collector off, core {core}, priority {priority}: openpilot's config_realtime_process"
   gc.disable()
   done = ["garbage collector off"]
   if core is not None:
-    os.sched_setaffinity(0, [core])
-    done.append(f"pinned to core {core}")
+    try:
+      os.sched_setaffinity(0, [core])
+      done.append(f"pinned to core {core}")
+    except OSError: done.append(f"core {core} is not one of this machine's {sorted(os.sched_getaffinity(0))}: not pinned")
   if priority is not None:
     try:
-      os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+      os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(priority))  # what it starts (a compiler) runs normally
       done.append(f"SCHED_FIFO {priority}")
     except PermissionError: done.append(f"SCHED_FIFO {priority} not permitted here: normal priority")
   return ", ".join(done)
