@@ -143,8 +143,9 @@ def reference(artifacts: str, frame_ids: list[int], frame=FRAME, warp: str = "wa
     outs.append(adapter.output_array().tobytes())
   return outs
 
-def check_fields(msgs: dict, slices: dict) -> None:
-  """Published fields against openpilot's formulas, computed here from the message's own rawPredictions."""
+def check_fields(msgs: dict, slices: dict, todays: bool = False) -> None:
+  """Published fields against openpilot's formulas, computed here from the message's own rawPredictions. `todays`: a generation today's
+  openpilot runs (modeld.py @084747c get_action_from_model): the curvature from the action head, action[0] / max(1, v)^2, when it has one."""
   m, d = msgs["modelV2"], msgs["drivingModelData"]
   raw = np.frombuffer(bytes(m.rawPredictions), np.float32)
   head = lambda name: raw[slices[name][0]:slices[name][1]]
@@ -156,6 +157,7 @@ def check_fields(msgs: dict, slices: dict) -> None:
   assert m.leadsV3[0].prob == pytest.approx(sig(head("lead_prob")[0]), rel=1e-5)
   lat_t = LAT_DELAY + 1.5 * DT_MDL  # get_curvature_from_plan at lat_action_t, no lateral smoothing; the model's own head when it has one
   curvature = head("desired_curvature")[0] if "desired_curvature" in slices else 2 * np.interp(lat_t, T, plan[:, 11]) / (V_EGO * lat_t) - plan[0, 14] / V_EGO
+  if todays and "action" in slices: curvature = head("action")[0] / max(1.0, V_EGO) ** 2
   assert m.action.desiredCurvature == pytest.approx(curvature, rel=1e-4, abs=1e-7) == d.action.desiredCurvature
   coeffs = np.linalg.lstsq(np.stack([T ** k for k in range(5)], axis=1), plan[:, 1].astype(np.float64), rcond=None)[0]  # degree 4, lowest first
   np.testing.assert_allclose(list(d.path.yCoefficients), coeffs, rtol=1e-3, atol=1e-4)
@@ -172,7 +174,7 @@ def test_100_frames_in_100_frames_out(artifacts, openpilot_prefix):
     assert (m.frameId, m.frameIdExtra, m.timestampEof) == (frame_id, frame_id, SOF0 + frame_id * 50_000_000 + 20_000_000)
     assert m.frameDropPerc == 0 and m.modelExecutionTime > 0
     assert msgs["cameraOdometry"].timestampEof == m.timestampEof and msgs["drivingModelData"].frameIdExtra == frame_id
-    check_fields(msgs, slices)
+    check_fields(msgs, slices, todays=True)
   assert daemon.stop() == 0, "SIGTERM is a clean exit"
   # the collector is off while frames run (openpilot's config_realtime_process): a reference cycle made per frame would never be freed
   assert daemon.left_no_cycles(), daemon.lines[-3:]

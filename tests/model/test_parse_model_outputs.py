@@ -185,7 +185,7 @@ def per_head_parse(vec: np.ndarray, slices: dict[str, list[int]]) -> dict[str, n
   if "plan" in out:  # what openpilot's fill_model_msg.py computes from the plan: the lane lines' times, the path's polynomials
     out["plan_t"] = np.array(openpilot_plan_t_idxs(out["plan"][:, 0]), np.float32)
     out["path"] = np.polynomial.polynomial.polyfit(T, out["plan"][:, :3].astype(np.float64), 4).astype(np.float32)
-  return out | ({"hidden_state": raw["hidden_state"]} if "hidden_state" in raw else {})
+  return out | {k: raw[k] for k in ("hidden_state", "action") if k in raw}  # openpilot leaves the heads it does not activate as they are
 
 @pytest.mark.parametrize("generation", NAMES)
 def test_one_parse_plan_per_layout_gives_the_per_head_parse_bit_for_bit(generation):

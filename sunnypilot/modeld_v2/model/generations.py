@@ -30,6 +30,8 @@ class Rules:
   prepare_pushes_desire: bool  # a prepare-only frame pushes the desire pulse (openpilot before 0.10); images are always pushed
   about: str
   every_frame: bool = False  # no prepare-only frames: the frame after a drop runs a full step and is published (openpilot #38252)
+  todays_action: bool = False  # the action as today's openpilot makes it: the action head when the model has one, the stop from the
+  # acceleration, action times under MIN_STABLE_DELAY read at that delay and scaled (modeld.py and drive_helpers.py @084747c)
 
 # The openpilot 0.9.x supercombo predates the post-FOF smoothing; 0.9.7-0.9.9 split models are post-FOF (sunnypilot generation 10); the
 # 0.10 models on are mlsim (sunnypilot generation 11 and later).
@@ -37,8 +39,8 @@ PRE_FOF = Rules(False, True, False, True, "0.9.x: desired_curvature head, fed ba
 POST_FOF = Rules(False, True, True, True, "0.9.7-0.9.9: desired_curvature head, fed back, smoothed and held; desire pushed on prepare-only")
 MLSIM = Rules(True, False, True, False, "0.10 on: curvature from the plan, prev_desired_curv zeros, smoothed and held; only images on prepare-only")
 # today's openpilot (selfdrive/modeld/modeld.py @084747c) runs and publishes every frame: prepare-only frames went in #38252 (2026-06-29)
-TODAY = Rules(True, False, True, False, "today's: curvature from the plan, prev_desired_curv zeros, smoothed and held; every frame published",
-              every_frame=True)
+TODAY = Rules(True, False, True, False, "today's: the action from its action head (else the plan), smoothed and held, stop from the "
+              "acceleration; prev_desired_curv zeros; every frame published", every_frame=True, todays_action=True)
 GENERATIONS: dict[str, Rules] = {
   "native": TODAY,
   "supercombo_20hz": PRE_FOF,

@@ -68,6 +68,9 @@ MDN_HEADS = {
 MHP_HEADS = ("plan", "lead")
 BINARY_HEADS = ("lead_prob", "lane_lines_prob", "meta")  # independent probabilities: sigmoid of every logit
 CATEGORICAL_HEADS = {"desire_state": (DESIRE_LEN,), "desire_pred": (DESIRE_PRED_LEN, DESIRE_LEN)}  # softmax over the last axis, DESIRE_LEN wide
+# read as they are: the features fed back, and the action head today's openpilot takes its action from (modeld.py @084747c
+# get_action_from_model: [lateral acceleration, acceleration], unparsed)
+RAW_HEADS = ("hidden_state", "action")
 
 # *** what the parse derives from the plan: the lane lines' times and the path's polynomials ***
 
@@ -122,7 +125,7 @@ def head_sizes(name: str) -> tuple[int, ...] | None:
     sizes = (hypotheses * (2 * int(np.prod(shape)) + selections),)
     return sizes + (2 * int(np.prod(shape)) * max(selections, 1),) if name in MHP_HEADS else sizes
   if name in CATEGORICAL_HEADS: return (int(np.prod(CATEGORICAL_HEADS[name])),)
-  return {"lead_prob": (LEAD_MHP_SELECTION,), "lane_lines_prob": (2 * NUM_LANE_LINES,)}.get(name)
+  return {"lead_prob": (LEAD_MHP_SELECTION,), "lane_lines_prob": (2 * NUM_LANE_LINES,), "action": (2,)}.get(name)
 
 def check_head_sizes(slices: dict[str, Sequence[int]]) -> None:
   """Raise ValueError unless each known head of `slices` ({name: [start, stop]}, its structure checked) is as long as parse_outputs
@@ -147,8 +150,8 @@ class OutputParser:
   result is (selections, *shape), or `shape` for one selection).
 
   Every call writes one float32 buffer, laid out as [every head's means | every std | every binary head | every categorical head |
-  hidden_state | what is derived from the plan: `plan_t` (the time the plan reaches each lane-line distance) and `path` (its position as
-  polynomials)], with one gather from the output vector (its hypotheses' rows picked first), then the activations in place, one exp over
+  hidden_state and action as they are | what is derived from the plan: `plan_t` (the time the plan reaches each lane-line distance) and
+  `path` (its position as polynomials)], with one gather from the output vector (its hypotheses' rows picked first), then the activations in place, one exp over
   all three activated parts: elementwise, so each value is what a per-head call gives. The result is the same dict of the same views of
   that buffer on every call: the next call overwrites them (copy what must outlive the frame). The in-graph parse
   (compile/output_parse.py) computes the same buffer from the same plan (`gather`, `hypotheses`, the regions)."""
@@ -167,8 +170,8 @@ class OutputParser:
     means, stds = sum(sizes), 2 * sum(sizes)
     binary_end = stds + sum(self.raw[name][1] - self.raw[name][0] for name in binary)
     categorical_end = binary_end + sum(self.raw[name][1] - self.raw[name][0] for name in categorical)
-    hidden = self.raw.get("hidden_state", (0, 0))
-    derived = categorical_end + hidden[1] - hidden[0]
+    raw_heads = [name for name in RAW_HEADS if name in self.raw]
+    derived = categorical_end + sum(self.raw[name][1] - self.raw[name][0] for name in raw_heads)
     self.buffer = np.zeros(derived + (IDX_N + 3 * (POLY_PATH_DEGREE + 1) if "plan" in self.raw else 0), np.float32)
     self.gather = np.zeros(derived, np.int64)  # buffer[i] = vec[gather[i]] before the activations; hypotheses' rows set per call
     self.stds, self.binary, self.categorical = slice(means, stds), slice(stds, binary_end), slice(binary_end, categorical_end)
@@ -189,7 +192,7 @@ class OutputParser:
     # per picked head, the views of gather its call writes: its means as (selections, n) and its stds
     self.picked = [(self.gather[h.means].reshape(-1, h.rows.shape[1]), self.gather[h.stds], h) for h in self.hypotheses]
     at = stds
-    for name in (*binary, *categorical, *(["hidden_state"] if "hidden_state" in self.raw else [])):
+    for name in (*binary, *categorical, *raw_heads):
       start, stop = self.raw[name]
       self.gather[at:at + stop - start] = np.arange(start, stop)
       self.spans[name] = slice(at, at + stop - start)

@@ -16,6 +16,7 @@ class ParsedReads(NamedTuple):
   yaw_rates: np.ndarray | None  # its yaw rate (33): the first is read
   positions: np.ndarray | None  # its position as (3, 33) rows x, y, z: the path fitted to it overflows float32 past POLY_PATH_LIMIT
   desired_curvature: np.ndarray | None  # the desired_curvature head's mean (1,)
+  action: np.ndarray | None  # the action head as it is (2,): lateral acceleration, acceleration (today's openpilot acts on it)
   lat_planner: np.ndarray | None  # lat_planner_solution's yaw and curvature over T_IDXS (2, 33)
   hard_brake_5: np.ndarray | None  # meta's 5 m/s2 hard-brake probabilities (the first, 2 s ahead, is read); None without a known meta layout
   hard_brake_3: np.ndarray | None  # meta's 3 m/s2 ones
@@ -34,5 +35,5 @@ class ParsedReads(NamedTuple):
     disengage = (meta[layout.hard_brake_5], meta[layout.hard_brake_3], meta[layout.gas_disengage], meta[layout.brake_disengage],
                  meta[layout.steer_override]) if layout is not None else (None,) * 5
     solution = parsed.get("lat_planner_solution")
-    return ParsedReads(*columns, parsed.get("desired_curvature"), solution[:, 2:4].T if solution is not None else None, *disengage,
+    return ParsedReads(*columns, parsed.get("desired_curvature"), parsed.get("action"), solution[:, 2:4].T if solution is not None else None, *disengage,
                        parsed.get("desire_state"))

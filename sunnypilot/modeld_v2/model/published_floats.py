@@ -5,7 +5,7 @@ Found by tracing the fill functions (fill_model_msg) on a parse whose buffer hol
 the parse's buffer publishes those parsed values; the daemon's fields (host_fields) stay the host's; any other field must be a constant
 (the time and distance axes, a lead's probability time) and is checked to be one, on a second trace with other values. So the block
 follows the fill functions field by field, with no second list of them. After the published floats, the block's tail holds what the
-driving state reads (ParsedReads) and no message publishes: the desired_curvature head, lat_planner_solution's yaw and curvature.
+driving state reads (ParsedReads) and no message publishes: the desired_curvature and action heads, lat_planner_solution's yaw and curvature.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
 from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 
 FLOAT_BLOCK = "message_floats"  # the model bundle's output that holds the block (beside `outputs`, the raw vector)
-LAYOUT_VERSION = 1  # what a block's values mean (the parse's rules, the sources' indexing): a bundle of another version parses on the host
+LAYOUT_VERSION = 2  # what a block's values mean (the parse's rules, the sources' indexing): a bundle of another version parses on the host
 
 @dataclass(frozen=True)
 class FloatLayout:
