@@ -16,6 +16,7 @@ from sunnypilot.modeld_v2.common.cli import non_negative_int
 from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
 from sunnypilot.modeld_v2.format.bundle import write_bundle
 from sunnypilot.modeld_v2.format.part import Part
+from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad, unsupported
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import onnx_ops, patched_onnx_ops
 
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
@@ -36,8 +37,9 @@ def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -
   return rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else rng.integers(0, 2, shape).astype(dtype)
 
 class BundleCompile:
-  """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`)
-  or `beam` cannot search here: a compiler makes it first thing, so its library call and its CLI check alike. `capture` then captures a
+  """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`),
+  `beam` cannot search here, or no runtime would replay what this tinygrad builds (format/tinygrad_identity): a compiler makes it first
+  thing, so its library call and its CLI check alike. `capture` then captures a
   step, `write` writes the bundle."""
   def __init__(self, output: str, sources: Iterable[str | None], beam: int | None):
     from tinygrad import Device
@@ -45,6 +47,7 @@ class BundleCompile:
     from sunnypilot.modeld_v2.compile.capture import search_level
     self.t0, self.device, self.output = time.perf_counter(), Device.DEFAULT, output
     check_output_path(output, inputs=sources)
+    if (why := unsupported(imported_tinygrad())) is not None: raise ArtifactError(f"not compiling: {why}")
     self.level = search_level(beam)
     self.rng = np.random.default_rng(0)
 
