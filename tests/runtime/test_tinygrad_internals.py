@@ -170,7 +170,7 @@ def test_kernel_fields_and_program_uop_round_trip_a_kernel():
   assert program.global_size == tuple(ast.arg.global_size) and len(program.params) == len(program.globals) == 2
   assert {program.params[i][1] for i in program.outs} == {0} and program.params[program.ins[0]][2] == dtypes.float
   check_kernel_binary(lib := ti.program_binary(ast), program.name, "CPU")  # stored as an ELF object defining the kernel at its entry
-  rebuilt = ti.program_uop(program, lib)
+  rebuilt = ti.program_uop(program, lib, "CPU")
   assert rebuilt.src[-1].arg == ast.src[-1].arg, "the rebuilt kernel's code is not the code tinygrad compiled"
   assert ti.kernel_fields(rebuilt) == program._replace(estimates=None)
   entry, y = ti.cpu_entry(rebuilt, "CPU"), Tensor(np.arange(8, dtype=np.float32) - 3).realize()  # the rebuilt kernel runs, on other buffers

@@ -39,8 +39,7 @@ def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -
 class BundleCompile:
   """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`),
   `beam` cannot search here, or no runtime would replay what this tinygrad builds (format/tinygrad_identity): a compiler makes it first
-  thing, so its library call and its CLI check alike. `capture` then captures a
-  step, `write` writes the bundle."""
+  thing, so its library call and its CLI check alike. `capture` then captures a step, `write` writes the bundle."""
   def __init__(self, output: str, sources: Iterable[str | None], beam: int | None):
     from tinygrad import Device
 

@@ -65,9 +65,9 @@ def provenance(device: str, flags: dict[str, int] | None = None) -> dict:
   target = Device[Device.canonicalize(device)].renderer.target
   if target.device == "NULL" and target.renderer == "IR3": target = dataclasses.replace(target, device="QCOM")  # cross-compiled for Adreno
   tinygrad = imported_tinygrad()
+  build_flags = {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS} | (flags or {})
   return {"format": FORMAT_VERSION, "tinygrad": tinygrad.version, "tinygrad_source": tinygrad.source, "device": target.device or device_kind(device),
-          "target": repr(target),
-          "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS} | (flags or {})}
+          "target": repr(target), "flags": build_flags}
 
 def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None, check: bool = True) -> int:
   """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,

@@ -9,7 +9,8 @@ tinygrad bump that breaks one fails there. Where the two differ, the function br
 - `program_binary`, `program_uop`: 0.14.0's CPU compilers return an ELF object, which its CPU runtime links (`jit_loader`) when it loads
   it; 138fb4a's link it at compile, into raw code its runtime copies and jumps to, so an ELF object given to it is executed as code
   (SIGSEGV). A bundle stores CPU kernels as ELF objects with either (the one form format/kernel_binary can check); with 138fb4a the object
-  is compiled again from the kernel's source and must link to the very code tinygrad ran, and is linked back when the kernel is rebuilt.
+  is compiled again from the kernel's source and must link to the very code tinygrad ran, and is linked back when the kernel is rebuilt
+  to run on the CPU. Compiling again costs about what compiling once does (a tiny stand-in's 17 kernels: 3.6 s on two busy cores).
 
 - `record_kernel_linear`: `tinygrad.engine.jit` calls its module globals `jit_lower(linear, held_bufs, input_buf_uops)` (returns the
   compiled, memory planned, graph split LINEAR) once per TinyJit capture, and `prune_linear(...)` -> `(kept, onetime)` with prune=True
@@ -206,16 +207,15 @@ def program_binary(ast: UOp) -> bytes:
                       "cached by another compiler?): build again with CCACHE=0")
   return obj
 
-def program_uop(kernel: KernelFields, lib: bytes) -> UOp:
-  """A compiled PROGRAM uop rebuilt from a kernel's fields and its binary: its last src is a BINARY, so tinygrad never compiles it again."""
+def program_uop(kernel: KernelFields, lib: bytes, device: str) -> UOp:
+  """A compiled PROGRAM uop rebuilt from a kernel's fields and its binary, to run on `device`: its last src is a BINARY, so tinygrad never
+  compiles it again. With 138fb4a, a kernel that runs on CPU is linked here (the device decides which runtime runs it, not its record)."""
   params = tuple(UOp.param(slot, dt, shape, name=name) for name, slot, dt, shape in kernel.params)
   runtime_vars = tuple(UOp.param(slot, dt, (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
                        for name, slot, dt, lo, hi in kernel.runtime_vars)  # core_id: the CPU runtime sets it per core
-  target = Target.parse(kernel.target)
-  if on_138fb4a() and target.device == "CPU":  # 138fb4a's CPU runtime runs raw code: link the stored ELF object as its compile does
-    lib = jit_loader(lib)
+  if on_138fb4a() and Device.canonicalize(device).split(":")[0] == "CPU": lib = jit_loader(lib)  # runs raw code: link as its compile does
   info = ProgramInfo(name=kernel.name, global_size=kernel.global_size, vars=runtime_vars, local_size=kernel.local_size, globals=kernel.globals,
-                     outs=kernel.outs, ins=kernel.ins, target=target)
+                     outs=kernel.outs, ins=kernel.ins, target=Target.parse(kernel.target))
   return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(kernel.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
                                UOp(Ops.BINARY, arg=lib)), arg=info)
 
