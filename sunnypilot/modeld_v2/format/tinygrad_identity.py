@@ -12,7 +12,7 @@ the tinygrad that built it, and a runtime replays it only with exactly that sour
 internals its replay leans on are that tinygrad's, and two sources of one version can differ in any of them (138fb4a states 0.13.0 like
 PyPI's 0.13.0, months apart; 0.14.0's ELF kernels run by 138fb4a's CPU runtime are a SIGSEGV). No two supported sources share a version,
 so there is no same-version, known-compatible pair to allow. A bundle that records a version alone (written before sources were recorded)
-is replayed where the imported tinygrad states that version, as before.
+is replayed where the imported tinygrad states that version.
 """
 from __future__ import annotations
 
