@@ -342,8 +342,8 @@ from tinygrad import Device
 Device[Device.DEFAULT]
 kind, model, warp = sys.argv[1:4]
 from sunnypilot.modeld_v2.runtime.loader import load_fused
-from sunnypilot.modeld_v2.format.bundle import tinygrad_version
-tinygrad_version()
+from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad
+imported_tinygrad()
 t = time.perf_counter()
 if kind == "legacy":
   from benchmarks.legacy import LegacyModelAdapter

@@ -50,9 +50,10 @@ import numpy as np
 Device[Device.DEFAULT]
 kind, path, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 inputs = {name: Tensor(np.zeros(shape, dtype)).realize() for name, (shape, dtype) in names.items()}
-from sunnypilot.modeld_v2.format.bundle import read_parts, tinygrad_version
+from sunnypilot.modeld_v2.format.bundle import read_parts
+from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
-tinygrad_version()  # both sides start with their code imported and tinygrad's metadata read
+imported_tinygrad()  # both sides start with their code imported and the imported tinygrad identified
 t0 = time.perf_counter()
 if kind == "bundle":
   run = Replay(*read_parts(path)[0]["run"])
@@ -107,10 +108,11 @@ FUSED_LOAD = """
 import json, sys, time
 from tinygrad import Device
 Device[Device.DEFAULT]
-from sunnypilot.modeld_v2.format.bundle import read_parts, tinygrad_version
+from sunnypilot.modeld_v2.format.bundle import read_parts
+from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad
 from sunnypilot.modeld_v2.runtime.frame_fusion import fuse
 from sunnypilot.modeld_v2.runtime.loader import load_device, loaded
-tinygrad_version()
+imported_tinygrad()
 kind, model, warp, fused = sys.argv[1:5]
 dev = load_device()
 t = [time.perf_counter()]

@@ -29,12 +29,13 @@ LOAD = """
 import json, sys, time
 kind, model, warp = sys.argv[1:4]
 from tinygrad import Device
-from sunnypilot.modeld_v2.format.bundle import read_parts, tinygrad_version
+from sunnypilot.modeld_v2.format.bundle import read_parts
+from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad
 from sunnypilot.modeld_v2.runtime.frame_fusion import frame_part
 from sunnypilot.modeld_v2.runtime.loader import load_device, load_fused, loaded
 dev = load_device()
 Device[dev]
-tinygrad_version()
+imported_tinygrad()
 def status(key): return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith(key + ':'))
 try: open('/proc/self/clear_refs', 'w').write('5')  # the peak from here
 except OSError: pass

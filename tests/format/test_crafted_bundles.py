@@ -53,6 +53,15 @@ def test_kernel_bytes_overwritten(part, tmp_bundle, capsys):
     data[lib[0]:lib[1]] = filler * (lib[1] - lib[0])
     rejected_everywhere(crafted(tmp_bundle, header, bytes(data)), capsys, "not an ELF object")
 
+def test_a_cpu_kernel_recording_another_devices_target(part, tmp_bundle, capsys):
+  """The part's device picks the runtime: a program of a CPU part that records a CUDA or NULL target, its binary pointed at weights, is still
+  checked as a CPU binary (it was run as machine code: a SIGSEGV)."""
+  header = copy.deepcopy(part[0])
+  init = next(b["init"] for b in header["buffers"] if "init" in b)
+  for target in ("CUDA::sm_80", "NULL::"):
+    header["programs"][0]["target"], header["programs"][0]["lib"] = target, init
+    rejected_everywhere(crafted(tmp_bundle, header, part[1]), capsys, "not an ELF object")
+
 def test_all_programs_on_one_binary(part, tmp_bundle, capsys):
   header = copy.deepcopy(part[0])
   assert len(header["programs"]) > 1

@@ -1,5 +1,6 @@
-"""The guard for the pinned tinygrad: each function of tinygrad_internals called on a tiny tensor or buffer, its effect checked. A tinygrad
-bump that moves one of the internals they rely on fails here, by name, before anything else does."""
+"""The guard for the supported tinygrads: each function of tinygrad_internals called on a tiny tensor or buffer, its effect checked. A tinygrad
+bump that moves one of the internals they rely on fails here, by name, before anything else does. `.ci/run` runs this file against PyPI's
+0.14.0 and again against openpilot's 138fb4a."""
 import ctypes
 
 import numpy as np
@@ -10,7 +11,8 @@ from tinygrad.device import Buffer
 from tinygrad.helpers import Context
 from tinygrad.uop.ops import Ops, UOp
 
-from sunnypilot.modeld_v2.format import bundle
+from sunnypilot.modeld_v2.format.kernel_binary import check_kernel_binary
+from sunnypilot.modeld_v2.format.tinygrad_identity import SUPPORTED, imported_tinygrad
 from sunnypilot.modeld_v2.runtime import tinygrad_internals as ti
 
 def cpu_buffer(data: bytes) -> Buffer:
@@ -18,8 +20,10 @@ def cpu_buffer(data: bytes) -> Buffer:
   ti.copy_in(buf, memoryview(bytearray(data)))
   return buf
 
-def test_pinned_version():
-  assert bundle.tinygrad_version() == "0.14.0", "this module's contracts are 0.14.0's: check each before moving the pin"
+def test_the_imported_tinygrad_is_a_supported_one():
+  here = imported_tinygrad()
+  assert here.release is not None, f"{here}: this module's contracts are those of {sorted(SUPPORTED.values())}: check each before moving the pin"
+  assert ti.on_138fb4a() == (here.release == "openpilot's 138fb4a"), "the seam was told another version than the imported one's"
 
 def test_record_kernel_linear_records_the_capture_and_the_one_time_calls():
   weight = Tensor(np.arange(8, dtype=np.float32)).realize()
@@ -165,8 +169,10 @@ def test_kernel_fields_and_program_uop_round_trip_a_kernel():
   assert program.estimates == {"ops": 8 * 2, "lds": 8 * 4 * 2, "mem": 8 * 4 * 2}, program.estimates  # a mul and an add per float; 8 loaded, 8 stored
   assert program.global_size == tuple(ast.arg.global_size) and len(program.params) == len(program.globals) == 2
   assert {program.params[i][1] for i in program.outs} == {0} and program.params[program.ins[0]][2] == dtypes.float
-  rebuilt = ti.program_uop(program, ti.program_binary(ast))
-  assert ti.program_binary(rebuilt) == ti.program_binary(ast) and ti.kernel_fields(rebuilt) == program._replace(estimates=None)
+  check_kernel_binary(lib := ti.program_binary(ast), program.name, "CPU")  # stored as an ELF object defining the kernel at its entry
+  rebuilt = ti.program_uop(program, lib, "CPU")
+  assert rebuilt.src[-1].arg == ast.src[-1].arg, "the rebuilt kernel's code is not the code tinygrad compiled"
+  assert ti.kernel_fields(rebuilt) == program._replace(estimates=None)
   entry, y = ti.cpu_entry(rebuilt, "CPU"), Tensor(np.arange(8, dtype=np.float32) - 3).realize()  # the rebuilt kernel runs, on other buffers
   result = Buffer("CPU", 8, dtypes.float32).allocate()
   buffers = {program.outs[0]: result, program.ins[0]: y.uop.base.buffer}

@@ -2,6 +2,7 @@ import os
 
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.format.bundle import write_bundle
+from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad
 from sunnypilot.modeld_v2.tools.inspect_bundle import main
 
 from conftest import conv_net
@@ -14,7 +15,7 @@ def test_inspect_and_verify(tmp_path, capsys):
   assert main(["inspect", good]) == 0
   out = capsys.readouterr().out
   binaries = len({tuple(p["lib"]) for p in header["programs"]})
-  assert "tinygrad 0.14.0 for CPU" in out and f"{len(header['programs'])} programs ({binaries} binaries)" in out and "check: seed 0" in out
+  assert f"built with {imported_tinygrad()} for CPU" in out and f"{len(header['programs'])} programs ({binaries} binaries)" in out and "check: seed 0" in out
   assert main(["verify", good]) == 0 and "PASS run: return[0]" in capsys.readouterr().out
   wrong = header | {"check": header["check"] | {"outputs": {k: "0" * 64 for k in header["check"]["outputs"]}}}
   write_bundle(bad, {"run": (wrong, blob)}, {})  # a valid file whose recorded results differ from what it computes

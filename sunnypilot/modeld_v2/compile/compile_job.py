@@ -20,6 +20,7 @@ from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
 from sunnypilot.modeld_v2.compile.precision import FLOAT16, FLOAT32, check_precision, default_precision, onnx_runner
 from sunnypilot.modeld_v2.format.bundle import PRECISIONS, write_bundle
 from sunnypilot.modeld_v2.format.part import Part
+from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad, unsupported
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import onnx_ops, patched_onnx_ops
 
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
@@ -40,9 +41,9 @@ def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -
   return rng.standard_normal(shape).astype(dtype) if np.issubdtype(dtype, np.floating) else rng.integers(0, 2, shape).astype(dtype)
 
 class BundleCompile:
-  """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`)
-  or `beam` cannot search here: a compiler makes it first thing, so its library call and its CLI check alike. `capture` then captures a
-  step, `write` writes the bundle.
+  """A compile into a bundle at `output`. The constructor fails before any work when `output` cannot be written (or is one of `sources`),
+  `beam` cannot search here, or no runtime would replay what this tinygrad builds (format/tinygrad_identity): a compiler makes it first
+  thing, so its library call and its CLI check alike. `capture` then captures a step, `write` writes the bundle.
 
   `precision` (a model's compile; compile/precision.py): the ONNX runners `onnx_runner` makes compute in it, tinygrad's FLOAT16 is set to
   match while the step is captured (half image buffers where IMAGE convolutions make them) and the bundle records both; "" keeps the
@@ -55,6 +56,7 @@ class BundleCompile:
     try: self.precision = default_precision() if precision is None else precision and check_precision(precision)
     except ValueError as e: raise ArtifactError(str(e)) from None
     check_output_path(output, inputs=sources)
+    if (why := unsupported(imported_tinygrad())) is not None: raise ArtifactError(f"not compiling: {why}")
     self.level = search_level(beam)
     self.rng = np.random.default_rng(0)
     self.workdir: str | None = None  # a float16 compile's converted ONNX files, for the capture's duration

@@ -6,13 +6,11 @@ into (each kernel binary once, initial buffer contents). `docs/FORMAT.md` lists 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import os
 import struct
 from collections.abc import Callable, Iterable
-from importlib.metadata import version as package_version
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -21,6 +19,7 @@ from tinygrad.helpers import getenv
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
 from sunnypilot.modeld_v2.format.part import Part, device_kind, expect, ints, within
+from sunnypilot.modeld_v2.format.tinygrad_identity import describe, imported_tinygrad, replays, unsupported
 
 FORMAT_VERSION = 1
 MAGIC = b"SPMV2ART"
@@ -65,17 +64,17 @@ def unpaired_state_outputs(input_names: Any, output_names: Any) -> dict[str, str
   inputs = set(input_names)
   return {n: n.removeprefix(STATE_PREFIX) for n in sorted(output_names) if n.startswith(STATE_PREFIX) and n.removeprefix(STATE_PREFIX) not in inputs}
 
-@functools.cache
-def tinygrad_version() -> str: return package_version("tinygrad")
-
 # *** writing ***
 
 def provenance(device: str, flags: dict[str, int] | None = None) -> dict:
-  """Where a bundle's kernels run, with the build flags of this process (`flags` overrides: e.g. the BEAM a compile searched with)."""
+  """Where a bundle's kernels run, with the tinygrad that built them (format/tinygrad_identity) and the build flags of this process (`flags`
+  overrides: e.g. the BEAM a compile searched with)."""
   target = Device[Device.canonicalize(device)].renderer.target
   if target.device == "NULL" and target.renderer == "IR3": target = dataclasses.replace(target, device="QCOM")  # cross-compiled for Adreno
-  return {"format": FORMAT_VERSION, "tinygrad": tinygrad_version(), "device": target.device or device_kind(device), "target": repr(target),
-          "flags": {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS} | (flags or {})}
+  tinygrad = imported_tinygrad()
+  build_flags = {flag: var.value if (var := getattr(helpers, flag, None)) is not None else getenv(flag, 0) for flag in BUILD_FLAGS} | (flags or {})
+  return {"format": FORMAT_VERSION, "tinygrad": tinygrad.version, "tinygrad_source": tinygrad.source, "device": target.device or device_kind(device),
+          "target": repr(target), "flags": build_flags}
 
 def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None, check: bool = True) -> int:
   """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
@@ -213,8 +212,9 @@ def check_provenance(prov: dict, device: str | None = None, path: str = "bundle"
   """Raise unless a bundle with provenance `prov` runs here; returns the device to load on."""
   here = Device.canonicalize(device)
   if prov.get("format") != FORMAT_VERSION: raise ArtifactError(f"{path}: format {prov.get('format')}, this loader reads {FORMAT_VERSION}")
-  if prov.get("tinygrad") != tinygrad_version():
-    raise ArtifactError(f"{path}: built with tinygrad {prov.get('tinygrad')}, this is tinygrad {tinygrad_version()}: rebuild the bundle")
+  if (why := unsupported(tinygrad := imported_tinygrad())) is not None: raise ArtifactError(f"{path}: not replayed: {why}")
+  if not replays(prov, tinygrad):
+    raise ArtifactError(f"{path}: built with {describe(prov.get('tinygrad'), prov.get('tinygrad_source'))}, this is {tinygrad}: rebuild the bundle")
   if allow_device: return here
   if prov.get("device") != device_kind(here): raise ArtifactError(f"{path}: built for device {prov.get('device')}, this process runs on {device_kind(here)}")
   if prov.get("target") != (target := repr(Device[here].renderer.target)):

@@ -205,7 +205,9 @@ class Program:
   estimates: dict[str, int] | None = None
 
   @staticmethod
-  def from_json(p: Any, blob: Any) -> Program:
+  def from_json(p: Any, blob: Any, device: str) -> Program:
+    """A program of a part for `device`: its binary is checked as a CPU binary when it is compiled for the CPU or runs there (the part's
+    device picks the runtime that loads it, whatever target the program records)."""
     expect(p, dict, "program")
     name, target = expect(p.get("name"), str, "program name"), expect(p.get("target"), str, "program target")
     lib = within(p.get("lib"), len(blob), f"program {name} binary")
@@ -226,7 +228,7 @@ class Program:
                          for i, v in enumerate(expect(p.get("runtime_vars"), list, f"program {name} runtime_vars")))
     estimates = None if "estimates" not in p else {k: expect(v, int, f"program {name} estimate {k}")
                                                      for k, v in expect(p["estimates"], dict, f"program {name} estimates").items()}
-    try: check_kernel_binary(bytes(blob[lib[0]:lib[1]]), name, device_kind(target))
+    try: check_kernel_binary(bytes(blob[lib[0]:lib[1]]), name, "CPU" if "CPU" in (device_kind(device), device_kind(target)) else device_kind(target))
     except BinaryError as e: raise ArtifactError(f"program {name}: {e}") from None
     return Program(name, lib, target, global_size, local_size, globals_, outs, ins, signature, runtime_vars, estimates)
 
@@ -374,7 +376,7 @@ class Part:
     program_table, input_table = _table(header, "programs"), _table(header, "inputs")
     call_table = _table(header, "calls", MAX_CALLS)
     onetime_table = _table(header, "onetime_calls", MAX_CALLS) if "onetime_calls" in header else []
-    programs = tuple(Program.from_json(p, blob) for p in program_table)
+    programs = tuple(Program.from_json(p, blob, device) for p in program_table)
     inputs = tuple(InputSlot.from_json(s, i, device, kwargs) for i, s in enumerate(input_table))
     calls = tuple(Call.from_json(c, inputs, buffers, programs) for c in call_table)
     onetime = tuple(Call.from_json(c, inputs, buffers, programs) for c in onetime_table)

@@ -234,7 +234,7 @@ class Replay:
     self.buffers: list[Buffer | None] = [None] * len(self.inputs)
     self.known: list[dict[UOp, Buffer]] = [{} for _ in self.inputs]  # per slot: every tensor validated for it, in first-seen order
     self.conflicts = self.sharing_conflicts()
-    self.programs = programs = [program_uop(kernel_of(p), bytes(blob[p.lib[0]:p.lib[1]])) for p in part.programs]
+    self.programs = programs = [program_uop(kernel_of(p), bytes(blob[p.lib[0]:p.lib[1]]), self.device) for p in part.programs]
     self.backend = _Direct(self, programs) if device_kind(self.device) == "CPU" and not getenv("PLAIN_JIT_LINEAR") else _Graph(self, programs)
     self.ret = [None if isinstance(r.arg, InputArg) else Tensor(UOp.from_buffer(self.view(r.arg))).reshape(r.shape) for r in part.returns.tensors]
     self.same_ret = None if any(t is None for t in self.ret) else self.returned({})  # nothing returned is an input: the same objects every call

@@ -1,7 +1,16 @@
-"""Every use of tinygrad internals (private attributes, functions patched at run time), for the pinned tinygrad 0.14.0.
+"""Every use of tinygrad internals (private attributes, functions patched at run time), for the two tinygrads this project supports: PyPI's
+0.14.0 and openpilot's 138fb4a (openpilot selfdrive @084747c pins it; it states version 0.13.0). format/tinygrad_identity tells which one
+was imported (this module imports nothing of the project: runtime/__init__.py hands it that identity), and refuses any other at load.
 
 Everything else in the package uses tinygrad's public API (Tensor, TinyJit, Device, Buffer, UOp) plus this module. Each function names
-the 0.14.0 contract it relies on; tests/runtime/test_tinygrad_internals.py exercises each one, so a tinygrad bump that breaks one fails there.
+the contract it relies on; tests/runtime/test_tinygrad_internals.py exercises each one (`.ci/run` runs it against both tinygrads), so a
+tinygrad bump that breaks one fails there. Where the two differ, the function branches on the identified version (`on_138fb4a`):
+- `time_call`: 0.14.0's `exec_kernel` returns a list of seconds (one per device of the call), 138fb4a's one float.
+- `program_binary`, `program_uop`: 0.14.0's CPU compilers return an ELF object, which its CPU runtime links (`jit_loader`) when it loads
+  it; 138fb4a's link it at compile, into raw code its runtime copies and jumps to, so an ELF object given to it is executed as code
+  (SIGSEGV). A bundle stores CPU kernels as ELF objects with either (the one form format/kernel_binary can check); with 138fb4a the object
+  is compiled again from the kernel's source and must link to the very code tinygrad ran, and is linked back when the kernel is rebuilt
+  to run on the CPU. Compiling again costs about what compiling once does (a tiny stand-in's 17 kernels: 3.6 s on two busy cores).
 
 - `record_kernel_linear`: `tinygrad.engine.jit` calls its module globals `jit_lower(linear, held_bufs, input_buf_uops)` (returns the
   compiled, memory planned, graph split LINEAR) once per TinyJit capture, and `prune_linear(...)` -> `(kept, onetime)` with prune=True
@@ -30,7 +39,9 @@ the 0.14.0 contract it relies on; tests/runtime/test_tinygrad_internals.py exerc
   lists the nodes the next launch re-points (only CUDA's runner has one: `repoint_only` is exercised on a GPU by
   tests/runtime/test_tinygrad_internals.py, and on NULL only as far as its runner allows).
 - `time_call`: `tinygrad.engine.realize.ExecContext(input_uops=, update_stats=, wait=)`, `exec_copy(ctx, call, ast)` and
-  `exec_kernel(ctx, call, ast)` -> device seconds per launch.
+  `exec_kernel(ctx, call, ast)` -> device seconds per launch (see above).
+- `program_binary`, `program_uop` on CPU with 138fb4a: the renderer's compiler `compile_to_obj(source)` is the ELF object its `compile`
+  links with `tinygrad.runtime.support.elf.jit_loader(obj)`; a PROGRAM's third src is its SOURCE.
 - `cpu_entry`: `Device["CPU"].runtime(program.to_elf())` is a `CPUProgram` whose code starts at `addr` and takes each buffer as a
   c_uint64 pointer, then its runtime variables (its own `fxn` calls it so, releasing the GIL); `runtimevars` maps "core_id" to its
   argument index (CPUProgram calls once per core).
@@ -56,7 +67,19 @@ from tinygrad import Device
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target
+from tinygrad.runtime.support.elf import jit_loader
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
+
+_identified: list[Callable[[], str]] = []  # how to learn the imported tinygrad's version: told once, by runtime/__init__.py
+
+def identify(version: Callable[[], str]) -> None:
+  """Tell this module how to learn the imported tinygrad's version (format/tinygrad_identity's, read once, when first needed)."""
+  _identified[:] = [version]
+
+def on_138fb4a() -> bool:
+  """Whether the imported tinygrad is openpilot's 138fb4a (the supported tinygrad that states 0.13.0), whose internals differ where noted."""
+  if not _identified: raise RuntimeError("tinygrad_internals was not told which tinygrad is imported (runtime/__init__.py tells it)")
+  return _identified[0]() == "0.13.0"
 
 class Recording(list):
   """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
@@ -172,14 +195,25 @@ def kernel_fields(ast: UOp) -> KernelFields:
                       tuple((v.arg.name, v.arg.slot, v.dtype, *v.arg.vmin_vmax) for v in info.vars), _estimates(est) if est is not None else None)
 
 def program_binary(ast: UOp) -> bytes:
-  """A compiled PROGRAM uop's code, as the device loads it."""
-  return ast.src[-1].arg
+  """A compiled PROGRAM uop's code as a bundle stores it: as the device loads it; a CPU kernel as an ELF object (see the module's docstring).
+  Unsupported for a 138fb4a CPU kernel whose object, compiled again, does not link to the code tinygrad ran (its compile cache holds the
+  output of another compiler) or that has no source (a PROGRAM rebuilt by program_uop)."""
+  code, target = ast.src[-1].arg, ast.arg.target
+  if not on_138fb4a() or target.device != "CPU" or not hasattr(compiler := Device["CPU"].renderer.compiler, "compile_to_obj"): return code
+  if repr(Device["CPU"].renderer.target) != repr(target) or not ast.src[2].arg:
+    raise Unsupported(f"kernel {ast.arg.function_name}: no source for its {target!r} ELF object (rebuilt, or captured for another CPU target)")
+  if jit_loader(obj := compiler.compile_to_obj(ast.src[2].arg)) != code:
+    raise Unsupported(f"kernel {ast.arg.function_name}: its ELF object, compiled again, links to other code than tinygrad ran (a compile "
+                      "cached by another compiler?): build again with CCACHE=0")
+  return obj
 
-def program_uop(kernel: KernelFields, lib: bytes) -> UOp:
-  """A compiled PROGRAM uop rebuilt from a kernel's fields and its binary: its last src is a BINARY, so tinygrad never compiles it again."""
+def program_uop(kernel: KernelFields, lib: bytes, device: str) -> UOp:
+  """A compiled PROGRAM uop rebuilt from a kernel's fields and its binary, to run on `device`: its last src is a BINARY, so tinygrad never
+  compiles it again. With 138fb4a, a kernel that runs on CPU is linked here (the device decides which runtime runs it, not its record)."""
   params = tuple(UOp.param(slot, dt, shape, name=name) for name, slot, dt, shape in kernel.params)
   runtime_vars = tuple(UOp.param(slot, dt, (), vmin_vmax=(lo, hi), multiple_of=1, name=name, addrspace=AddrSpace.ALU)
                        for name, slot, dt, lo, hi in kernel.runtime_vars)  # core_id: the CPU runtime sets it per core
+  if on_138fb4a() and Device.canonicalize(device).split(":")[0] == "CPU": lib = jit_loader(lib)  # runs raw code: link as its compile does
   info = ProgramInfo(name=kernel.name, global_size=kernel.global_size, vars=runtime_vars, local_size=kernel.local_size, globals=kernel.globals,
                      outs=kernel.outs, ins=kernel.ins, target=Target.parse(kernel.target))
   return UOp(Ops.PROGRAM, src=(UOp(Ops.SINK, arg=KernelInfo(kernel.name)), UOp(Ops.LINEAR, src=params), UOp(Ops.SOURCE, arg=""),
@@ -252,7 +286,9 @@ def time_call(call: UOp, input_uops: tuple[UOp, ...], device: str) -> float:
   from tinygrad.engine.realize import ExecContext, exec_copy, exec_kernel
   ctx, dev = ExecContext(input_uops=input_uops, update_stats=False, wait=True), Device[device]
   dev.synchronize()
-  if call.src[0].op is not Ops.COPY: return float(sum(exec_kernel(ctx, call, call.src[0])))
+  if call.src[0].op is not Ops.COPY:
+    seconds = exec_kernel(ctx, call, call.src[0])
+    return float(seconds if on_138fb4a() else sum(seconds))
   start = time.perf_counter()
   exec_copy(ctx, call, call.src[0])
   dev.synchronize()

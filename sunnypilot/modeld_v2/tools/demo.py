@@ -64,7 +64,7 @@ def why_rebuild(path: str, want: dict[str, Any]) -> str | None:
   have = {f"build.{k}": built.get(k) for k in here if k != "flags"} | {f"build.flags.{k}": built.get("flags", {}).get(k) for k in here["flags"]}
   need = {f"build.{k}": v for k, v in here.items() if k != "flags"} | {f"build.flags.{k}": v for k, v in here["flags"].items()} | want
   have |= {k: meta.get(k) for k in want}
-  short = lambda v: {k: x[:12] for k, x in v.items()} if isinstance(v, dict) else v  # sha256s by role, shortened
+  short = lambda v: {k: x[:12] for k, x in v.items()} if isinstance(v, dict) else v[:12] if isinstance(v, str) and len(v) == 64 else v  # sha256s
   return next((f"it records {k} {short(have[k])}, this run builds {short(need[k])}" for k in need if have[k] != need[k]), None)
 
 def build_model(bundle: str, sources: dict[str, str], write_stand_in: Callable[[], None] | None, what: str, log) -> None:

@@ -68,10 +68,12 @@ def precision_line(meta: dict, parts: dict) -> str:
 
 def describe(path: str) -> str:
   from sunnypilot.modeld_v2.format.bundle import check_parts, read_bundle
+  from sunnypilot.modeld_v2.format.tinygrad_identity import describe as describe_tinygrad
   head, blob = read_bundle(path)
   prov, extras = head["provenance"], head.get("extras", {})
   parts = check_parts(head, blob, path)  # any tinygrad's bundle may be inspected, but only a well-formed one
-  lines = [f"{path}: {len(blob):,} blob bytes", f"  built with tinygrad {prov.get('tinygrad')} for {prov.get('device')} ({prov.get('target')}), "
+  built = describe_tinygrad(prov.get("tinygrad"), prov.get("tinygrad_source"))
+  lines = [f"{path}: {len(blob):,} blob bytes", f"  built with {built} for {prov.get('device')} ({prov.get('target')}), "
            f"format {prov.get('format')}", f"  flags: {', '.join(f'{k}={v}' for k, v in prov.get('flags', {}).items())}"]
   meta = extras.get("metadata", {})
   if meta: lines.append(f"  metadata: {', '.join(f'{k}={v}' for k, v in meta.items() if k not in LONG_METADATA)}")
