@@ -10,7 +10,6 @@ curvature). Stops after --frames frames once each daemon published at least --wa
 import argparse
 import importlib
 import json
-import os
 import sys
 import time
 
