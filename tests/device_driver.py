@@ -35,10 +35,15 @@ def main() -> int:
   p.add_argument("--frames", type=int, default=80)
   p.add_argument("--want", type=int, default=40)
   p.add_argument("--timeout", type=float, default=240)
+  p.add_argument("--car-params", help="the fake Params folder: CarParams are written there first (card's job on a device)")
   args = p.parse_args()
   topics = json.loads(args.topics)
   messaging = importlib.import_module(f"{args.cereal}.messaging")
-  log = importlib.import_module(args.cereal).log
+  cereal = importlib.import_module(args.cereal)
+  log = cereal.log
+  if args.car_params:
+    car = getattr(cereal, "car", None) or importlib.import_module("opendbc.car.structs").car
+    with open(f"{args.car_params}/CarParams", "wb") as f: f.write(car.CarParams.new_message(steerActuatorDelay=0.1, longitudinalActuatorDelay=0.25).to_bytes())
   server = VisionIpcServer("camerad")
   for stream in (0, 1, 2): server.create_buffers_with_sizes(stream, 8, W, H, SIZE, STRIDE, STRIDE * Y_HEIGHT)
   server.start_listener()
