@@ -2,7 +2,7 @@
 1344x760 frames at 20 Hz, and the bus messages modeld and dmonitoringmodeld read under the schema's own names (`--topics`), published
 through the device's cereal.messaging; every message the daemons publish is decoded with the device's schema and written as JSON.
 
-  python tests/device_driver.py CEREAL OUT.json --topics '{"calibration": "extrinsicsCalibration", ...}' --frames 80
+  python tests/device_driver.py {today,2025} OUT.json [--frames 80]
 
 The calibration is published from frame CALIBRATED on; carState's speed drops below 0.3 m/s from frame SLOW on (the stop and the held
 curvature). Stops after --frames frames once each daemon published at least --want messages, or after --timeout seconds.
@@ -10,6 +10,7 @@ curvature). Stops after --frames frames once each daemon published at least --wa
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 
@@ -19,6 +20,12 @@ from msgq.visionipc import VisionIpcServer
 W, H, STRIDE, Y_HEIGHT, UV_HEIGHT, SIZE = 1344, 760, 1408, 768, 384, 2428928  # camerad's NV12 layout of 1344x760 frames
 CALIBRATED, SLOW, V_EGO, V_SLOW = 10, 60, 20.0, 0.1
 OUTPUTS = ("modelV2", "drivingModelData", "cameraOdometry", "driverStateV2")
+# the topics a device publishes, by role (sunnypilot/modeld_v2/daemon/topics.py), per tree layout (tests/device_tree.py); None: none
+TOPICS = {"today": {"car_state": "carState", "road_camera_state": "narrowRoadCameraState", "device_state": "deviceState",
+                    "driver_monitoring_state": "driverMonitoringState", "car_control": "carControl", "lateral_delay": "lateralDelay",
+                    "calibration": "extrinsicsCalibration"}}
+TOPICS["2025"] = TOPICS["today"] | {"road_camera_state": "roadCameraState", "lateral_delay": None, "calibration": "liveCalibration"}
+CEREAL = {"today": "openpilot.cereal", "2025": "cereal"}
 
 def plain(value):
   """A capnp to_dict value as JSON: bytes as hex."""
@@ -29,17 +36,17 @@ def plain(value):
 
 def main() -> int:
   p = argparse.ArgumentParser()
-  p.add_argument("cereal")
+  p.add_argument("layout", choices=sorted(TOPICS))
   p.add_argument("out")
-  p.add_argument("--topics", required=True)
   p.add_argument("--frames", type=int, default=80)
   p.add_argument("--want", type=int, default=40)
+  p.add_argument("--wait", help="a file whose appearance starts the frames (a benchmark's daemon says it runs)")
   p.add_argument("--timeout", type=float, default=240)
   p.add_argument("--car-params", help="the fake Params folder: CarParams are written there first (card's job on a device)")
   args = p.parse_args()
-  topics = json.loads(args.topics)
-  messaging = importlib.import_module(f"{args.cereal}.messaging")
-  cereal = importlib.import_module(args.cereal)
+  topics = TOPICS[args.layout]
+  messaging = importlib.import_module(f"{CEREAL[args.layout]}.messaging")
+  cereal = importlib.import_module(CEREAL[args.layout])
   log = cereal.log
   if args.car_params:
     car = getattr(cereal, "car", None) or importlib.import_module("opendbc.car.structs").car
@@ -54,6 +61,8 @@ def main() -> int:
   frames = [rng.integers(0, 256, SIZE, dtype=np.uint8).tobytes() for _ in range(4)]
   start, frame_id, t0 = time.monotonic(), 0, time.monotonic_ns()
   open(args.out + ".ready", "w").close()
+  while args.wait and not os.path.exists(args.wait) and time.monotonic() - start < args.timeout: time.sleep(0.05)
+  start, t0 = time.monotonic(), time.monotonic_ns()
   while time.monotonic() - start < args.timeout:
     if frame_id >= args.frames and all(len(got[s]) >= args.want for s in OUTPUTS): break
     sof = t0 + frame_id * 50_000_000

@@ -136,3 +136,8 @@ def older(root: Path, models: Path | None) -> Path:
   write(root / "openpilot" / "system" / "__init__.py", "")
   write(root / "openpilot" / "system" / "hardware" / "__init__.py", "TICI = True\nPC = False  # openpilot.system.hardware of that era\n")
   return package(root / "sunnypilot" / "modeld_v2", models)
+
+if __name__ == "__main__":  # a tree for benchmarks/bench_device.py: python tests/device_tree.py {today,2025} ROOT MODELS
+  import sys
+  layout, root, models = sys.argv[1:4]
+  print((today if layout == "today" else older)(Path(root), Path(models)))

@@ -26,10 +26,6 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(UPSTREAM), reason=f"today's op
 
 CALIBRATED, SLOW = 10, 60  # tests/device_driver.py: the calibration from this frame on, carState's speed 0.1 m/s from this one on
 V_EGO, V_SLOW, DT = 20.0, 0.1, 0.05
-TODAY_TOPICS = {"car_state": "carState", "road_camera_state": "narrowRoadCameraState", "device_state": "deviceState",
-                "driver_monitoring_state": "driverMonitoringState", "car_control": "carControl", "lateral_delay": "lateralDelay",
-                "calibration": "extrinsicsCalibration"}
-OLDER_TOPICS = TODAY_TOPICS | {"road_camera_state": "roadCameraState", "lateral_delay": None, "calibration": "liveCalibration"}
 
 def sig(x) -> float: return float(1 / (1 + np.exp(-np.float64(x))))
 
@@ -55,15 +51,15 @@ def slices_of(path) -> dict:
   from sunnypilot.modeld_v2.format.bundle import read_header
   return read_header(str(path))["extras"]["metadata"]["output_slices"]
 
-def run_device(root, pkg, topics, cereal, prefix, tmp_path, params_raise=False) -> tuple[dict, list[str], list[str], str]:
+def run_device(root, pkg, layout, prefix, tmp_path, params_raise=False) -> tuple[dict, list[str], list[str], str]:
   """The driver and both daemons on the tree at `root`: (what the driver decoded, modeld's lines, dmonitoringmodeld's, the realtime log)."""
   params, realtime = tmp_path / "params", tmp_path / "realtime.log"
   params.mkdir()
   env = {"PYTHONPATH": str(root), "OPENPILOT_PREFIX": prefix, "SEND_RAW_PRED": "1", "FAKE_PARAMS_DIR": str(params),
          "FAKE_REALTIME_LOG": str(realtime)} | ({"FAKE_PARAMS_RAISE": "1"} if params_raise else {})
   out = tmp_path / "driver.json"
-  driver = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "device_driver.py"), cereal, str(out), "--topics", json.dumps(topics),
-                             "--car-params", str(params)], env=os.environ | env, stderr=subprocess.PIPE, text=True)
+  driver = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "device_driver.py"), layout, str(out), "--car-params", str(params)],
+                            env=os.environ | env, stderr=subprocess.PIPE, text=True)
   try:
     deadline = time.monotonic() + 60
     while not os.path.exists(str(out) + ".ready"):
@@ -114,7 +110,7 @@ def check_driver_states(states: list[dict], slices: dict, fields=("phoneProb", "
 def test_todays_device_runs_both_daemons_with_no_arguments(models, tmp_path, openpilot_prefix):
   root = tmp_path / "device"
   pkg = today(root, models)
-  got, modeld, dm, realtime = run_device(root, pkg, TODAY_TOPICS, "openpilot.cereal", openpilot_prefix, tmp_path)
+  got, modeld, dm, realtime = run_device(root, pkg, "today", openpilot_prefix, tmp_path)
   said = "".join(modeld)
   assert "cereal: openpilot.cereal; reads" in said and all(t in said for t in ("narrowRoadCameraState", "extrinsicsCalibration", "lateralDelay"))
   assert "extrinsicsCalibration (calibration)" in "".join(dm) and f"loaded set default ({pkg / 'models'}" in said
@@ -136,7 +132,7 @@ def test_the_2025_device_runs_them_the_same(models, tmp_path, openpilot_prefix):
   """A device of openpilot-logging 0.1.5's era: a top-level cereal, openpilot.system.hardware, the flat layout, the old topic names."""
   root = tmp_path / "device"
   pkg = older(root, models)
-  got, modeld, dm, _ = run_device(root, pkg, OLDER_TOPICS, "cereal", openpilot_prefix, tmp_path)
+  got, modeld, dm, _ = run_device(root, pkg, "2025", openpilot_prefix, tmp_path)
   said = "".join(modeld)
   assert "cereal: cereal; reads" in said and "liveCalibration (calibration)" in said and "roadCameraState (road camera state)" in said
   lacking = [line for line in modeld if "this cereal schema has no" in line]
@@ -149,7 +145,7 @@ def test_a_params_that_raises_on_every_key_is_unset(models, tmp_path, openpilot_
   """CarParams unreadable: a typical car's delays, said once; the daemons run on."""
   root = tmp_path / "device"
   pkg = today(root, models)
-  got, modeld, _, _ = run_device(root, pkg, TODAY_TOPICS, "openpilot.cereal", openpilot_prefix, tmp_path, params_raise=True)
+  got, modeld, _, _ = run_device(root, pkg, "today", openpilot_prefix, tmp_path, params_raise=True)
   assert any("delays from a typical car (CarParams unreadable)" in line for line in modeld), modeld
   assert sum("Params CarParams: reading it failed" in line for line in modeld) == 1 and len(got["modelV2"]) >= 40
 
