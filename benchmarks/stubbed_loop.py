@@ -22,7 +22,8 @@ import numpy as np
 from benchmarks.car_bus import BUS_SERVICES, bus_traffic
 from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon.camera_sync import FrameMeta, Frames
-from sunnypilot.modeld_v2.daemon.frame_daemon import FrameDaemon, Loaded
+from sunnypilot.modeld_v2.daemon.daemon_spec import Loaded
+from sunnypilot.modeld_v2.daemon.frame_daemon import FrameDaemon
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs, host_inputs
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, ModelSet, Trust
 from sunnypilot.modeld_v2.daemon.model_switch import Candidate

@@ -38,7 +38,7 @@ from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING
 from sunnypilot.modeld_v2.daemon.bus_inputs import BusInputs
 from sunnypilot.modeld_v2.daemon.camera_sync import DriverCamera
 from sunnypilot.modeld_v2.daemon.daemon_main import daemon_main, daemon_parser
-from sunnypilot.modeld_v2.daemon.frame_daemon import Clock, Frame, Loaded, Published
+from sunnypilot.modeld_v2.daemon.daemon_spec import Clock, Frame, Loaded, Published
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
 from sunnypilot.modeld_v2.daemon.model_sets import LAST_RAN_DM_FILE
 from sunnypilot.modeld_v2.daemon.topics import TOPICS
@@ -81,7 +81,7 @@ class DMonitoringModelD:
   def warm_up_inputs(self, loaded: Loaded[DMParse], camera: DriverCamera) -> None:
     loaded.host.write({HOST_TRANSFORM: loaded.own.transform, "calib": np.zeros(3, np.float32)})
 
-  def use(self, loaded: Loaded[DMParse], camera: DriverCamera, back: bool) -> None: pass  # all it reads is its own (Loaded.own)
+  def use(self, loaded: Loaded[DMParse], camera: DriverCamera, fresh: bool) -> None: pass  # all it reads is its own (Loaded.own)
 
   def inputs(self, sm: Any, frame: Frame, loaded: Loaded[DMParse]) -> dict[str, Any]:
     self.bus.messages(sm)

@@ -39,9 +39,9 @@ from sunnypilot.modeld_v2.daemon.artifacts import DRIVING
 from sunnypilot.modeld_v2.daemon.bus_inputs import CAMERA_OFFSET_MAX, BusInputs, parse_camera_offset, parse_delay
 from sunnypilot.modeld_v2.daemon.camera_sync import CameraSync
 from sunnypilot.modeld_v2.daemon.daemon_main import daemon_main, daemon_parser
+from sunnypilot.modeld_v2.daemon.daemon_spec import Clock, Frame, Loaded, Published
 from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR, TYPICAL_STEER_ACTUATOR_DELAY, Delays, camera_offset, read_car_params
 from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
-from sunnypilot.modeld_v2.daemon.frame_daemon import Clock, Frame, Loaded, Published
 from sunnypilot.modeld_v2.daemon.frame_inputs import FrameInputs, FrameValues, cameras_of
 from sunnypilot.modeld_v2.daemon.graph_parse import GraphParse, graph_parse_of
 from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
@@ -113,10 +113,10 @@ class ModelD:
   def warm_up_inputs(self, loaded: Loaded[ModelParse], camera: CameraSync) -> None:
     loaded.adapter.numpy_inputs[HOST_TRANSFORM][:] = warp_matrices(cameras_of(loaded.sensor, camera.main_wide), DEFAULT_RPY)
 
-  def use(self, loaded: Loaded[ModelParse], camera: CameraSync, back: bool) -> None:
-    """Run frames on `loaded` from the next one on: its output layout, its generation's rules and its sensor's intrinsics, and
-    lat_planner_state from zero (fed back from the model's outputs); what controls see carries on (the action is smoothed against the
-    last one, the lane-change state stays)."""
+  def use(self, loaded: Loaded[ModelParse], camera: CameraSync, fresh: bool) -> None:
+    """Run frames on `loaded` from the next one on: its output layout, its generation's rules and its sensor's intrinsics, and with a
+    `fresh` model (not warmed in the shadow) lat_planner_state from zero (fed back from the model's outputs); what controls see carries on
+    (the action is smoothed against the last one, the lane-change state stays)."""
     own, self.missing = loaded.own, {s: {} for s in SERVICES}
     self.graph = own.graph
     if self.graph is not None: self.graph.unbind()  # its first frame is parsed on the host: that builds the templates its block goes into
@@ -127,7 +127,7 @@ class ModelD:
     if "prepare_only" not in loaded.adapter.numpy_inputs and not self.state.rules.every_frame:
       self.episodes.once("this bundle has no prepare_only gate (built before it): frames after a drop run a full step, and are not published")
     self.frame_inputs.use_cameras(loaded.sensor, camera.main_wide)
-    self.state.lat_planner_state[:] = 0.0
+    if fresh: self.state.lat_planner_state[:] = 0.0
 
   def inputs(self, sm: Any, frame: Frame, loaded: Loaded[ModelParse]) -> ModelFrame:
     if self.params is not None and sm.frame % PARAMS_EVERY == 0:

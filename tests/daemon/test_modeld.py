@@ -74,7 +74,8 @@ class Daemon(DaemonProcess):
     from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad
     self.frame, self.replay = frame, FakeCamerad(frame)
     self.sm = sub_master(["modelV2", "cameraOdometry", "drivingModelData"])
-    self.car = pub_master(["carState"])
+    self.car = pub_master(["carState", "selfdriveState"])
+    self.engaged = False  # selfdriveState.enabled, published with each frame
     self.messages: dict[int, dict] = {}  # frameId -> {service: message}
     self.published: list[int] = []  # every modelV2 frameId, in arrival order
     self.made_at: dict[int, dict[str, int]] = {}  # frameId -> {service: Event.logMonoTime}, when modeld serialized it
@@ -86,6 +87,9 @@ class Daemon(DaemonProcess):
     msg = new_message("carState")
     msg.carState.vEgo = v_ego
     self.car.send("carState", msg)
+    state = new_message("selfdriveState")
+    state.selfdriveState.enabled = self.engaged
+    self.car.send("selfdriveState", state)
     self.replay.send(frame_id, *frames_for(frame_id, self.frame), sof=SOF0 + frame_id * int(DT_MDL * 1e9))
 
   def collect(self) -> None:

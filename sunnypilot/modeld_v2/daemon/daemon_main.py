@@ -14,13 +14,15 @@ from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
 from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon import schema, topics
 from sunnypilot.modeld_v2.daemon.artifacts import check_artifacts
+from sunnypilot.modeld_v2.daemon.daemon_spec import DaemonSpec
 from sunnypilot.modeld_v2.daemon.device_params import device_params
 from sunnypilot.modeld_v2.daemon.device_paths import DEVICE_ARTIFACTS, DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, first_folder
-from sunnypilot.modeld_v2.daemon.frame_daemon import RECONNECT_AFTER_S, DaemonSpec, FrameDaemon
+from sunnypilot.modeld_v2.daemon.frame_daemon import RECONNECT_AFTER_S, WHILE_ENGAGED, FrameDaemon
 from sunnypilot.modeld_v2.daemon.hardware import on_device
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.model_sets import Trust, sets_root
 from sunnypilot.modeld_v2.daemon.process import core_arg, exit_code, stop_on_signals
+from sunnypilot.modeld_v2.daemon.shadow import WARM_UP_MARGIN_S
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, write_timings
 
 def daemon_parser(name: str, doc: str | None, bundles: str, send_raw_help: str, device_core: int, priority: int) -> argparse.ArgumentParser:
@@ -46,6 +48,11 @@ def daemon_parser(name: str, doc: str | None, bundles: str, send_raw_help: str, 
   parser.add_argument("--model-sets", help="the folder of installed model sets (install_models writes ROOT/<name>/): the set asked for (ROOT/active "
                       "on a PC, sunnypilot's ModelManager_ActiveBundle parameter on a device) is loaded while frames run and switched to between "
                       f"two frames; a set that fails falls back to the last that ran, then to --artifacts. On a comma device {DEVICE_MODEL_SETS}")
+  parser.add_argument("--switch-while-engaged", choices=list(WHILE_ENGAGED), default="defer", help="a model set asked for while openpilot "
+                      "is engaged (selfdriveState.enabled): " + "; ".join(f"{k}: {v}" for k, v in WHILE_ENGAGED.items()) + " (default defer). "
+                      "Either way a model with temporal state warms up in the shadow of the running one until its context is its own")
+  parser.add_argument("--warm-up-timeout", type=finite_float(0.1, 3600), help="seconds a set's warm-up in the shadow may take before it is "
+                      f"dropped with one line (default: its context's frames at a third of 20 Hz plus {WARM_UP_MARGIN_S:g} s)")
   return parser
 
 def daemon_main(parser: argparse.ArgumentParser, argv: list[str] | None, make_spec: Callable[[argparse.Namespace, Episodes], DaemonSpec[Any]],
@@ -74,7 +81,7 @@ def daemon_main(parser: argparse.ArgumentParser, argv: list[str] | None, make_sp
   try: planes = check_artifacts(artifacts, report=episodes.once, trust=trust, kind=spec.bundles)
   except ArtifactError as e: fail(str(e))
   daemon = FrameDaemon(spec, episodes, artifacts, root, trust, planes, [] if args.timings else None, args.reconnect_after, args.status_every,
-                       device_params(episodes.once))
+                       device_params(episodes.once), args.switch_while_engaged, args.warm_up_timeout)
   stopped_by = stop_on_signals(daemon.exit)
   try: code = daemon.run(args.max_frames, args.core, device)
   except msgq.MultiplePublishersError: fail(f"another process took over publishing {', '.join(spec.services)} on {bus}: exiting")

@@ -15,21 +15,23 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import DaemonBundles, NoWarp, check_set, load_pair, model_file
-from sunnypilot.modeld_v2.daemon.camera_sync import CameraLink, Frames, Geometry
+from sunnypilot.modeld_v2.daemon.artifacts import NoWarp, check_set, load_pair, model_file
+from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
+from sunnypilot.modeld_v2.daemon.daemon_spec import Clock, DaemonSpec, Frame, Loaded
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
 from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, ModelSet, ModelSets, Trust
-from sunnypilot.modeld_v2.daemon.model_switch import ModelSwitch, trigger_for
+from sunnypilot.modeld_v2.daemon.model_switch import Candidate, ModelSwitch, trigger_for
 from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime
+from sunnypilot.modeld_v2.daemon.run_state import RunState
 from sunnypilot.modeld_v2.daemon.schema import SCHEMA
+from sunnypilot.modeld_v2.daemon.shadow import Warming, context_frames, run_shadow
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
 from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.model.calibration import sensor_for_size
@@ -38,78 +40,22 @@ log = logging.getLogger(__name__)
 P = TypeVar("P")
 
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
+STATE_EVERY = 10  # frames between rewrites of the run state (a warm-up's progress), besides each change
+# what a set asked for while openpilot is engaged waits for (--switch-while-engaged): the safe one first, the default
+WHILE_ENGAGED = {"defer": "it warms up in the shadow, then takes over only once openpilot disengages",
+                 "shadow": "it warms up in the shadow, then takes over between two frames, engaged or not"}
 
-@dataclass(frozen=True)
-class Loaded(Generic[P]):
-  """A set's model fused with the warp for one camera geometry, loaded and warmed up: what frames run on (a model switch's handle)."""
-  adapter: Any  # a runtime.model_runner.ModelRunner (benchmarks stub it)
-  host: HostInputs  # its host inputs, written each frame
-  sensor: str  # the camera sensor of the geometry it was loaded for
-  warp: str
-  digest: str  # the model bundle's content hash: which model runs
-  planes: list | None  # the model's frames input shape: what a warp must make for it
-  own: P  # what the daemon keeps with it (modeld: its output parse; dmonitoringmodeld: its parser and the warp's transform)
-
-  @property
-  def model_id(self) -> int:
-    """The first 64 bits of the model's content hash."""
-    return int(self.digest[:16], 16)
-
-@dataclass(frozen=True)
-class Frame:
-  """One frame as the loop received it: the camera frames, their metadata and what openpilot's drop accounting made of its frame id."""
-  frames: Frames
-  dropped: int  # frames dropped right before this one
-  drop_perc: float  # openpilot's filtered frameDropPerc
-
-class Clock(NamedTuple):
-  """perf_counter seconds around a frame's model step: before its host inputs are written, after, and after the outputs are read back."""
-  start: float
-  inputs: float
-  readback: float
-
-class Published(NamedTuple):
-  """What a spec's publish did: the modelExecutionTime it published, and the monotonic ns after its first message was filled, made and sent."""
-  execution_time: float
-  fill: int
-  serialize: int
-  send: int
-
-class DaemonSpec(Protocol[P]):
-  """What a model daemon says; FrameDaemon does the rest."""
-  name: str  # the process: "modeld", "dmonitoringmodeld"
-  services: tuple[str, ...]  # what it publishes, the one consumers wait for first
-  subscribed: tuple[str, ...]  # what its frames read of the bus
-  bundles: DaemonBundles  # its model's and warps' roles, names and kinds in a set
-  device_core: int  # on a device: openpilot's config_realtime_process(core, priority) for this daemon
-  realtime_priority: int
-  last_ran: str  # its record of the last set that ran, in the model sets folder
-  fresh: str  # what a model switched to starts from, for the switch's line
-  warm_up_runs: int  # runs on zero frames before a loaded model counts as warmed up
-  camera_name: str  # "" or "driver camera: ", before the camera's lines
-
-  def camera(self, exit_event: threading.Event, episodes: Episodes) -> CameraLink: ...
-  def start(self, params: Any, stop: threading.Event) -> None: ...
-  def own(self, adapter: Any, sensor: str, warp: str, report: Callable[[str], None]) -> P: ...
-  def warm_up_inputs(self, loaded: Loaded[P], camera: Any) -> None: ...
-  def use(self, loaded: Loaded[P], camera: Any, back: bool) -> None: ...
-  def inputs(self, sm: Any, frame: Frame, loaded: Loaded[P]) -> Any: ...
-  def host_values(self, inputs: Any) -> dict[str, Any]: ...
-  def read_outputs(self, loaded: Loaded[P]) -> np.ndarray: ...
-  def non_finite(self) -> str: ...
-  def publish(self, pm: Any, loaded: Loaded[P], outputs: np.ndarray, finite: bool, frame: Frame, inputs: Any, clock: Clock) -> Published | None:
-    """This frame's messages from its `outputs` (non-finite values zeroed when not `finite`), or None when it publishes none."""
-  def running(self, camera: Any) -> str: ...
-  def about(self, loaded: Loaded[P]) -> str:
-    """What the load's line says of the model besides its files ("" or " (its layout)")."""
-    ...
+def engaged(sm: Any) -> bool:
+  """Whether openpilot is engaged: the selfdrive state topic's `enabled` (selfdriveState today, controlsState in older schemas)."""
+  topic = TOPICS.selfdrive_state
+  return bool(topic is not None and sm.seen.get(topic) and sm[topic].enabled)
 
 class FrameDaemon(Generic[P]):
   """A model daemon: `spec` run on camerad's frames, the model of the set asked for loaded for the live cameras and switched while frames
   run (daemon/model_switch.py). What frames run on is the switch's `current`, and only there."""
   def __init__(self, spec: DaemonSpec[P], episodes: Episodes, artifacts: str, model_sets: str | None = None, trust: Trust | None = None,
                planes: list | None = None, timings: list | None = None, reconnect_after_s: float = RECONNECT_AFTER_S,
-               status_every_s: float = STATUS_EVERY_S, params: Any = None):
+               status_every_s: float = STATUS_EVERY_S, params: Any = None, while_engaged: str = "defer", warm_up_timeout_s: float | None = None):
     self.spec, self.episodes, self.artifacts, self.reconnect_after_s = spec, episodes, artifacts, reconnect_after_s
     self.planes = planes  # the default set's model's frames input shape (check_artifacts read it): its header is not read again
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
@@ -122,6 +68,12 @@ class FrameDaemon(Generic[P]):
     self.core: int | None = None  # the core the frame thread is pinned to, if any: the switch thread keeps off it
     self.params = params  # openpilot's Params on a device (device_params.DeviceParams), else None
     self.first_frame = False  # a model took over since the last frame: the next frame's line says which (the published messages cannot)
+    self.warming: Warming | None = None  # a set warming up in the shadow of the running one (daemon/shadow.py)
+    self.while_engaged = while_engaged  # WHILE_ENGAGED: what a set asked for while openpilot is engaged waits for
+    self.warm_up_timeout_s = warm_up_timeout_s  # how long a warm-up may take (None: shadow.Warming's own)
+    self.engaged = False  # openpilot is engaged (the selfdrive state topic's `enabled`), as of the last frame
+    self.run_state = RunState(spec.name)  # what runs and what is on its way, for a person and a UI (daemon/run_state.py)
+    self.since: tuple[float, int | None] = (0.0, None)  # when the running model took over: wall clock, its first frame's id
     self.sets = ModelSets(artifacts, model_sets, trust or Trust(), last_ran=spec.last_ran)
     self.switch: ModelSwitch[Loaded[P]] = ModelSwitch(self.sets, trigger_for(self.sets, params), self.prepare, self.discard,
                                                       thread_setup=lambda: config_background(self.core), report=episodes.once, fresh=spec.fresh)
@@ -153,8 +105,9 @@ class FrameDaemon(Generic[P]):
       self.episodes.once(f"{name}{e}: waiting for another camera geometry")
       return False
     if geometry == self.geometry and self.running_set is not None:  # camerad restarted: only its buffers are gone, the sets loaded stay
-      for loaded in self.switch.handles(): loaded.adapter.drop_camera_buffers()
+      for loaded in self.switch.handles() + ([self.warming.candidate.handle] if self.warming else []): loaded.adapter.drop_camera_buffers()
       return True
+    if self.warming is not None: self.drop_warming("it was loaded for cameras that are gone", failed=False)
     try: known = bool(sensor_for_size(geometry.main.width, geometry.main.height))
     except ValueError as e:
       self.episodes.once(f"{name}{e}: waiting for a known camera")
@@ -171,7 +124,7 @@ class FrameDaemon(Generic[P]):
       self.unloaded = running  # tried again first next time
       if error is not None and not isinstance(error, NoWarp): self.episodes.once(f"{error}; waiting: tried again when one of them changes")
       return False
-    self.use(candidate.handle, back=False)
+    self.use(candidate.handle, fresh=True)
     adapter, model = candidate.handle.adapter, os.path.basename(model_file(candidate.model_set, self.spec.bundles))
     log.info(f"loaded {candidate.model_set}: {model} + {os.path.basename(candidate.handle.warp)}{self.spec.about(candidate.handle)} for "
              f"{name.removesuffix(': ')}{' ' if name else ''}"
@@ -226,10 +179,11 @@ class FrameDaemon(Generic[P]):
     adapter.reset_warmup_buffers()
     if not finite: raise ArtifactError("its outputs on zero frames are not finite")
 
-  def use(self, loaded: Loaded[P], back: bool) -> None:
-    """Frames run on `loaded` from the next one (the spec's part), and that frame's line names it."""
-    self.spec.use(loaded, self.camera, back)
-    self.first_frame = True
+  def use(self, loaded: Loaded[P], fresh: bool) -> None:
+    """Frames run on `loaded` from the next one (the spec's part; `fresh`: its recurrent state starts from zero), and that frame's line
+    names it."""
+    self.spec.use(loaded, self.camera, fresh)
+    self.first_frame, self.since = True, (time.time(), None)
 
   def discard(self, loaded: Loaded[P]) -> None:
     """A loaded set no frame runs on any more: the switch closes it, on its thread while frames run."""
@@ -238,13 +192,63 @@ class FrameDaemon(Generic[P]):
   # *** between frames ***
 
   def switched(self, loaded: bool) -> bool:
-    """Between two frames: change over to the set the switch thread loaded, when it was loaded for the live camera geometry (else it is
-    loaded again). Whether a model runs now."""
+    """Between two frames: the set the switch thread loaded, when it was loaded for the live camera geometry (else it is loaded again),
+    warms up in the shadow of the running one (daemon/shadow.py); with none running, frames run on it from the next one. Whether a model
+    runs now."""
     if (candidate := self.switch.take_for(self.geometry)) is None: return loaded
-    self.use(candidate.handle, back=False)
-    self.switch.changed_over(candidate)
-    if not loaded: self.running()
+    if not loaded or self.running_set is None:
+      self.take_over(candidate, fresh=True)
+      self.running()
+      return True
+    if self.warming is not None: self.drop_warming(f"set {candidate.model_set.name} was asked for meanwhile", failed=False)
+    self.warming = Warming(candidate, context_frames(candidate.handle.adapter.metadata), self.warm_up_timeout_s)
+    self.switch.shadowing(candidate)
+    self.record_state()
+    running = self.model_set.name if self.model_set else "?"
+    log.info(f"set {candidate.model_set.name} warms up in the shadow of set {running}: " +
+             (f"{self.warming.needed} frames until its context is its own" if self.warming.needed else "it keeps nothing between frames"))
     return True
+
+  def changeover(self) -> None:
+    """Between two frames, a warm set takes over, unless the driver is engaged and such changes wait for a disengagement."""
+    warming = self.warming
+    if warming is None or not warming.full: return
+    if self.engaged and self.while_engaged == "defer":
+      if not warming.deferred:
+        log.info(f"set {warming.name} is warm: it takes over once openpilot disengages (--switch-while-engaged defer)")
+        warming.deferred = True
+        self.record_state()
+      return
+    self.warming = None
+    self.take_over(warming.candidate, fresh=warming.needed == 0)
+
+  def take_over(self, candidate: Candidate[Loaded[P]], fresh: bool) -> None:
+    self.use(candidate.handle, fresh)
+    self.switch.changed_over(candidate)
+
+  def shadow_frame(self, frame: Frame, inputs: Any) -> None:
+    """The warming set's run on this frame, after the running set's messages went out: dropped (one line) when its outputs are not
+    finite or its context did not fill in time."""
+    warming = self.warming
+    assert warming is not None
+    if warming.timed_out():
+      self.drop_warming(f"its context did not fill in {warming.timeout_s:.0f} s ({warming.progress()})", failed=True)
+    elif not run_shadow(warming.candidate.handle, self.spec.host_values(inputs), frame.frames.bufs):
+      self.drop_warming(f"non-finite outputs on frame {frame.frames.meta.frame_id} of its warm-up ({warming.progress()})", failed=True)
+    else:
+      if warming.done == 0: log.info(f"frame {frame.frames.meta.frame_id}: the first of set {warming.name} in the shadow")
+      warming.done += 1
+
+  def drop_warming(self, why: str, failed: bool) -> None:
+    """The warming set goes (closed by the switch thread); one that `failed` is not tried again until asked for again."""
+    warming, self.warming = self.warming, None
+    if warming is None: return
+    log.warning(f"set {warming.name} dropped from its warm-up: {why}; set {self.model_set.name if self.model_set else '?'} keeps running")
+    if failed: self.switch.shadow_failed(warming.candidate, why)
+    else:
+      self.switch.shadowing(None)
+      self.switch.release(warming.candidate.handle)
+    self.record_state()
 
   def reattached(self, loaded: bool) -> bool:
     """camerad went away or restarted, and its buffers with it: connected again, load for its geometry (the same one: only the camera
@@ -275,7 +279,7 @@ class FrameDaemon(Generic[P]):
     from the next frame with its recurrent state reset."""
     if self.switch.probation and (back := self.switch.frame_ran(finite)) is not None:
       back.handle.adapter.reset_states()
-      self.use(back.handle, back=True)
+      self.use(back.handle, fresh=True)
 
   # *** the loop ***
 
@@ -289,7 +293,8 @@ class FrameDaemon(Generic[P]):
 
   def run(self, max_frames: int | None = None, core: int | None = None, on_device: bool = False) -> int:
     self.start(core, on_device)
-    pm, sm = pub_master(list(self.spec.services)), sub_master(list(self.spec.subscribed))
+    gate = [TOPICS.selfdrive_state] if TOPICS.selfdrive_state is not None and TOPICS.selfdrive_state not in self.spec.subscribed else []
+    pm, sm = pub_master(list(self.spec.services)), sub_master([*self.spec.subscribed, *gate])
     if not self.camera.wait_for_camerad(): return 0
     loaded = self.load()
     drops, published = FrameDrops(), 0
@@ -300,6 +305,7 @@ class FrameDaemon(Generic[P]):
     try:
       while not self.exit.is_set() and (max_frames is None or published < max_frames):
         if self.switch.ready is not None: loaded = self.switched(loaded)  # the changeover point: between two frames
+        if self.warming is not None: self.changeover()
         frames = self.camera.recv() if loaded else None
         t_recv = time.monotonic_ns()
         if frames is None:
@@ -308,12 +314,15 @@ class FrameDaemon(Generic[P]):
           continue
         self.episodes.ended("reconnect", "frames again after reconnecting to camerad")
         sm.update(0)
+        self.engaged = engaged(sm)
         dropped, drop_perc = drops.update(frames.meta.frame_id)
         self.status.dropped += dropped
         if t_recv >= self.status.next_ns: log.info(self.status.line(t_recv, published))
         published += self.step(pm, sm, Frame(frames, dropped, drop_perc), t_recv)
         if published == 1: gc.collect()  # the first frame built the message templates (pycapnp's schema objects hold reference cycles)
-    finally: self.switch.stop()
+    finally:
+      self.switch.stop()
+      self.run_state.remove()
     log.info(f"the frame loop left {gc.collect()} objects in reference cycles (the collector is off while it runs)")
     log.info(f"exiting after {published} published frames")
     return 0
@@ -341,7 +350,23 @@ class FrameDaemon(Generic[P]):
                              time.monotonic_ns()])
       self.status.times.append(done.execution_time)
     if self.first_frame:  # which model runs is no field of today's messages: said here, frame by frame of a change (and in the run state)
-      self.first_frame = False
+      self.first_frame, self.since = False, (self.since[0], frame.frames.meta.frame_id)
       log.info(f"frame {frame.frames.meta.frame_id}: the first on set {self.model_set.name if self.model_set else '?'} (model {loaded.digest[:16]})")
     self.probation(finite)
+    if self.warming is not None: self.shadow_frame(frame, inputs)
+    if frame.frames.meta.frame_id % STATE_EVERY == 0 or self.since[1] == frame.frames.meta.frame_id: self.record_state()
     return int(done is not None)
+
+  def record_state(self) -> None:
+    """The run state from what runs and what is on its way (daemon/run_state.py)."""
+    current, switch = self.switch.current, self.switch
+    running = {"set": current.model_set.name, "model": current.handle.digest[:16], "since": self.since[0], "since_frame": self.since[1],
+               "big": False} if current is not None else None
+    name = current.model_set.name if current is not None else None
+    if (warming := self.warming) is not None:
+      next_set = {"set": warming.name, "phase": "deferred" if warming.deferred else "warming", "progress": warming.progress()}
+    elif (loading := switch.loading) is not None: next_set = {"set": loading, "phase": "loading"}
+    elif switch.requested != name and (reason := switch.failed.get(switch.requested)) is not None:
+      next_set = {"set": switch.requested, "phase": "failed", "reason": reason}
+    else: next_set = None
+    self.run_state.update(running=running, next=next_set)

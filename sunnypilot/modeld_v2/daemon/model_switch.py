@@ -127,6 +127,8 @@ class ModelSwitch(Generic[T]):
     self.failed: dict[str, str] = {}  # set name -> why, until it is asked for again
     self.fallbacks: list[str] = []  # the sets to load when the running one fails its first frames with none kept to go back to
     self.again: str | None = None  # a set to load again for the new context
+    self.loading: str | None = None  # the set the thread is loading now (for the daemon's run state; the thread's alone to write)
+    self.pending: str | None = None  # the set the frame thread warms in the shadow of the running one (daemon/shadow.py), not loaded again
     self.to_record: str | None = None  # a set that passed, for the thread to record as the last that ran
     self.to_close: list[T] = []  # handles let go by the frame thread, for the thread to close
     self.lock, self.wake, self.stop_event = threading.Lock(), threading.Event(), threading.Event()
@@ -209,6 +211,15 @@ class ModelSwitch(Generic[T]):
     with self.lock: self.again = candidate.model_set.name
     self.release(candidate.handle)
 
+  def shadowing(self, candidate: Candidate[T] | None) -> None:
+    """The frame thread warms `candidate` beside the running set (None: it warms none any more): the thread does not load that set again."""
+    with self.lock: self.pending = candidate.model_set.name if candidate is not None else None
+
+  def shadow_failed(self, candidate: Candidate[T], why_failed: str) -> None:
+    """`candidate` failed its warm-up (non-finite outputs, a context that never filled): closed, and not tried again until asked for again."""
+    with self.lock: self.failed[candidate.model_set.name], self.pending = why_failed, None
+    self.release(candidate.handle)
+
   def changed_over(self, candidate: Candidate[T]) -> None:
     """Frames run on `candidate` from now on. The outgoing set stays loaded as the fallback when it had passed its first frames (the one
     kept before is closed); one that had not is closed, and a set kept before stays the fallback. With none kept, the sets to fall back
@@ -221,7 +232,7 @@ class ModelSwitch(Generic[T]):
         if self.previous is not None: let_go.append(self.previous.handle)
         self.previous = outgoing
       elif outgoing is not None: let_go.append(outgoing.handle)
-      self.current, self.confirmed, self.probation = candidate, False, self.probation_frames
+      self.current, self.confirmed, self.probation, self.pending = candidate, False, self.probation_frames, None
       self.fallbacks = [] if self.previous is not None else order
     for handle in let_go: self.release(handle)
     kept = f"; set {self.previous.model_set.name} kept until it has run {self.probation_frames} frames" if self.previous is not None else ""
@@ -324,7 +335,7 @@ class ModelSwitch(Generic[T]):
     if self.again is not None: return self.again
     running = self.current.model_set.name if self.current is not None else None
     if running in self.failed and (fallback := self.next_fallback()) is not None: return fallback
-    return None if running == self.requested or self.requested in self.failed else self.requested
+    return None if self.requested in (running, self.pending) or self.requested in self.failed else self.requested
 
   def step(self) -> None:
     """One look at the request and, when a set is due, its load (the thread calls it every POLL_S, and when woken)."""
@@ -334,9 +345,12 @@ class ModelSwitch(Generic[T]):
       name, context = None if self.ready is not None or self.context is None else self._target(), self.context
       if name is not None and name == self.again: self.again = None
     if asked: log.info(f"set {self.requested} asked for by {self.trigger}")
+    if asked and name is None and self.current is not None and self.requested == self.current.model_set.name:
+      log.info(f"set {self.requested} runs already: nothing to change")
     if name is None: return
     interval = sys.getswitchinterval()
     sys.setswitchinterval(LOADING_SWITCH_INTERVAL_S)
+    self.loading = name
     try: candidate = Candidate(model_set := self.sets.open(name), self.load(model_set, context), context)
     except Exception as e:  # whatever a set's load raises, the running set runs on, and the set is not tried again until asked for again
       with self.lock:
@@ -345,7 +359,9 @@ class ModelSwitch(Generic[T]):
         running = f"set {self.current.model_set.name} keeps running" if self.current is not None else "no set runs"
       log.warning(f"cannot switch to set {name}: {why(e)}; {running}")
       return
-    finally: sys.setswitchinterval(interval)
+    finally:
+      sys.setswitchinterval(interval)
+      self.loading = None
     request = self.trigger.requested()
     with self.lock:
       asked = self._read_request(request)
