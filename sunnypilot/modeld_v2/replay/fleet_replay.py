@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
-from sunnypilot.modeld_v2.common.cli import child_env
+from sunnypilot.modeld_v2.common.cli import child_env, interrupts_handled, on_interrupt
 from sunnypilot.modeld_v2.compile.model_plan import model_files
 from sunnypilot.modeld_v2.replay.fleet_report import FleetReport, error_record, read_record
 from sunnypilot.modeld_v2.replay.route_segment import RouteError
@@ -192,7 +192,6 @@ def run_ray(folders: list[str], flags: list[str], args, report: FleetReport) -> 
   import ray
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-  from sunnypilot.modeld_v2.replay.route_replay import on_interrupt
   on_interrupt()  # ray.init put its own SIGTERM handler (sys.exit) in place of the one that stops the replays
   attempts, run = Attempts(report), uuid.uuid4().hex[:12]
   files, node_flags = shipped_files(args)
@@ -229,16 +228,6 @@ def task_record(ref, folder: str) -> dict:
   except ray.exceptions.RayError as e: return error_record(segment_name(folder), f"{type(e).__name__}: {str(e).splitlines()[0]}", lost=True)
 
 # *** the fleet ***
-
-@contextlib.contextmanager
-def interrupts_handled() -> Iterator[None]:
-  """Ctrl-C and SIGTERM as route_replay handles them while the fleet runs; the handlers before are put back after."""
-  from sunnypilot.modeld_v2.replay.route_replay import on_interrupt
-  before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-  on_interrupt()
-  try: yield
-  finally:
-    for sig, handler in before.items(): signal.signal(sig, handler)
 
 def replay_fleet(folders: list[str], flags: list[str], args) -> int:
   """Replay `folders` with --jobs processes or as Ray tasks (args.ray); the fleet report in args.out and its summary line on stdout; the
