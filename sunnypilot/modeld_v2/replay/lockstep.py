@@ -3,6 +3,7 @@ time order, each frame once its daemon has published the one before (lockstep: n
 (realtime); every message the daemons publish is kept (Published)."""
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,12 +11,19 @@ from typing import Any
 import msgq
 import numpy as np
 
+from sunnypilot.modeld_v2.daemon.camera_sync import VisionStreamType
 from sunnypilot.modeld_v2.daemon.messaging import has_service, pub_master
 from sunnypilot.modeld_v2.daemon.messaging import log as capnp_log
 from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad
 from sunnypilot.modeld_v2.replay.log_state import LogState
 from sunnypilot.modeld_v2.replay.model_daemons import DRIVER_SERVICE, FRAME_TIMEOUT_S, OUTPUT_SERVICES, Modeld
 from sunnypilot.modeld_v2.replay.route_segment import INPUT_SERVICES, CameraFrame, EventFeed, InputEvent, RouteError, Segment
+
+# A road frame not answered in this long goes out again, alone. The replay stopped (a loaded machine, a debugger) between a frame's road and
+# wide buffers for over the 100 ms modeld's camera sync waits for the wide one: modeld took the road frame and dropped it, and would wait
+# for the next while lockstep waits for this one. Sent again, the road frame pairs with the wide one modeld holds; a modeld that paired
+# them already skips it (openpilot's sync takes a road frame only 25 ms past the last wide one), and the driver stream has no pairs.
+RESEND_S = 1.0
 
 class Published:
   """What the daemons publish (`services`), every message (no conflation), by service and frame id, and in arrival order for the log."""
@@ -44,10 +52,15 @@ class Published:
         time.sleep(0.0005)
     return True
 
-def lockstep_wait(published: Published, modeld: Modeld, frame_id: int, service: str = "modelV2") -> None:
-  """Until `service` (modeld's modelV2, dmonitoringmodeld's driverStateV2) for frame_id arrived."""
-  if not published.wait([frame_id], modeld, FRAME_TIMEOUT_S, services=(service,)):
-    raise RouteError(f"{modeld.name} published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
+def lockstep_wait(published: Published, modeld: Modeld, frame_id: int, service: str = "modelV2", resend: Callable[[], None] | None = None) -> None:
+  """Until `service` (modeld's modelV2, dmonitoringmodeld's driverStateV2) for frame_id arrived. With `resend`, a frame not answered in
+  RESEND_S is sent again, then after twice as long, and so on (a few times in FRAME_TIMEOUT_S, far fewer than camerad's buffers)."""
+  deadline, wait = time.monotonic() + FRAME_TIMEOUT_S, RESEND_S if resend is not None else FRAME_TIMEOUT_S
+  while not published.wait([frame_id], modeld, min(wait, deadline - time.monotonic()), services=(service,)):
+    if time.monotonic() >= deadline:
+      raise RouteError(f"{modeld.name} published nothing for frame {frame_id} in {FRAME_TIMEOUT_S:.0f} s: {modeld.last_line()}")
+    if resend is not None: resend()
+    wait *= 2
 
 class Lockstep:
   """camerad (FakeCamerad, with the driver stream when `driver`) and the log's publishers for one segment, and what the daemons publish.
@@ -96,7 +109,8 @@ class Lockstep:
       if self.realtime:
         published.poll()
         time.sleep(max(0.0, t0 + k * 0.05 + 0.05 - time.monotonic()))
-      else: lockstep_wait(published, daemons[0], cam.frame_id)
+      else: lockstep_wait(published, daemons[0], cam.frame_id,
+                          resend=functools.partial(camerad.send_frame, VisionStreamType.ROAD, road, cam.frame_id, cam.sof, cam.eof))
       if (k + 1) % 200 == 0: report(f"{self.segment.name}: {k + 1}/{len(frames)} frames, {(k + 1) / (time.monotonic() - t0):.1f} frames/s")
     self.seconds = time.monotonic() - t0
     self.wait_for_last(daemons, frames, driver_frames, report)
