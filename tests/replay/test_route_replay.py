@@ -333,3 +333,20 @@ def test_stopping_parallel_replays_stops_every_one(route, native_artifacts, tmp_
   assert not left, f"still running: {left}\n{err}"
   assert "modeld exited" not in err and "Traceback" not in err, err
   assert err.count("route_replay: interrupted") == 3 and "1 not started" in err, err
+
+def test_a_check_of_one_daemon_says_the_other_went_unchecked(route, dm_artifacts, both_artifacts, tmp_path, capsys, monkeypatch):
+  """--dm-onnx without a driving-model reference, both daemons running: the summary said 'reference check over 24 frames ... PASSED' with
+  no word that modeld's outputs went unchecked. Now it names the daemon it checked and the one it did not, and so do check.json and the
+  record a fleet reads."""
+  import json
+  monkeypatch.setenv("OPENPILOT_PREFIX", "unused")  # main sets its own: restored after the test
+  out, record = tmp_path / "out", tmp_path / "record.json"
+  code = main([route, "--artifacts", both_artifacts, "--dm-onnx", os.path.join(dm_artifacts, "dmonitoring_model.onnx"), "--no-pictures",
+               "--out", str(out), "--result", str(record)])
+  stdout = capsys.readouterr().out
+  assert code == 0 and f"reference check of dmonitoringmodeld over {FRAMES} driver frames, tolerance 0.001: PASSED" in stdout, stdout
+  assert "NOT CHECKED: modeld's outputs (no driving-model reference: --onnx" in stdout, stdout
+  check = json.loads((out / os.path.basename(route) / "check.json").read_text())
+  assert check["checked"] == ["dmonitoringmodeld"] and list(check["unchecked"]) == ["modeld"] and check["passed"], check
+  got = json.loads(record.read_text())
+  assert got["status"] == "passed" and got["reason"].startswith("modeld not checked (no driving-model reference"), got

@@ -31,6 +31,8 @@ def result_record(result: Any) -> dict:
   record = dataclasses.asdict(result) | {"status": "replayed", "reason": None}
   if (check := result.check) is not None:
     record["status"], record["reason"] = ("passed", None) if check["passed"] else ("failed", past_tolerance(check))
+    if unchecked := check.get("unchecked"):  # a daemon that ran unchecked: said beside the verdict
+      record["reason"] = "; ".join([*filter(None, [record["reason"]]), *(f"{daemon} not checked ({why})" for daemon, why in unchecked.items())])
   return record
 
 def past_tolerance(check: dict) -> str:

@@ -215,10 +215,14 @@ def check_tolerance(args: argparse.Namespace, reference, driver_check: DriverChe
   if args.tolerance is not None or checked is None: return args.tolerance
   return TOLERANCE.get(checked.output_dtype.name, 1e-3)
 
+UNCHECKED = {"modeld": "no driving-model reference: --onnx, --vision with --policy or the off/on-policy files, or --against",
+             "dmonitoringmodeld": "no driver-monitoring reference: --dm-onnx"}  # why a daemon that ran went unchecked
+
 def checked_report(check: ReferenceCheck | None, driver_check: DriverCheck | None, by_frame: dict[str, dict[int, Any]], driver_ids: list[int],
                    tolerance: float | None) -> dict | None:
   """Each check's reference finished and compared with what was published (`by_frame`: service -> frame id -> message; modeld's every
-  published frame, every driver frame sent), one report (merged_report when both ran); None without a check."""
+  published frame, every driver frame sent: none when dmonitoringmodeld did not run), one report (merged_report when both ran) that
+  says which daemons it checked and which ran unchecked, and why; None without a check."""
   reports = []
   models, drivers = by_frame["modelV2"], by_frame.get(DRIVER_SERVICE, {})
   for c, ids, compare in ((check, sorted(models), lambda f: {s: by_frame[s].get(f) for s in OUTPUT_SERVICES}),
@@ -227,4 +231,7 @@ def checked_report(check: ReferenceCheck | None, driver_check: DriverCheck | Non
     c.finish()
     for frame_id in ids: c.compare(frame_id, compare(frame_id))
     reports.append(c.report(tolerance))
-  return merged_report(*reports) if len(reports) == 2 else reports[0] if reports else None
+  if not reports: return None
+  ran = {"modeld": check is not None, **({"dmonitoringmodeld": driver_check is not None} if driver_ids else {})}
+  return (merged_report(*reports) if len(reports) == 2 else reports[0]) | {"checked": [d for d, c in ran.items() if c],
+                                                                           "unchecked": {d: UNCHECKED[d] for d, c in ran.items() if not c}}

@@ -14,11 +14,13 @@ dmonitoring_model.bin and a dm_warp for the camera, its frames go out on the dri
 dmonitoringmodeld runs beside modeld; driverStateV2 joins the log, and --dm-onnx checks it against onnxruntime on the DM ONNX (the
 frame warped in numpy as compile_dm_warp warps it, calib from liveCalibration, openpilot's parse and fill on its raw outputs).
 
-Lockstep (default): the next frame goes out when its daemon has published this one, so nothing drops and a run is deterministic.
---realtime sends at 20 Hz and reports the frames modeld dropped. Per segment, OUT/<segment>/ gets modeld_rlog.zst (what modeld
-published, readable with openpilot_logging's LogReader), overlay.mp4 (plan path, lane lines, road edges and leads over the road camera),
+Lockstep (default): the next frame goes out when its daemon has published this one, so nothing drops and a run is deterministic; a road
+frame not answered in a second goes out again (the replay stalled between its road and wide buffers: see lockstep). --realtime sends at
+20 Hz and reports the frames modeld dropped. Per segment, OUT/<segment>/ gets modeld_rlog.zst (what modeld published, readable with
+openpilot_logging's LogReader), overlay.mp4 (plan path, lane lines, road edges and leads over the road camera),
 plots.png (desired curvature, acceleration, lead distance and confidence over time; with the driver camera, the driver's face position and
-orientation and the probabilities) and, with a reference, check.json (driverStateV2's heads as driverStateV2:<head>).
+orientation and the probabilities) and, with a reference, check.json (driverStateV2's heads as driverStateV2:<head>; which daemons it
+checked, and which ran unchecked and why: the summary says so too).
 
 Several segments (--jobs N local processes, or --ray: Ray tasks on this machine or a cluster, see fleet_replay) also write OUT/fleet.json
 and OUT/fleet.png, one report for all (fleet_report); exit 1 when a segment is past its tolerance, 2 when one could not be replayed.

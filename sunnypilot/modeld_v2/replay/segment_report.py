@@ -69,9 +69,10 @@ def summarize(result: Result) -> str:
   if result.check is not None:
     c = result.check
     worst = sorted(c["heads"].items(), key=lambda kv: -kv[1]["max"])[:5]
-    over = f"{c['frames']} frames" + (f" and {c['driver_frames']} driver frames" if "driver_frames" in c else "")
-    lines.append(f"  reference check over {over}, tolerance {c['tolerance']:g}: {'PASSED' if c['passed'] else 'FAILED'}")
+    over = {"modeld": f"modeld over {c['frames']} frames", "dmonitoringmodeld": f"dmonitoringmodeld over {c.get('driver_frames', c['frames'])} driver frames"}
+    lines.append(f"  reference check of {' and '.join(over[d] for d in c['checked'])}, tolerance {c['tolerance']:g}: {'PASSED' if c['passed'] else 'FAILED'}")
     lines += [f"    {name:24s} max {h['max']:.3g} (frame {h['peak_frame']}), mean {h['mean']:.3g}" for name, h in worst]
     lines += [f"    field {p}: max {f['max']:.3g} (frame {f['peak_frame']})" for p, f in list(c["fields_past_tolerance"].items())[:10]]
+    lines += [f"  NOT CHECKED: {daemon}'s outputs ({why})" for daemon, why in c["unchecked"].items()]
   lines += [f"  wrote {p}" for p in result.files]
   return "\n".join(lines)
