@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import uuid
 
 from sunnypilot.modeld_v2.common.cli import checked, end_with_parent, finite_float, on_interrupt, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
@@ -44,6 +42,8 @@ from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR
 from sunnypilot.modeld_v2.replay.fleet_replay import RAY_ADDRESS, replay_fleet
 from sunnypilot.modeld_v2.replay.fleet_report import error_record, result_record, write_record
 from sunnypilot.modeld_v2.replay.model_daemons import ModeldKilled
+from sunnypilot.modeld_v2.replay.ray_fleet import drive
+from sunnypilot.modeld_v2.replay.replay_process import NAMESPACE_ENV, new_namespace, remove_namespace_files
 from sunnypilot.modeld_v2.replay.route_segment import RouteError, segment_folders
 from sunnypilot.modeld_v2.replay.segment_replay import replay_segment
 from sunnypilot.modeld_v2.replay.segment_report import summarize
@@ -78,6 +78,8 @@ def parser() -> argparse.ArgumentParser:
                  "(default 1), so a node runs at most its CPUs / N at once")
   p.add_argument("--result", metavar="FILE", help="write this segment's record (status, reason, frames, seconds, the check) as JSON here: how --jobs and --ray "
                  "collect their fleet report")
+  p.add_argument("--driver", metavar="RUN", help="with --ray: be the Ray driver of the fleet run RUN, writing each segment's record where the fleet reads "
+                 "them (route_replay --ray runs its driver in a process of its own: Ray ends that process when its node is lost, not the report)")
   p.add_argument("--rhd", action="store_true", help="passed to modeld (else driverMonitoringState.isRHD decides)")
   p.add_argument("--lat-delay", type=checked(parse_delay), default=TYPICAL_CAR.lateral, help="passed to modeld: the lateral delay in seconds until liveDelay "
                  f"says (default {TYPICAL_CAR.lateral:g}, modeld's: a typical car's steerActuatorDelay + 0.2)")
@@ -101,6 +103,7 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
   if models and args.against: fail(p, "give one reference: ONNX file(s) or --against, not both")
   if (models or args.against or args.dm_onnx) and args.realtime: fail(p, "--realtime drops frames by design: the reference check runs in lockstep only")
   if args.ray and args.jobs > 1: fail(p, "give --jobs (local processes) or --ray (Ray tasks), not both")
+  if args.driver is not None and (not args.ray or args.result is not None): fail(p, "--driver drives a --ray fleet: give --ray and no --result")
   for path in [getattr(args, k) for k in models] + [args.against] * bool(args.against) + [args.dm_onnx] * bool(args.dm_onnx):
     if not os.path.isfile(path): fail(p, f"{path}: no such file")
   try:
@@ -117,12 +120,17 @@ def main(argv: list[str] | None = None) -> int:
   check_args(p, args)
   try: folders = [f for s in args.segments for f in segment_folders(s)]
   except RouteError as e: fail(p, str(e))
+  flags = [a for a in argv if a not in args.segments]
+  if args.driver is not None:
+    at = flags.index("--driver")  # the flags its tasks' replays get: all but this one
+    try: return drive(folders, flags[:at] + flags[at + 2:], args, args.driver)
+    except RouteError as e: fail(p, str(e))
   if args.result is None and (len(folders) > 1 or args.ray):
-    try: return replay_fleet(folders, [a for a in argv if a not in args.segments], args)
+    try: return replay_fleet(folders, flags, args)
     except RouteError as e: fail(p, str(e))
   if args.result is not None and len(folders) > 1: fail(p, "--result is one segment's record: give one segment")
-  prefix = f"route_replay_{uuid.uuid4().hex[:10]}"
-  os.environ["OPENPILOT_PREFIX"] = prefix
+  prefix = os.environ.get(NAMESPACE_ENV) or new_namespace()  # a fleet names its replays' namespaces: it ends them, whatever ends this process
+  os.environ["OPENPILOT_PREFIX"] = os.environ[NAMESPACE_ENV] = prefix  # the daemons carry the name too
   on_interrupt()  # stop modeld and remove the namespace on SIGTERM too
   written: list[str] = []
   try: result = replay_segment(folders[0], args, written=written)
@@ -132,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt:
     done = f"wrote {', '.join(written)}" if written else "nothing written"
     p.exit(130, f"route_replay: interrupted: {done} for {os.path.basename(os.path.normpath(folders[0]))}\n")
-  finally: shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
+  finally: remove_namespace_files(prefix)
   if args.result: write_record(args.result, result_record(result))
   print(summarize(result), flush=True)
   return 1 if result.check is not None and not result.check["passed"] else 0
