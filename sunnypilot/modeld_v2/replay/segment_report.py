@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from openpilot_logging.logreader import save_log
+
 from sunnypilot.modeld_v2.common.files import replaced_atomically
 from sunnypilot.modeld_v2.daemon.messaging import log as capnp_log
 from sunnypilot.modeld_v2.replay.model_daemons import DRIVER_SERVICE
@@ -33,7 +35,6 @@ class Result:
 
 def write_log(path: str, raws: list[bytes]) -> None:
   """The messages as a cereal log (openpilot_logging's save_log, zstd by the name): written whole to a temporary name, then renamed."""
-  from openpilot_logging.logreader import save_log
   tmp = f"{path}.tmp{os.getpid()}.zst"
   try:
     save_log(tmp, list(capnp_log.Event.read_multiple_bytes(b"".join(raws))))
