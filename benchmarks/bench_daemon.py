@@ -116,7 +116,7 @@ def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | N
   from benchmarks.car_bus import BUS_SERVICES, bus_traffic
   from sunnypilot.modeld_v2.daemon.messaging import pub_master
   from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad, synthetic_frames
-  from sunnypilot.modeld_v2.replay.route_replay import Modeld
+  from sunnypilot.modeld_v2.replay.model_daemons import Modeld
   prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)

@@ -40,8 +40,9 @@ def compare(files: dict[str, str], bundles: dict[str, str], segment_path: str, f
   """Every frame of the segment through each bundle and onnxruntime; per head and field, each bundle's largest differences."""
   from sunnypilot.modeld_v2.daemon.device_params import TYPICAL_CAR
   from sunnypilot.modeld_v2.format.bundle import read_bundle
+  from sunnypilot.modeld_v2.replay.log_state import LogState
   from sunnypilot.modeld_v2.replay.onnx_reference import OnnxReference
-  from sunnypilot.modeld_v2.replay.route_replay import BundleReference, LogState, ReferenceCheck, difference
+  from sunnypilot.modeld_v2.replay.reference_check import BundleReference, ReferenceCheck, difference
   from sunnypilot.modeld_v2.replay.route_segment import EventFeed, FrameDecoder, open_segment
   segment = open_segment(segment_path)
   args = SimpleNamespace(rhd=False, camera_offset=0.0, lat_delay=TYPICAL_CAR.lateral, long_delay=TYPICAL_CAR.longitudinal)

@@ -82,7 +82,7 @@ def run(default: str, root: str, switches: int, between_s: float, log, control: 
   from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE, DEFAULT_SET
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
   from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad, synthetic_frames
-  from sunnypilot.modeld_v2.replay.route_replay import Modeld
+  from sunnypilot.modeld_v2.replay.model_daemons import Modeld
   prefix = f"bench_switch_{uuid.uuid4().hex[:10]}"
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)

@@ -483,7 +483,7 @@ def test_the_graph_parse_publishes_what_the_host_parse_does(artifacts, native_ar
   frames: each says once how it parses, and publishes the same fields of all three messages with the same values (floats within 1e-6
   relative: the graph's float32 arithmetic), the same raw outputs, and once both are calibrated the same valid flags."""
   from sunnypilot.modeld_v2.compile_modeld import compile_model
-  from sunnypilot.modeld_v2.replay.route_replay import flatten
+  from sunnypilot.modeld_v2.replay.reference_check import flatten
   host = tmp_path_factory.mktemp("host_parse")
   compile_model(str(host / "model.bin"), onnx=os.path.join(native_artifacts, "native.onnx"), log=lambda s: None, host_parse=True)
   shutil.copy(os.path.join(artifacts, "warp_split.bin"), host / "warp_split.bin")

@@ -122,7 +122,7 @@ def test_float16_bundles_are_checked_with_float16s_tolerance(route, native_artif
   import json
 
   from sunnypilot.modeld_v2.compile_modeld import compile_model
-  from sunnypilot.modeld_v2.replay.route_replay import difference
+  from sunnypilot.modeld_v2.replay.reference_check import difference
   folder, out = tmp_path / "half", tmp_path / "out"
   folder.mkdir()
   onnxs = {"model.bin": os.path.join(native_artifacts, "native.onnx"), "dmonitoring_model.bin": os.path.join(dm_artifacts, "dmonitoring_model.onnx")}
@@ -345,7 +345,8 @@ def replay_processes(marker: str) -> list[int]:
 @pytest.mark.parametrize("how", ["SIGTERM to route_replay", "Ctrl-C to its process group"])
 def test_stopping_parallel_replays_stops_every_one(route, native_artifacts, tmp_path, how):
   """SIGTERM to `route_replay --jobs 2` ended the parent only: both child replays and their modelds ran on and wrote logs. Ctrl-C to the
-  process group exited 2, each child blaming modeld ('modeld exited (130)'). Now both end every replay and modeld: 130, 'interrupted'."""
+  process group exited 2, each child blaming modeld ('modeld exited (130)'). Now both end every replay and modeld: 130 within 5 s,
+  'interrupted'."""
   import signal
   import time
   artifacts = tmp_path / "artifacts"  # a path of this test's own: the processes it starts are found by it
@@ -360,10 +361,27 @@ def test_stopping_parallel_replays_stops_every_one(route, native_artifacts, tmp_
     lines.append(line)
   if how.startswith("SIGTERM"): proc.send_signal(signal.SIGTERM)
   else: os.killpg(proc.pid, signal.SIGINT)
+  assert proc.wait(timeout=5) == 130, "".join(lines)  # its report written, everything it started ended
   err = "".join(lines) + proc.stderr.read()
-  assert proc.wait(timeout=60) == 130, err
   deadline = time.monotonic() + 30
   while (left := replay_processes(str(artifacts))) and time.monotonic() < deadline: time.sleep(0.1)
   assert not left, f"still running: {left}\n{err}"
   assert "modeld exited" not in err and "Traceback" not in err, err
   assert err.count("route_replay: interrupted") == 3 and "1 not started" in err, err
+
+def test_a_check_of_one_daemon_says_the_other_went_unchecked(route, dm_artifacts, both_artifacts, tmp_path, capsys, monkeypatch):
+  """--dm-onnx without a driving-model reference, both daemons running: the summary said 'reference check over 24 frames ... PASSED' with
+  no word that modeld's outputs went unchecked. Now it names the daemon it checked and the one it did not, and so do check.json and the
+  record a fleet reads."""
+  import json
+  monkeypatch.setenv("OPENPILOT_PREFIX", "unused")  # main sets its own: restored after the test
+  out, record = tmp_path / "out", tmp_path / "record.json"
+  code = main([route, "--artifacts", both_artifacts, "--dm-onnx", os.path.join(dm_artifacts, "dmonitoring_model.onnx"), "--no-pictures",
+               "--out", str(out), "--result", str(record)])
+  stdout = capsys.readouterr().out
+  assert code == 0 and f"reference check of dmonitoringmodeld over {FRAMES} driver frames, tolerance 0.001: PASSED" in stdout, stdout
+  assert "NOT CHECKED: modeld's outputs (no driving-model reference: --onnx" in stdout, stdout
+  check = json.loads((out / os.path.basename(route) / "check.json").read_text())
+  assert check["checked"] == ["dmonitoringmodeld"] and list(check["unchecked"]) == ["modeld"] and check["passed"], check
+  got = json.loads(record.read_text())
+  assert got["status"] == "passed" and got["reason"].startswith("modeld not checked (no driving-model reference"), got

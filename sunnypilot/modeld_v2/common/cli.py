@@ -1,14 +1,16 @@
 """What every command line of this package shares: argument types checked when the arguments are parsed (argparse then prints one
-line and exits 2, before any work), and Ctrl-C reported as one line with exit code 130, the shell's code for SIGINT."""
+line and exits 2, before any work), Ctrl-C reported as one line with exit code 130, the shell's code for SIGINT, and SIGINT/SIGTERM
+turned into one KeyboardInterrupt for a CLI that must clean up what it started (on_interrupt)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -88,3 +90,22 @@ def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int
         return 130
     return run
   return wrap
+
+def interrupted(*_) -> None:
+  """SIGINT or SIGTERM: stop, once. Signals after the first are ignored, so the clean-up they interrupt (stopping a daemon, removing a
+  msgq namespace) runs to its end: a Ctrl-C at the terminal reaches a parallel replay's children, and its parent then tells them too."""
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: None)  # not SIG_IGN: a signal already pending then raises OSError
+  raise KeyboardInterrupt
+
+def on_interrupt() -> None:
+  """SIGINT and SIGTERM raise KeyboardInterrupt, once (interrupted): a CLI's `finally` then stops and removes what it started."""
+  for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, interrupted)
+
+@contextlib.contextmanager
+def interrupts_handled() -> Iterator[None]:
+  """on_interrupt while the block runs; the handlers before are put back after."""
+  before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+  on_interrupt()
+  try: yield
+  finally:
+    for sig, handler in before.items(): signal.signal(sig, handler)

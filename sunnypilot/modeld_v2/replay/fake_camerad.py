@@ -86,11 +86,15 @@ class FakeCamerad:
     sof = time.monotonic_ns() if sof is None else sof
     return self._send(VisionStreamType.DRIVER, "driverCameraState", buf, frame_id, sof, sof + 20_000_000 if eof is None else eof)
 
+  def send_frame(self, stream: int, data: np.ndarray, frame_id: int, sof: int, eof: int) -> int:
+    """One buffer over VisionIPC alone, without its camera state message; returns when its send returned."""
+    self.server.send(stream, np.ascontiguousarray(data[:self.frame.size]).tobytes(), frame_id, sof, eof)
+    return time.monotonic_ns()
+
   def _send(self, stream: int, service: str, data: np.ndarray, frame_id: int, sof: int, eof: int) -> int:
     """One buffer over VisionIPC, then its camera state message, as camerad sends them (frame first: a reader of the state finds it)."""
     from sunnypilot.modeld_v2.daemon.messaging import new_message
-    self.server.send(stream, np.ascontiguousarray(data[:self.frame.size]).tobytes(), frame_id, sof, eof)
-    delivered = time.monotonic_ns()
+    delivered = self.send_frame(stream, data, frame_id, sof, eof)
     msg = new_message(service)
     state = getattr(msg, service)
     state.frameId, state.timestampSof, state.timestampEof, state.sensor = frame_id, sof, eof, self.sensor

@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 # *** one segment's record ***
 
 def result_record(result: Any) -> dict:
-  """A finished replay's record (route_replay.Result): passed or failed by its check, or replayed when there was no reference."""
+  """A finished replay's record (segment_report.Result): passed or failed by its check, or replayed when there was no reference."""
   record = dataclasses.asdict(result) | {"status": "replayed", "reason": None}
   if (check := result.check) is not None:
     record["status"], record["reason"] = ("passed", None) if check["passed"] else ("failed", past_tolerance(check))
+    if unchecked := check.get("unchecked"):  # a daemon that ran unchecked: said beside the verdict
+      record["reason"] = "; ".join([*filter(None, [record["reason"]]), *(f"{daemon} not checked ({why})" for daemon, why in unchecked.items())])
   return record
 
 def past_tolerance(check: dict) -> str:
