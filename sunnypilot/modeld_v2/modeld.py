@@ -165,7 +165,7 @@ class ModelD:
     execution_time = time.perf_counter() - clock.start  # openpilot's modelExecutionTime covers the model run and the parsing of its outputs
     fed = inputs.fed
     info = FrameInfo(meta.frame_id, meta_extra.frame_id, meta.timestamp_eof, inputs.road_frame_id, frame.drop_perc, frame.dropped, execution_time,
-                     fed.calibrated, fed.lat_t, fed.long_t, finite, not frame.frames.clock_frozen)
+                     fed.calibrated, fed.lat_t, fed.long_t, finite, not frame.frames.clock_frozen, loaded.big)
     stamps = self.publish_block(pm, outputs, info, fed) if parsed is None else self.publish_parsed(pm, loaded, parsed, outputs, info, fed)
     return Published(execution_time, *stamps)
 

@@ -1,11 +1,13 @@
-"""modeld switching model sets while frames run: every frame published, the new set from zero, back to the previous on bad outputs, the
-fallbacks at start, signatures. The camerad stand-in and the subscriber run here (test_modeld.Daemon), modeld in a subprocess."""
+"""modeld switching model sets while frames run: every frame published, the new set warmed in the shadow of the running one, the engagement
+gate, back to the previous on bad outputs, the fallbacks at start, signatures. The camerad stand-in and the subscriber run here
+(test_modeld.Daemon), modeld in a subprocess."""
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import onnx
@@ -274,3 +276,170 @@ def test_with_trusted_keys_an_unsigned_warp_is_never_picked(artifacts, tmp_path)
   try: assert os.path.basename(prepared.warp) == "warp_split.bin"
   finally: prepared.adapter.close()
   assert sum("warp_a_split.bin" in line and "skipping" in line for line in lines) == 1, lines
+
+def shadow_start(daemon: Daemon, name: str) -> int:
+  """The frame on which set `name` first ran in the shadow (the daemon says so)."""
+  return next(int(m[1]) for line in daemon.lines if (m := re.search(rf"frame (\d+): the first of set {name} in the shadow", line)))
+
+def test_a_set_asked_for_while_engaged_warms_and_waits_for_the_disengagement(artifacts, root, openpilot_prefix):
+  """--switch-while-engaged defer (the default): b, asked for while openpilot is engaged, warms up in the shadow and keeps warming while
+  engaged (its run state says deferred); the frame after the first disengaged one runs on b, with the past b ran in the shadow; the
+  default publishes its own outputs until then."""
+  from sunnypilot.modeld_v2.daemon.run_state import read_state
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))
+  daemon.engaged = True
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "set b is warm: it takes over once openpilot disengages", 25)
+  daemon.exchange(range(end, end + 10))
+  state = read_state("modeld", openpilot_prefix)
+  assert state["running"]["set"] == "default" and state["next"]["set"] == "b" and state["next"]["phase"] == "deferred", state
+  daemon.engaged = False
+  end = exchange_until(daemon, "switched to set b", end + 10)
+  daemon.exchange(range(end, end + 3))
+  assert daemon.stop() == 0
+  sent, first_b = list(range(end + 3)), end - 1
+  assert [published_id(daemon, i) for i in sent] == [model_id(artifacts)] * first_b + [model_id(root / "b")] * (len(sent) - first_b)
+  warm = shadow_start(daemon, "b")
+  assert [daemon.raw(i) for i in sent[first_b:]] == reference(str(root / "b"), sent[warm:])[first_b - warm:], "b's past: every shadow frame"
+  assert [daemon.raw(i) for i in sent[:first_b]] == reference(artifacts, sent[:first_b]), "the default untouched while b warmed"
+
+def test_with_shadow_the_warm_set_takes_over_while_engaged(artifacts, root, openpilot_prefix):
+  daemon = Daemon(artifacts, args=("--model-sets", str(root), "--switch-while-engaged", "shadow"))
+  daemon.engaged = True
+  daemon.exchange(range(25))
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "switched to set b", 25)
+  daemon.exchange(range(end, end + 3))
+  assert daemon.stop() == 0 and published_id(daemon, end + 2) == model_id(root / "b")
+  assert end - 1 - shadow_start(daemon, "b") == 4, "taken over as soon as its context (4 frames) was its own"
+  assert not any("takes over once openpilot disengages" in line for line in daemon.lines)
+
+def test_engagement_flapping_during_a_warm_up_changes_over_only_after_a_disengaged_frame(artifacts, root, openpilot_prefix):
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))
+  engaged = {}
+  (root / "active").write_text("b\n")
+  for frame_id in range(25, 200):
+    daemon.engaged = engaged[frame_id] = frame_id % 3 != 0  # two frames engaged, one not
+    daemon.exchange([frame_id])
+    if any("switched to set b" in line for line in daemon.lines): break
+  daemon.exchange(range(frame_id + 1, frame_id + 3))
+  assert daemon.stop() == 0
+  first_b = next(i for i in range(frame_id + 3) if published_id(daemon, i) == model_id(root / "b"))
+  assert not engaged[first_b - 1], "the frame before the change was a disengaged one"
+  assert first_b - shadow_start(daemon, "b") >= 4
+
+def test_requests_while_one_warms_the_last_wins(artifacts, root, openpilot_prefix):
+  """b warms; old is asked for before b's context is full: b is dropped with one line and old warms and takes over."""
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "set b warms up in the shadow", 25)  # no frame sent from here on: b cannot fill its context
+  (root / "active").write_text("old\n")
+  daemon.wait_for_line("set b dropped from its warm-up: set old was asked for meanwhile")
+  end = exchange_until(daemon, "switched to set old", end)
+  daemon.exchange(range(end, end + 3))
+  assert daemon.stop() == 0 and daemon.published == list(range(end + 3))
+  assert sum("dropped from its warm-up" in line for line in daemon.lines) == 1
+  assert {published_id(daemon, i) for i in range(end, end + 3)} == {model_id(root / "old")}
+  assert not any("switched to set b" in line for line in daemon.lines)
+
+def test_a_request_for_the_running_set_changes_nothing(artifacts, root, openpilot_prefix):
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))
+  (root / "active").write_text("default\n")
+  daemon.wait_for_line("set default runs already: nothing to change")
+  daemon.exchange(range(25, 30))
+  assert daemon.stop() == 0 and not any("warms up" in line or "switched" in line for line in daemon.lines)
+
+def test_a_warm_up_whose_context_never_fills_is_dropped(artifacts, root, openpilot_prefix):
+  """Frames come every 0.6 s (the stimulus: a camera that stutters), --warm-up-timeout 1: b's 4 frames never fit, one line, the default
+  runs on."""
+  daemon = Daemon(artifacts, args=("--model-sets", str(root), "--warm-up-timeout", "1"))
+  daemon.exchange(range(25))
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "set b warms up in the shadow", 25)
+  pace = threading.Event()
+  for frame_id in range(end, end + 5):
+    pace.wait(0.6)
+    daemon.exchange([frame_id])
+  assert daemon.stop() == 0
+  assert sum("set b dropped from its warm-up: its context did not fill in 1 s" in line for line in daemon.lines) == 1, daemon.lines
+  assert {published_id(daemon, i) for i in range(end + 5)} == {model_id(artifacts)}
+
+@pytest.fixture(scope="module")
+def pair(artifacts, sets, tmp_path_factory):
+  """A default set with a big/small pair: the default's native stand-in as model.bin (small), set b's as big_model.bin (big); and a folder
+  with b's model as model.bin, the big one's reference."""
+  folder = tmp_path_factory.mktemp("pair")
+  for name in ("model.bin", "warp_split.bin"): shutil.copy(os.path.join(artifacts, name), folder / name)
+  shutil.copy(sets / "b" / "model.bin", folder / "big_model.bin")
+  return folder
+
+def test_the_small_model_drives_until_the_big_one_is_warm(pair, sets, artifacts, openpilot_prefix):
+  """openpilot's big/small pair: the small one publishes from the first frame, the big one loads beside it, warms in its shadow (4 frames)
+  and takes over between two frames; the small one's outputs are its own until then, the big one's its own run on every frame since its
+  warm-up began. (modelV2.big is in today's schema; on the bundled one the run state and the first-frame line say it.)"""
+  from sunnypilot.modeld_v2.daemon.run_state import read_state
+  daemon = Daemon(str(pair))
+  end = exchange_until(daemon, "big model takes over from the small one", 0)
+  daemon.exchange(range(end, end + 5))
+  state = read_state("modeld", openpilot_prefix)
+  assert daemon.stop() == 0 and daemon.published == list(range(end + 5))
+  assert state["running"]["big"] is True and state["big"]["phase"] == "active", state
+  sent = list(range(end + 5))
+  first_big = next(int(m[1]) for line in daemon.lines if (m := re.search(r"frame (\d+): the first on set default \(model \w+, the big one\)", line)))
+  warm = next(int(m[1]) for line in daemon.lines if (m := re.search(r"frame (\d+): the first of the big model in the shadow", line)))
+  assert first_big - warm == 4
+  assert [daemon.raw(i) for i in sent[:first_big]] == reference(artifacts, sent[:first_big]), "the small one, untouched by the big one"
+  assert [daemon.raw(i) for i in sent[first_big:]] == reference(str(sets / "b"), sent[warm:])[first_big - warm:], "the big one with its past"
+
+@pytest.mark.parametrize("fault", ["load", "non-finite", "device", "timeout"])
+def test_a_big_model_that_fails_hands_back_to_the_small_one(pair, sets, artifacts, tmp_path, openpilot_prefix, fault):
+  """A big model whose file is broken (its load), whose outputs turn non-finite on camera frames (inf: its warm-up in the shadow), whose
+  device goes away while it drives (its run raises, the 5th frame after it took over), or that loads slower than --big-model-timeout: one
+  line, and the small one drives every frame for the rest of the drive, warm (it ran every frame, in the big one's shadow after the
+  takeover)."""
+  folder = tmp_path / "pair"
+  shutil.copytree(pair, folder)
+  if fault == "load": (folder / "big_model.bin").write_bytes((folder / "big_model.bin").read_bytes()[:4096])
+  if fault == "non-finite": shutil.copy(sets / "inf" / "model.bin", folder / "big_model.bin")
+  patch = {"device": BIG_DEVICE_LOST, "timeout": BIG_SLOW_LOAD}.get(fault)
+  daemon = Daemon(str(folder), args=("--big-model-timeout", "1") if fault == "timeout" else (), command=patch or ("-m", "sunnypilot.modeld_v2.modeld"))
+  end = exchange_until(daemon, "big model failed", 0, after=0)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0 and daemon.published == list(range(end + 5)), "every frame published, the failing one too"
+  said = [line for line in daemon.lines if "big model failed" in line]
+  why = {"load": "its load failed", "non-finite": "non-finite outputs on frame", "device": "a device error at run time: RuntimeError: the USB "
+         "GPU went away", "timeout": "its load took longer than 1 s"}[fault]
+  assert len(said) == 1 and why in said[0] and "the small one drives for the rest of the drive" in said[0], said
+  sent = list(range(end + 5))
+  if fault != "device": assert [daemon.raw(i) for i in sent] == reference(artifacts, sent), "the small one throughout"
+  else: assert [daemon.raw(i) for i in sent[-5:]] == reference(artifacts, sent)[-5:], "the small one, warm: its run on every frame"
+
+# the big model's device goes away while it drives: its run raises on the 5th frame after its warm-up (ModelRunner.run of big_model.bin)
+BIG_DEVICE_LOST = ("-c", """import sys
+from sunnypilot.modeld_v2 import modeld
+from sunnypilot.modeld_v2.runtime import model_runner
+init, run, runs = model_runner.ModelRunner.__init__, model_runner.ModelRunner.run, {}
+def init_(self, model_path, *args, **kwargs):
+  init(self, model_path, *args, **kwargs)
+  self.big_one = model_path.endswith("big_model.bin")
+def run_(self):
+  if self.big_one:
+    runs[id(self)] = runs.get(id(self), 0) + 1
+    if runs[id(self)] == 3 + 4 + 5: raise RuntimeError("the USB GPU went away")  # 3 warm-up runs, 4 in the shadow, 5 driving
+  return run(self)
+model_runner.ModelRunner.__init__, model_runner.ModelRunner.run = init_, run_
+sys.exit(modeld.main())""")
+# the big model's load is slower than --big-model-timeout (1 s): 3 s more in its adapter's making
+BIG_SLOW_LOAD = ("-c", """import sys, time
+from sunnypilot.modeld_v2 import modeld
+from sunnypilot.modeld_v2.runtime import model_runner
+init = model_runner.ModelRunner.__init__
+def init_(self, model_path, *args, **kwargs):
+  if model_path.endswith("big_model.bin"): time.sleep(3)
+  init(self, model_path, *args, **kwargs)
+model_runner.ModelRunner.__init__ = init_
+sys.exit(modeld.main())""")

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.daemon.model_sets import (
+  BIG_DRIVING_MODEL,
+  BIG_MODEL_NAME,
   DEFAULT_SET,
   DM_MODEL,
   DM_MODEL_NAME,
@@ -52,6 +54,8 @@ class DaemonBundles:
 
 DRIVING = DaemonBundles(DRIVING_MODEL, MODEL_NAME, "model", WARP, "warp", "driving model", "compile_modeld",
                         "python -m sunnypilot.modeld_v2.compile_warp --frame {frame} --warp-to 512x256 --split-frames")
+BIG_DRIVING = DaemonBundles(BIG_DRIVING_MODEL, BIG_MODEL_NAME, "model", WARP, "warp", "big driving model", "compile_modeld",
+                           DRIVING.build_warp)  # the big one of a set's pair: the driving model's warps, its own device's
 DRIVER_MONITORING = DaemonBundles(DM_MODEL, DM_MODEL_NAME, "dmonitoring_model", DM_WARP, "dm_warp", "driver-monitoring model",
                                   "compile_modeld --onnx dmonitoring_model.onnx", "python -m sunnypilot.modeld_v2.compile_dm_warp --frame {frame}")
 
@@ -147,6 +151,11 @@ def model_file(model_set: ModelSet, kind: DaemonBundles = DRIVING) -> str:
     raise ArtifactError(f"{model_set}: {'no' if not models else f'{len(models)}'} {kind.what} bundles ({kind.model_name}, or role {kind.model_role} "
                         f"in its manifest): build one with {kind.build_model}")
   return models[0]
+
+def has_big_model(model_set: ModelSet) -> bool:
+  """Whether `model_set` names a big driving model beside its driving model (openpilot's big/small pair)."""
+  if model_set.manifest is not None: return bool(model_set.files(BIG_DRIVING_MODEL))
+  return os.path.isfile(os.path.join(model_set.folder, BIG_MODEL_NAME))
 
 def load_pair(model_set: ModelSet, main: NV12Frame, extra: NV12Frame | None, planes: list | None, load: Callable[[str, str, Verify, dict[str, str]], T],
               report: Callable[[str], None], refused: dict[str, tuple] | None = None, kind: DaemonBundles = DRIVING) -> T:

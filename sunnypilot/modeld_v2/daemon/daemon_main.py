@@ -14,6 +14,7 @@ from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
 from sunnypilot.modeld_v2.common.logs import Episodes
 from sunnypilot.modeld_v2.daemon import schema, topics
 from sunnypilot.modeld_v2.daemon.artifacts import check_artifacts
+from sunnypilot.modeld_v2.daemon.big_model import BIG_MODEL_TIMEOUT_S
 from sunnypilot.modeld_v2.daemon.daemon_spec import DaemonSpec
 from sunnypilot.modeld_v2.daemon.device_params import device_params
 from sunnypilot.modeld_v2.daemon.device_paths import DEVICE_ARTIFACTS, DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, first_folder
@@ -53,6 +54,8 @@ def daemon_parser(name: str, doc: str | None, bundles: str, send_raw_help: str, 
                       "Either way a model with temporal state warms up in the shadow of the running one until its context is its own")
   parser.add_argument("--warm-up-timeout", type=finite_float(0.1, 3600), help="seconds a set's warm-up in the shadow may take before it is "
                       f"dropped with one line (default: its context's frames at a third of 20 Hz plus {WARM_UP_MARGIN_S:g} s)")
+  parser.add_argument("--big-model-timeout", type=finite_float(0.1, 3600), default=BIG_MODEL_TIMEOUT_S, help="seconds a set's big model may "
+                      f"take to load before the small one drives for the rest of the drive (default {BIG_MODEL_TIMEOUT_S:g}, openpilot's)")
   return parser
 
 def daemon_main(parser: argparse.ArgumentParser, argv: list[str] | None, make_spec: Callable[[argparse.Namespace, Episodes], DaemonSpec[Any]],
@@ -81,7 +84,7 @@ def daemon_main(parser: argparse.ArgumentParser, argv: list[str] | None, make_sp
   try: planes = check_artifacts(artifacts, report=episodes.once, trust=trust, kind=spec.bundles)
   except ArtifactError as e: fail(str(e))
   daemon = FrameDaemon(spec, episodes, artifacts, root, trust, planes, [] if args.timings else None, args.reconnect_after, args.status_every,
-                       device_params(episodes.once), args.switch_while_engaged, args.warm_up_timeout)
+                       device_params(episodes.once), args.switch_while_engaged, args.warm_up_timeout, args.big_model_timeout)
   stopped_by = stop_on_signals(daemon.exit)
   try: code = daemon.run(args.max_frames, args.core, device)
   except msgq.MultiplePublishersError: fail(f"another process took over publishing {', '.join(spec.services)} on {bus}: exiting")

@@ -27,6 +27,7 @@ class Loaded(Generic[P]):
   digest: str  # the model bundle's content hash: which model runs
   planes: list | None  # the model's frames input shape: what a warp must make for it
   own: P  # what the daemon keeps with it (modeld: its output parse; dmonitoringmodeld: its parser and the warp's transform)
+  big: bool = False  # the big model of its set's big/small pair (daemon/big_model.py)
 
   @property
   def model_id(self) -> int:

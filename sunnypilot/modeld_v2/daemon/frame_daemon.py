@@ -14,14 +14,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import NoWarp, check_set, load_pair, model_file
+from sunnypilot.modeld_v2.daemon.artifacts import BIG_DRIVING, DRIVING, DaemonBundles, NoWarp, check_set, has_big_model, load_pair, model_file
+from sunnypilot.modeld_v2.daemon.big_model import BIG_MODEL_TIMEOUT_S, BigModel
 from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
 from sunnypilot.modeld_v2.daemon.daemon_spec import Clock, DaemonSpec, Frame, Loaded
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
@@ -55,7 +55,8 @@ class FrameDaemon(Generic[P]):
   run (daemon/model_switch.py). What frames run on is the switch's `current`, and only there."""
   def __init__(self, spec: DaemonSpec[P], episodes: Episodes, artifacts: str, model_sets: str | None = None, trust: Trust | None = None,
                planes: list | None = None, timings: list | None = None, reconnect_after_s: float = RECONNECT_AFTER_S,
-               status_every_s: float = STATUS_EVERY_S, params: Any = None, while_engaged: str = "defer", warm_up_timeout_s: float | None = None):
+               status_every_s: float = STATUS_EVERY_S, params: Any = None, while_engaged: str = "defer", warm_up_timeout_s: float | None = None,
+               big_model_timeout_s: float = BIG_MODEL_TIMEOUT_S):
     self.spec, self.episodes, self.artifacts, self.reconnect_after_s = spec, episodes, artifacts, reconnect_after_s
     self.planes = planes  # the default set's model's frames input shape (check_artifacts read it): its header is not read again
     self.timings = timings  # if a list: per published frame, [frame_id, *STAGE_STAMPS in monotonic ns] (benchmarks.bench_daemon reads them)
@@ -69,8 +70,11 @@ class FrameDaemon(Generic[P]):
     self.params = params  # openpilot's Params on a device (device_params.DeviceParams), else None
     self.first_frame = False  # a model took over since the last frame: the next frame's line says which (the published messages cannot)
     self.warming: Warming | None = None  # a set warming up in the shadow of the running one (daemon/shadow.py)
+    self.big: BigModel | None = None  # the running set's big model, when it names one (daemon/big_model.py)
+    self.driving: Loaded[P] | None = None  # what frames run on: the running set's model, or its big one once that took over
     self.while_engaged = while_engaged  # WHILE_ENGAGED: what a set asked for while openpilot is engaged waits for
     self.warm_up_timeout_s = warm_up_timeout_s  # how long a warm-up may take (None: shadow.Warming's own)
+    self.big_model_timeout_s = big_model_timeout_s
     self.engaged = False  # openpilot is engaged (the selfdrive state topic's `enabled`), as of the last frame
     self.run_state = RunState(spec.name)  # what runs and what is on its way, for a person and a UI (daemon/run_state.py)
     self.since: tuple[float, int | None] = (0.0, None)  # when the running model took over: wall clock, its first frame's id
@@ -108,6 +112,8 @@ class FrameDaemon(Generic[P]):
       for loaded in self.switch.handles() + ([self.warming.candidate.handle] if self.warming else []): loaded.adapter.drop_camera_buffers()
       return True
     if self.warming is not None: self.drop_warming("it was loaded for cameras that are gone", failed=False)
+    if self.big is not None: self.big.end()  # the set's reload for the new cameras starts its big model again
+    self.big = None
     try: known = bool(sensor_for_size(geometry.main.width, geometry.main.height))
     except ValueError as e:
       self.episodes.once(f"{name}{e}: waiting for a known camera")
@@ -124,35 +130,35 @@ class FrameDaemon(Generic[P]):
       self.unloaded = running  # tried again first next time
       if error is not None and not isinstance(error, NoWarp): self.episodes.once(f"{error}; waiting: tried again when one of them changes")
       return False
-    self.use(candidate.handle, fresh=True)
+    self.use(candidate, fresh=True)
     adapter, model = candidate.handle.adapter, os.path.basename(model_file(candidate.model_set, self.spec.bundles))
     log.info(f"loaded {candidate.model_set}: {model} + {os.path.basename(candidate.handle.warp)}{self.spec.about(candidate.handle)} for "
              f"{name.removesuffix(': ')}{' ' if name else ''}"
              f"{geometry} in {(time.perf_counter() - t) * 1e3:.0f} ms ({'camera buffers read in place' if adapter.in_place else 'frames copied'})")
     return True
 
-  def planes_of(self, model_set: ModelSet, report: Callable[[str], None]) -> list | None:
+  def planes_of(self, model_set: ModelSet, kind: DaemonBundles) -> list | None:
     """The shape of `model_set`'s model's frames input: the default set's as check_artifacts read it, another's from check_set (its
     model vouched for and checked; one line when the set has no model of this daemon's, or none it can run)."""
-    if model_set.name == DEFAULT_SET and self.planes is not None: return self.planes
-    return check_set(model_set, report=lambda line: None, kind=self.spec.bundles)  # its warps' lines: load_pair says them
+    if model_set.name == DEFAULT_SET and kind is self.spec.bundles and self.planes is not None: return self.planes
+    return check_set(model_set, report=lambda line: None, kind=kind)  # its warps' lines: load_pair says them
 
-  def prepare(self, model_set: ModelSet, geometry: Geometry) -> Loaded[P]:
+  def prepare(self, model_set: ModelSet, geometry: Geometry, kind: DaemonBundles | None = None) -> Loaded[P]:
     """`model_set`'s model fused with its warp for `geometry`, loaded (each bundle vouched for by the set before a byte of its kernels is
     read) and warmed up on zero frames: ArtifactError, one line, when any step fails. On the frame thread (at start, or for new cameras,
     while no frame runs) its lines are said once and a pair that fails is refused until one of its files changes; the switch thread calls
     it for the next set while frames run."""
     from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner  # tinygrad: imported when a model is loaded, not at start
-    waiting = threading.current_thread() is not self.switch.thread
+    waiting, kind = threading.current_thread() is threading.main_thread(), kind or self.spec.bundles
     report = self.episodes.once if waiting else log.warning
     try: sensor = sensor_for_size(geometry.main.width, geometry.main.height)
     except ValueError as e: raise ArtifactError(str(e)) from None
-    planes = self.planes_of(model_set, report)
+    planes = self.planes_of(model_set, kind)
     def load(model: str, warp: str, verify: Any, digests: dict[str, str]) -> Loaded[P]:
       adapter = ModelRunner(model, warp, verify=verify)
       try:
         loaded = Loaded(adapter, HostInputs(adapter.numpy_inputs, report), sensor, warp, digests[model], planes,
-                        self.spec.own(adapter, sensor, warp, report))
+                        self.spec.own(adapter, sensor, warp, report), kind is BIG_DRIVING)
         self.warm_up(loaded)
       except ValueError as e:  # a model whose outputs this daemon cannot read: the set's problem, one line
         adapter.close()
@@ -161,7 +167,7 @@ class FrameDaemon(Generic[P]):
         adapter.close()
         raise
       return loaded
-    return load_pair(model_set, geometry.main, geometry.extra, planes, load, report, self.refused if waiting else None, self.spec.bundles)
+    return load_pair(model_set, geometry.main, geometry.extra, planes, load, report, self.refused if waiting else None, kind)
 
   def warm_up(self, loaded: Loaded[P]) -> None:
     """The spec's warm-up runs on zero frames and valid inputs, then their frames, bindings and states forgotten; ArtifactError when the
@@ -179,11 +185,16 @@ class FrameDaemon(Generic[P]):
     adapter.reset_warmup_buffers()
     if not finite: raise ArtifactError("its outputs on zero frames are not finite")
 
-  def use(self, loaded: Loaded[P], fresh: bool) -> None:
-    """Frames run on `loaded` from the next one (the spec's part; `fresh`: its recurrent state starts from zero), and that frame's line
-    names it."""
-    self.spec.use(loaded, self.camera, fresh)
-    self.first_frame, self.since = True, (time.time(), None)
+  def use(self, candidate: Candidate[Loaded[P]], fresh: bool) -> None:
+    """Frames run on `candidate`'s model from the next one (the spec's part; `fresh`: its recurrent state starts from zero), and that
+    frame's line names it; its set's big model, if it names one, starts loading beside it (daemon/big_model.py)."""
+    self.spec.use(candidate.handle, self.camera, fresh)
+    self.first_frame, self.since, self.driving = True, (time.time(), None), candidate.handle
+    if self.big is not None: self.big.end()
+    self.big = None
+    if self.spec.bundles is DRIVING and has_big_model(candidate.model_set):
+      model_set, geometry = candidate.model_set, self.geometry
+      self.big = BigModel(model_set.name, lambda: self.prepare(model_set, geometry, BIG_DRIVING), self.discard, self.params, self.big_model_timeout_s)
 
   def discard(self, loaded: Loaded[P]) -> None:
     """A loaded set no frame runs on any more: the switch closes it, on its thread while frames run."""
@@ -201,7 +212,7 @@ class FrameDaemon(Generic[P]):
       self.running()
       return True
     if self.warming is not None: self.drop_warming(f"set {candidate.model_set.name} was asked for meanwhile", failed=False)
-    self.warming = Warming(candidate, context_frames(candidate.handle.adapter.metadata), self.warm_up_timeout_s)
+    self.warming = Warming(candidate, context_frames(candidate.handle.adapter.metadata), limit_s=self.warm_up_timeout_s)
     self.switch.shadowing(candidate)
     self.record_state()
     running = self.model_set.name if self.model_set else "?"
@@ -223,7 +234,7 @@ class FrameDaemon(Generic[P]):
     self.take_over(warming.candidate, fresh=warming.needed == 0)
 
   def take_over(self, candidate: Candidate[Loaded[P]], fresh: bool) -> None:
-    self.use(candidate.handle, fresh)
+    self.use(candidate, fresh)
     self.switch.changed_over(candidate)
 
   def shadow_frame(self, frame: Frame, inputs: Any) -> None:
@@ -279,7 +290,7 @@ class FrameDaemon(Generic[P]):
     from the next frame with its recurrent state reset."""
     if self.switch.probation and (back := self.switch.frame_ran(finite)) is not None:
       back.handle.adapter.reset_states()
-      self.use(back.handle, fresh=True)
+      self.use(back, fresh=True)
 
   # *** the loop ***
 
@@ -306,6 +317,7 @@ class FrameDaemon(Generic[P]):
       while not self.exit.is_set() and (max_frames is None or published < max_frames):
         if self.switch.ready is not None: loaded = self.switched(loaded)  # the changeover point: between two frames
         if self.warming is not None: self.changeover()
+        if self.big is not None: self.drive_big()
         frames = self.camera.recv() if loaded else None
         t_recv = time.monotonic_ns()
         if frames is None:
@@ -322,40 +334,66 @@ class FrameDaemon(Generic[P]):
         if published == 1: gc.collect()  # the first frame built the message templates (pycapnp's schema objects hold reference cycles)
     finally:
       self.switch.stop()
+      if self.big is not None: self.big.end()
       self.run_state.remove()
     log.info(f"the frame loop left {gc.collect()} objects in reference cycles (the collector is off while it runs)")
     log.info(f"exiting after {published} published frames")
     return 0
 
   def step(self, pm: Any, sm: Any, frame: Frame, t_recv: int) -> int:
-    """One frame on the running set, stamped at each of STAGE_STAMPS: its inputs, the model run, the spec's publish. 1 if it published."""
-    loaded = self.running_set  # for this frame (a changeover happens only between frames): one lookup, not one per use
-    adapter, spec = loaded.adapter, self.spec
+    """One frame on the model frames run on, stamped at each of STAGE_STAMPS: its inputs, the model run, the spec's publish, then the
+    models in the shadow. 1 if it published."""
+    spec, loaded = self.spec, self.driving
+    assert loaded is not None
     inputs = spec.inputs(sm, frame, loaded)
-    start = time.perf_counter()
-    loaded.host.write(spec.host_values(inputs))
-    t_inputs_s, t_inputs = time.perf_counter(), time.monotonic_ns()
-    adapter.copy_frames(frame.frames.bufs)
-    t_copy = time.monotonic_ns()
-    adapter.run()
-    t_run = time.monotonic_ns()
-    outputs = spec.read_outputs(loaded)
-    clock, t_readback = Clock(start, t_inputs_s, time.perf_counter()), time.monotonic_ns()
+    try: outputs, clock, stamps = self.run_model(loaded, frame, inputs)
+    except Exception as e:
+      if not loaded.big or self.big is None: raise
+      # the small one, warm in its shadow, runs this frame and the next
+      self.big.fail(f"a device error at run time: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+      self.drive_big()
+      loaded = self.driving
+      outputs, clock, stamps = self.run_model(loaded, frame, inputs)
     finite = self.outputs_finite(loaded, outputs, frame.frames.meta.frame_id)
+    if not finite and loaded.big and self.big is not None: self.big.fail(f"non-finite outputs on frame {frame.frames.meta.frame_id}")
     filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in what is published
     done = spec.publish(pm, loaded, filled, finite, frame, inputs, clock)
     if done is not None:
       if self.timings is not None:
-        self.timings.append([frame.frames.meta.frame_id, t_recv, t_inputs, t_copy, t_run, t_readback, done.fill, done.serialize, done.send,
-                             time.monotonic_ns()])
+        self.timings.append([frame.frames.meta.frame_id, t_recv, *stamps, done.fill, done.serialize, done.send, time.monotonic_ns()])
       self.status.times.append(done.execution_time)
     if self.first_frame:  # which model runs is no field of today's messages: said here, frame by frame of a change (and in the run state)
       self.first_frame, self.since = False, (self.since[0], frame.frames.meta.frame_id)
-      log.info(f"frame {frame.frames.meta.frame_id}: the first on set {self.model_set.name if self.model_set else '?'} (model {loaded.digest[:16]})")
+      name = self.model_set.name if self.model_set else "?"
+      log.info(f"frame {frame.frames.meta.frame_id}: the first on set {name} (model {loaded.digest[:16]}{', the big one' if loaded.big else ''})")
     self.probation(finite)
     if self.warming is not None: self.shadow_frame(frame, inputs)
+    if self.big is not None and self.running_set is not None:
+      self.big.after_frame(self.running_set, spec.host_values(inputs), frame.frames.bufs, frame.frames.meta.frame_id)
     if frame.frames.meta.frame_id % STATE_EVERY == 0 or self.since[1] == frame.frames.meta.frame_id: self.record_state()
     return int(done is not None)
+
+  def run_model(self, loaded: Loaded[P], frame: Frame, inputs: Any) -> tuple[np.ndarray, Clock, tuple[int, int, int, int]]:
+    """`loaded` run on this frame's inputs: its outputs, the clock around the step, and the monotonic ns after the inputs, the copy, the
+    run and the readback."""
+    start = time.perf_counter()
+    loaded.host.write(self.spec.host_values(inputs))
+    t_inputs_s, t_inputs = time.perf_counter(), time.monotonic_ns()
+    loaded.adapter.copy_frames(frame.frames.bufs)
+    t_copy = time.monotonic_ns()
+    loaded.adapter.run()
+    t_run = time.monotonic_ns()
+    outputs = self.spec.read_outputs(loaded)
+    return outputs, Clock(start, t_inputs_s, time.perf_counter()), (t_inputs, t_copy, t_run, time.monotonic_ns())
+
+  def drive_big(self) -> None:
+    """Between two frames: frames run on the set's big model once it took over, on its small one before and after it failed."""
+    assert self.big is not None
+    target = self.big.between_frames(may_take_over=not (self.engaged and self.while_engaged == "defer")) or self.running_set
+    if target is not None and target is not self.driving:
+      self.spec.use(target, self.camera, fresh=False)  # each warm in the other's shadow
+      self.driving, self.first_frame, self.since = target, True, (time.time(), None)
+      self.record_state()
 
   def record_state(self) -> None:
     """The run state from what runs and what is on its way (daemon/run_state.py)."""
@@ -369,4 +407,5 @@ class FrameDaemon(Generic[P]):
     elif switch.requested != name and (reason := switch.failed.get(switch.requested)) is not None:
       next_set = {"set": switch.requested, "phase": "failed", "reason": reason}
     else: next_set = None
-    self.run_state.update(running=running, next=next_set)
+    if running is not None and self.driving is not None: running |= {"big": self.driving.big, "model": self.driving.digest[:16]}
+    self.run_state.update(running=running, next=next_set, big=self.big.record() if self.big is not None else None)

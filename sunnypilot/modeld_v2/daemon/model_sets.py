@@ -32,10 +32,12 @@ from sunnypilot.modeld_v2.format.signature import TrustedKeys, check_signed
 log = logging.getLogger(__name__)
 
 DRIVING_MODEL, WARP, DM_MODEL, DM_WARP = "driving_model", "warp", "dm_model", "dm_warp"  # the roles a manifest gives its bundles
-ROLES = {DRIVING_MODEL: "modeld's driving model", WARP: "modeld's camera warps, one per camera geometry",
+BIG_DRIVING_MODEL = "big_driving_model"  # openpilot's big/small pair: the big one, loaded beside the driving model (daemon/big_model.py)
+ROLES = {DRIVING_MODEL: "modeld's driving model", BIG_DRIVING_MODEL: "modeld's big driving model, taking over from the small one once warm",
+         WARP: "modeld's camera warps, one per camera geometry",
          DM_MODEL: "dmonitoringmodeld's model", DM_WARP: "dmonitoringmodeld's driver camera warps"}
 # a folder without a manifest: openpilot's file names (selfdrive/modeld/models/: dmonitoring_model, dm_warp_<w>x<h>) as bundles
-MODEL_NAME, DM_MODEL_NAME, DM_WARP_PREFIX = "model.bin", "dmonitoring_model.bin", "dm_warp_"
+MODEL_NAME, DM_MODEL_NAME, DM_WARP_PREFIX, BIG_MODEL_NAME = "model.bin", "dmonitoring_model.bin", "dm_warp_", "big_model.bin"
 DEFAULT_SET = "default"
 ACTIVE_FILE, LAST_RAN_FILE, LAST_RAN_DM_FILE = "active", "last_ran", "last_ran_dm"
 RESERVED_NAMES = (DEFAULT_SET, ACTIVE_FILE, LAST_RAN_FILE, LAST_RAN_DM_FILE)  # a model sets folder's own names: no installed set may take one
@@ -116,11 +118,12 @@ class ModelSet:
 def folder_role(name: str) -> str:
   """The role of a bundle file in a folder without a manifest, by its name."""
   if name == MODEL_NAME: return DRIVING_MODEL
+  if name == BIG_MODEL_NAME: return BIG_DRIVING_MODEL
   if name == DM_MODEL_NAME: return DM_MODEL
   return DM_WARP if name.startswith(DM_WARP_PREFIX) else WARP
 
 # a bundle's metadata kind -> the roles it may play (compile_modeld, compile_warp, compile_modeld of the DM model, compile_dm_warp)
-KIND_ROLES = {"model": (DRIVING_MODEL,), "warp": (WARP,), "dmonitoring_model": (DM_MODEL,), "dm_warp": (DM_WARP,)}
+KIND_ROLES = {"model": (DRIVING_MODEL, BIG_DRIVING_MODEL), "warp": (WARP,), "dmonitoring_model": (DM_MODEL,), "dm_warp": (DM_WARP,)}
 
 def folder_roles(folder: str, given: dict[str, str] | None = None) -> dict[str, str]:
   """{file name: role} of every bundle in `folder`, for a manifest: `given` where given, else by folder_role, checked against what the
