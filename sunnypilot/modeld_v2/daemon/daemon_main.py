@@ -18,12 +18,12 @@ from sunnypilot.modeld_v2.daemon.big_model import BIG_MODEL_TIMEOUT_S
 from sunnypilot.modeld_v2.daemon.daemon_spec import DaemonSpec
 from sunnypilot.modeld_v2.daemon.device_params import device_params
 from sunnypilot.modeld_v2.daemon.device_paths import DEVICE_ARTIFACTS, DEVICE_MODEL_SETS, DEVICE_TRUSTED_KEYS, first_folder
-from sunnypilot.modeld_v2.daemon.frame_daemon import RECONNECT_AFTER_S, WHILE_ENGAGED, FrameDaemon
+from sunnypilot.modeld_v2.daemon.frame_daemon import RECONNECT_AFTER_S, FrameDaemon
 from sunnypilot.modeld_v2.daemon.hardware import on_device
 from sunnypilot.modeld_v2.daemon.messaging import claim_bus
 from sunnypilot.modeld_v2.daemon.model_sets import Trust, sets_root
 from sunnypilot.modeld_v2.daemon.process import core_arg, exit_code, stop_on_signals
-from sunnypilot.modeld_v2.daemon.shadow import WARM_UP_MARGIN_S
+from sunnypilot.modeld_v2.daemon.shadow import WARM_UP_MARGIN_S, WHILE_ENGAGED
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, write_timings
 
 def daemon_parser(name: str, doc: str | None, bundles: str, send_raw_help: str, device_core: int, priority: int) -> argparse.ArgumentParser:

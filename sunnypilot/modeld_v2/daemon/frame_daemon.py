@@ -29,9 +29,9 @@ from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, ModelSet, ModelSets, Trust
 from sunnypilot.modeld_v2.daemon.model_switch import Candidate, ModelSwitch, trigger_for
 from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime
-from sunnypilot.modeld_v2.daemon.run_state import RunState
+from sunnypilot.modeld_v2.daemon.run_state import RunState, state_of
 from sunnypilot.modeld_v2.daemon.schema import SCHEMA
-from sunnypilot.modeld_v2.daemon.shadow import Warming, context_frames, run_shadow
+from sunnypilot.modeld_v2.daemon.shadow import Warming, context_frames, engaged, run_shadow
 from sunnypilot.modeld_v2.daemon.status import STATUS_EVERY_S, FrameDrops, Status
 from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.model.calibration import sensor_for_size
@@ -41,15 +41,6 @@ P = TypeVar("P")
 
 RECONNECT_AFTER_S = 0.5  # no frame for this long: camerad may have restarted (--reconnect-after)
 STATE_EVERY = 10  # frames between rewrites of the run state (a warm-up's progress), besides each change
-# what a set asked for while openpilot is engaged waits for (--switch-while-engaged): the safe one first, the default
-WHILE_ENGAGED = {"defer": "it warms up in the shadow, then takes over only once openpilot disengages",
-                 "shadow": "it warms up in the shadow, then takes over between two frames, engaged or not"}
-
-def engaged(sm: Any) -> bool:
-  """Whether openpilot is engaged: the selfdrive state topic's `enabled` (selfdriveState today, controlsState in older schemas)."""
-  topic = TOPICS.selfdrive_state
-  return bool(topic is not None and sm.seen.get(topic) and sm[topic].enabled)
-
 class FrameDaemon(Generic[P]):
   """A model daemon: `spec` run on camerad's frames, the model of the set asked for loaded for the live cameras and switched while frames
   run (daemon/model_switch.py). What frames run on is the switch's `current`, and only there."""
@@ -397,15 +388,4 @@ class FrameDaemon(Generic[P]):
 
   def record_state(self) -> None:
     """The run state from what runs and what is on its way (daemon/run_state.py)."""
-    current, switch = self.switch.current, self.switch
-    running = {"set": current.model_set.name, "model": current.handle.digest[:16], "since": self.since[0], "since_frame": self.since[1],
-               "big": False} if current is not None else None
-    name = current.model_set.name if current is not None else None
-    if (warming := self.warming) is not None:
-      next_set = {"set": warming.name, "phase": "deferred" if warming.deferred else "warming", "progress": warming.progress()}
-    elif (loading := switch.loading) is not None: next_set = {"set": loading, "phase": "loading"}
-    elif switch.requested != name and (reason := switch.failed.get(switch.requested)) is not None:
-      next_set = {"set": switch.requested, "phase": "failed", "reason": reason}
-    else: next_set = None
-    if running is not None and self.driving is not None: running |= {"big": self.driving.big, "model": self.driving.digest[:16]}
-    self.run_state.update(running=running, next=next_set, big=self.big.record() if self.big is not None else None)
+    self.run_state.update(**state_of(self.switch, self.driving, self.since, self.warming, self.big))

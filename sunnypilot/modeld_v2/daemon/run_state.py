@@ -50,6 +50,20 @@ class RunState:
   def remove(self) -> None:
     with contextlib.suppress(OSError): os.remove(self.path)
 
+def state_of(switch: Any, driving: Any, since: tuple[float, int | None], warming: Any, big: Any) -> dict[str, Any]:
+  """The record's parts from a daemon's model switch, the model frames run on (a Loaded) and since when, the set warming in the shadow
+  and the big model (frame_daemon.FrameDaemon's)."""
+  current = switch.current
+  running = {"set": current.model_set.name, "model": driving.digest[:16], "since": since[0], "since_frame": since[1],
+             "big": driving.big} if current is not None and driving is not None else None
+  name = current.model_set.name if current is not None else None
+  if warming is not None: next_set = {"set": warming.name, "phase": "deferred" if warming.deferred else "warming", "progress": warming.progress()}
+  elif (loading := switch.loading) is not None: next_set = {"set": loading, "phase": "loading"}
+  elif switch.requested != name and (reason := switch.failed.get(switch.requested)) is not None:
+    next_set = {"set": switch.requested, "phase": "failed", "reason": reason}
+  else: next_set = None
+  return {"running": running, "next": next_set, "big": big.record() if big is not None else None}
+
 def describe(state: dict[str, Any] | None) -> str:
   """One line of a daemon's record, for a person."""
   if state is None: return "not running (no record)"

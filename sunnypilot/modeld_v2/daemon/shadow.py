@@ -19,10 +19,20 @@ from typing import Any
 
 import numpy as np
 
+from sunnypilot.modeld_v2.daemon.topics import TOPICS
 from sunnypilot.modeld_v2.model.constants import DT_MDL
 
 WARM_UP_MARGIN_S = 10.0  # a warm-up's slack over its frames at 20 Hz: a loaded machine, a camera that pauses
 SHADOW_ROLES = ("queue", "state")  # a fused bundle's input roles fed back from its own outputs
+
+# what a set asked for while openpilot is engaged waits for (--switch-while-engaged): the safe one first, the default
+WHILE_ENGAGED = {"defer": "it warms up in the shadow, then takes over only once openpilot disengages",
+                 "shadow": "it warms up in the shadow, then takes over between two frames, engaged or not"}
+
+def engaged(sm: Any) -> bool:
+  """Whether openpilot is engaged: the selfdrive state topic's `enabled` (selfdriveState today, controlsState in older schemas)."""
+  topic = TOPICS.selfdrive_state
+  return bool(topic is not None and sm.seen.get(topic) and sm[topic].enabled)
 
 def context_frames(metadata: dict) -> int:
   """The frames a model's temporal context holds: the rows of its longest fed-back input (a bundle records each next_<input>'s shape in
