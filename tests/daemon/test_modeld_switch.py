@@ -443,3 +443,25 @@ def init_(self, model_path, *args, **kwargs):
   init(self, model_path, *args, **kwargs)
 model_runner.ModelRunner.__init__ = init_
 sys.exit(modeld.main())""")
+
+def test_what_runs_is_listed_and_watched(artifacts, root, openpilot_prefix):
+  """install_models --list: the installed sets, the one asked for, the last that ran per daemon, and what modeld runs now (its model's
+  identity and since which frame); modeld_watch shows the same line live; once modeld exits its record goes with it."""
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)))
+  daemon.exchange(range(25))
+  (root / "active").write_text("b\n")
+  end = exchange_until(daemon, "set b passed its first 20 frames", 25)
+  daemon.exchange(range(end, end + 2))
+  first_b = next(int(m[1]) for line in daemon.lines if (m := re.search(r"frame (\d+): the first on set b ", line)))
+  listed = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.tools.install_models", "--list", "--model-sets", str(root)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+  watched = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.tools.watch", "--seconds", "1.5"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+  assert daemon.stop() == 0
+  b = content_digest(str(root / "b" / "model.bin"))[:16]
+  assert listed.returncode == 0 and f"model sets in {root}: b, inf, nan, old; asked for: b" in listed.stdout, listed.stdout + listed.stderr
+  assert "last ran in modeld: b" in listed.stdout and "last ran in dmonitoringmodeld: none recorded" in listed.stdout
+  assert f"modeld: set b (model {b}) since frame {first_b}, " in listed.stdout and "dmonitoringmodeld: not running (no record)" in listed.stdout
+  assert f"modeld           set b (model {b}) since frame {first_b}" in watched.stdout, watched.stdout
+  from sunnypilot.modeld_v2.daemon.run_state import read_state
+  assert read_state("modeld", openpilot_prefix) is None, "the record goes when modeld exits"

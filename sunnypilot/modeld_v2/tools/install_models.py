@@ -43,7 +43,10 @@ from typing import BinaryIO
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError, file_kind, open_regular, remove_stale_temporaries, replaced_atomically
-from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE, LAST_RAN_DM_FILE, LAST_RAN_FILE, Trust, installable_name
+from sunnypilot.modeld_v2.daemon.device_paths import DEVICE_MODEL_SETS
+from sunnypilot.modeld_v2.daemon.hardware import on_device
+from sunnypilot.modeld_v2.daemon.model_sets import ACTIVE_FILE, DEFAULT_SET, LAST_RAN_DM_FILE, LAST_RAN_FILE, ModelSets, Trust, installable_name
+from sunnypilot.modeld_v2.daemon.run_state import describe, read_state
 from sunnypilot.modeld_v2.format.bundle import check_content
 from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, check_folder, parse_manifest
 from sunnypilot.modeld_v2.format.signature import sig_path
@@ -293,11 +296,26 @@ def open_lock(root: str) -> BinaryIO:
     raise ArtifactError(f"{path} is {file_kind(mode)}, not a regular file (remove it)")
   return os.fdopen(fd, "ab")
 
+def sets_listing(root: str | None) -> str:
+  """--list: the sets in `root`, which is asked for and which ran last per daemon, and each daemon's run state on this bus."""
+  lines = []
+  if root is None: lines.append("no model sets folder (--model-sets): the daemons run their default set (--artifacts) only")
+  else:
+    sets = ModelSets("", root, Trust())
+    installed, active = sets.installed(), sets.read_name(ACTIVE_FILE) or DEFAULT_SET
+    lines.append(f"model sets in {root}: {', '.join(installed) or 'none installed'}; asked for: {active}")
+    for daemon, file in (("modeld", LAST_RAN_FILE), ("dmonitoringmodeld", LAST_RAN_DM_FILE)):
+      lines.append(f"  last ran in {daemon}: {sets.read_name(file) or 'none recorded'}")
+  for daemon in ("modeld", "dmonitoringmodeld"): lines.append(f"{daemon}: {describe(read_state(daemon))}")
+  return "\n".join(lines)
+
 @interruptible("install_models")
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("install_models", __doc__)
-  parser.add_argument("manifest", help="the set's manifest.json: an http(s) URL or a file")
-  parser.add_argument("--model-sets", required=True, help="the model sets folder (modeld's --model-sets); made when missing")
+  parser.add_argument("manifest", nargs="?", help="the set's manifest.json: an http(s) URL or a file")
+  parser.add_argument("--model-sets", help=f"the model sets folder (modeld's --model-sets); made when missing. On a comma device {DEVICE_MODEL_SETS}")
+  parser.add_argument("--list", action="store_true", help="list the installed sets, the one asked for, the last that ran per daemon, and what "
+                      "each daemon on this bus (OPENPILOT_PREFIX) runs now, since when, and what is on its way; installs nothing")
   parser.add_argument("--trusted-keys", help="a folder of trusted public keys (*.pem): the manifest must be signed by one of them (without: its "
                       "hashes are checked, its signature is not)")
   parser.add_argument("--activate", action="store_true", help="ask for the set once installed (writes <model-sets>/active), or now if it is installed")
@@ -305,6 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"(default: {DEADLINE_BASE_S:g} s plus 1 s per {DEADLINE_BYTES_PER_S // 1000} kB of the set); past it the install stops, "
                       "nothing of the set kept")
   args = parser.parse_args(argv)
+  root = args.model_sets or (DEVICE_MODEL_SETS if on_device() else None)
+  if args.list:
+    print(sets_listing(root))
+    return 0
+  if args.manifest is None or root is None:
+    parser.exit(2, f"install_models: error: {'a manifest' if args.manifest is None else '--model-sets'} is required (or --list)\n")
+  args.model_sets = root
   try:
     trust = Trust.from_folder(args.trusted_keys)
     if trust.keys is None: log.warning("no --trusted-keys: the manifest's hashes are checked, its signature is not")

@@ -1,5 +1,6 @@
 """Watch what modeld publishes: once a second, one line per service with its message rate, frame id, valid, modelExecutionTime and a few
-key fields (as openpilot users watch the bus with cereal's dump tools).
+key fields (as openpilot users watch the bus with cereal's dump tools), and one per model daemon saying which set and model it runs, since
+when, and what is on its way (a set loading or warming up in the shadow, a big model; daemon/run_state.py).
 
   python -m sunnypilot.modeld_v2.tools.watch [--services modelV2,drivingModelData,cameraOdometry] [--seconds N]
 
@@ -18,10 +19,12 @@ from typing import Any
 
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+from sunnypilot.modeld_v2.daemon.run_state import describe, read_state
 
 PROG = "modeld_watch"  # its console command (pyproject.toml): what usage lines and errors name
 
 SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")
+DAEMONS = ("modeld", "dmonitoringmodeld")  # whose run state each window shows (what runs, since when, what is on its way)
 
 def _num(value: float, fmt: str = "+.5f") -> str: return format(value, fmt) if math.isfinite(value) else str(value)
 
@@ -102,8 +105,13 @@ class Subscriber:
     for service, sock in self.socks.items():
       while (raw := sock.receive(non_blocking=True)) is not None: on_message(service, raw)
 
+def daemon_lines() -> list[str]:
+  """A line per model daemon with a run state on this bus (daemon/run_state.py): the set and model it runs, since when, what is on its way."""
+  return [f"{daemon:<16} {describe(state)}" for daemon in DAEMONS if (state := read_state(daemon)) is not None]
+
 def watch(sub: Subscriber, seconds: float | None = None, print_line: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
-  """Print one line per service of `sub` every second, for `seconds` (None: until interrupted); the last window may be shorter."""
+  """Print one line per service of `sub` every second, and one per model daemon that says what it runs, for `seconds` (None: until
+  interrupted); the last window may be shorter."""
   services = list(sub.socks)
   state = Watch(services)
   start = window = clock()
@@ -112,6 +120,7 @@ def watch(sub: Subscriber, seconds: float | None = None, print_line: Callable[[s
     sub.receive(int(max(0.0, end - clock()) * 1000) + 1, state.add)
     if (now := clock()) >= end:
       for service in services: print_line(f"{now - start:5.0f}s {state.line(service, now - window)}")
+      for line in daemon_lines(): print_line(f"{now - start:5.0f}s {line}")
       window = now
 
 def service_list(text: str) -> list[str]:
