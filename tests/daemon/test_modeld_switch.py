@@ -204,6 +204,13 @@ def test_with_trusted_keys_only_signed_sets_run(artifacts, root, tmp_path, openp
   assert any("must be signed by one of 1 trusted keys" in line for line in daemon.lines)
   (root / "active").write_text("b\n")
   end = exchange_until(daemon, "none of them trusted", 0)
+  os.makedirs(root / "bare")  # a set with no signature at all (no manifest, no .sig): one line that says so, not three about its warps
+  for name in ("model.bin", "warp_split.bin"): shutil.copy(root / "b" / name, root / "bare" / name)
+  seen = len(daemon.lines)
+  (root / "active").write_text("bare\n")
+  end = exchange_until(daemon, "cannot switch to set bare", end)
+  said = [line for line in daemon.lines[seen:] if "bare" in line and "asked for" not in line]
+  assert len(said) == 1 and "unsigned" in said[0] and "model.bin.sig" in said[0], said
   sign_set(root / "b", publisher)
   (root / "active").write_text("b\n")  # asked for again
   end = exchange_until(daemon, "switched to set b", end)

@@ -301,7 +301,7 @@ class FrameDaemon(Generic[P]):
     loaded = self.load()
     drops, published = FrameDrops(), 0
     self.switch.start()
-    log.info(f"model sets: {self.sets.describe()}; a switch is asked for by {self.switch.trigger}")
+    log.info(f"model sets: {self.sets.describe()}" + (f"; a switch is asked for by {self.switch.trigger}" if self.sets.root or self.params else ""))
     self.camera.alive()
     if loaded: self.running()
     try:

@@ -74,7 +74,7 @@ class Trust:
     return Trust.from_folder(given or (first_folder(DEVICE_TRUSTED_KEYS) if device else None))
 
   def describe(self) -> str:
-    if self.keys is None: return "no trusted keys: bundles load unsigned, as before signatures (--trusted-keys DIR requires them)"
+    if self.keys is None: return "none required (no trusted keys; with --trusted-keys DIR every bundle must be signed by one of them)"
     return f"bundles must be signed by one of {len(self.keys.keys)} trusted keys in {self.keys.folder}: {', '.join(f for f, _ in self.keys.keys.values())}"
 
   def manifest(self, path: str) -> tuple[Manifest, str]:

@@ -44,7 +44,8 @@ class ActiveSetFile:
     except OSError: return "", None
     return self.sets.read_name(ACTIVE_FILE), (st.st_ino, st.st_size, st.st_mtime_ns)
 
-  def __str__(self) -> str: return f"the flag file {os.path.join(self.sets.root or '<no --model-sets>', ACTIVE_FILE)}"
+  def __str__(self) -> str:
+    return f"the flag file {os.path.join(self.sets.root, ACTIVE_FILE)}" if self.sets.root else "nothing (no --model-sets: the default set only)"
 
 class ActiveSetParam:
   """A comma device's request: sunnypilot's model manager writes the bundle the user picked to the parameter ModelManager_ActiveBundle
