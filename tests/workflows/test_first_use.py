@@ -14,7 +14,8 @@ import pytest
 
 from conftest import ROOT
 
-README = open(os.path.join(ROOT, "README.md")).read()
+# the documented commands: the README's and the guide's it points to
+README = "\n".join(open(os.path.join(ROOT, f)).read() for f in ("README.md", os.path.join("docs", "GUIDE.md")))
 OUTPUT_FLAGS = ("--output", "--out", "--json")
 
 def readme_commands() -> list[list[str]]:
