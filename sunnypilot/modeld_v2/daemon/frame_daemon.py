@@ -349,10 +349,8 @@ class FrameDaemon(Generic[P]):
     if not finite and loaded.big and self.big is not None: self.big.fail(f"non-finite outputs on frame {frame.frames.meta.frame_id}")
     filled = outputs if finite else np.nan_to_num(outputs, nan=0.0, posinf=0.0, neginf=0.0)  # invalid, but no NaN in what is published
     done = spec.publish(pm, loaded, filled, finite, frame, inputs, clock)
-    if done is not None:
-      if self.timings is not None:
-        self.timings.append([frame.frames.meta.frame_id, t_recv, *stamps, done.fill, done.serialize, done.send, time.monotonic_ns()])
-      self.status.times.append(done.execution_time)
+    row = [frame.frames.meta.frame_id, t_recv, *stamps, done.fill, done.serialize, done.send, time.monotonic_ns()] if done is not None else None
+    if done is not None: self.status.times.append(done.execution_time)
     if self.first_frame:  # which model runs is no field of today's messages: said here, frame by frame of a change (and in the run state)
       self.first_frame, self.since = False, (self.since[0], frame.frames.meta.frame_id)
       name = self.model_set.name if self.model_set else "?"
@@ -361,6 +359,7 @@ class FrameDaemon(Generic[P]):
     if self.warming is not None: self.shadow_frame(frame, inputs)
     if self.big is not None and self.running_set is not None:
       self.big.after_frame(self.running_set, spec.host_values(inputs), frame.frames.bufs, frame.frames.meta.frame_id)
+    if row is not None and self.timings is not None: self.timings.append([*row, time.monotonic_ns()])  # the shadows' end too
     if frame.frames.meta.frame_id % STATE_EVERY == 0 or self.since[1] == frame.frames.meta.frame_id: self.record_state()
     return int(done is not None)
 

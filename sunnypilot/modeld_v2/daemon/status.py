@@ -11,8 +11,9 @@ STATUS_EVERY_S = 5.0  # seconds between a daemon's status lines (frames, drops, 
 # what a daemon's --timings records per published frame, in monotonic ns: frames received and synced, host inputs filled, camera frames
 # bound, model launched, outputs read back (the device done), outputs parsed and the first message filled, serialized, sent (modeld's
 # modelV2: what controls wait for, so it goes first), then the other messages filled, serialized and sent (modeld's drivingModelData and
-# cameraOdometry; dmonitoringmodeld has none: its "others" is its "send")
-STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others")
+# cameraOdometry; dmonitoringmodeld has none: its "others" is its "send"), then the models in the shadow run on the frame (a set warming
+# up, the other model of a big/small pair; none: right after "others"): the frame's end
+STAGE_STAMPS = ("received", "inputs", "copy", "run", "readback", "parse_fill", "serialize", "send", "others", "shadow")
 
 def write_timings(path: str, frames: list) -> None:
   """--timings on exit: per published frame [frame_id, monotonic ns at each of STAGE_STAMPS], as JSON (benchmarks.bench_daemon reads it)."""
