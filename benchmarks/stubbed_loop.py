@@ -97,8 +97,9 @@ class StubbedModelD(FrameDaemon):
   def load(self) -> bool:
     stub = Loaded(self.model, HostInputs(self.model.numpy_inputs, self.episodes.once), STUB_SENSOR, "stub", "0" * 64, None,
                   self.spec.own(self.model, STUB_SENSOR, "stub", self.episodes.once))
-    self.switch.reloaded(Candidate(ModelSet(DEFAULT_SET, "", None, Trust(), "a stub"), stub, None))  # the switch holds what runs
-    self.spec.use(stub, self.camera, fresh=True)
+    candidate = Candidate(ModelSet(DEFAULT_SET, "", None, Trust(), "a stub"), stub, None)
+    self.switch.reloaded(candidate)  # the switch holds what runs
+    self.use(candidate, fresh=True)
     return True
 
 def run_stubbed(slices: dict[str, list[int]], width: int, generation: str, frames: int, idle_s: float, spin_s: float = 0.0,
