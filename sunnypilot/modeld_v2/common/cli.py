@@ -11,13 +11,13 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 T = TypeVar("T")
 
 class Parser(argparse.ArgumentParser):
   """argparse whose usage errors are one line, `<prog>: error: <message>` with exit code 2, as every other error of a CLI here is."""
-  def error(self, message: str):  # type: ignore[override]
+  def error(self, message: str) -> NoReturn:
     self.exit(2, f"{self.prog}: error: {message}\n")
 
 def parser(prog: str, doc: str | None) -> Parser:

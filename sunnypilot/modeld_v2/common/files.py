@@ -7,7 +7,7 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from io import BufferedReader
 
 class ArtifactError(ValueError):
   """A file that cannot be used: a bundle or part that is corrupt, for another device/arch/tinygrad, or an unsupported capture; an output
@@ -80,7 +80,7 @@ def replaced_atomically(*paths: str) -> Iterator[list[str]]:
       with contextlib.suppress(OSError): os.remove(tmp)
     raise
 
-def open_regular(path: str) -> BinaryIO:
+def open_regular(path: str) -> BufferedReader:
   """`path` opened for reading, refused before a byte is read unless it is a regular file (a FIFO would block, a device never end)."""
   try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
   except OSError as e: raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None

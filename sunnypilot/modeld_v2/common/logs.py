@@ -15,7 +15,7 @@ class _Stderr(logging.StreamHandler):
     logging.Handler.__init__(self)  # StreamHandler's would bind one stream for good
 
   @property
-  def stream(self): return sys.stderr  # type: ignore[override]
+  def stream(self): return sys.stderr
 
 def setup(prog: str) -> None:
   """The process's log lines to stderr as `prog: message`: this package's from INFO up (`__main__` is the CLI module run with -m), other
@@ -32,7 +32,9 @@ class Episodes:
   """The package's one mechanism for lines that would repeat frame after frame: a condition logs one line when it starts and one with its
   count when it ends (if it happened more than once); a line that has no end is logged once (`once`)."""
   def __init__(self, log: Callable[[str], None]):
-    self.log, self.counts, self.said = log, {}, set()
+    self.log = log
+    self.counts: dict[str, int] = {}
+    self.said: set[str] = set()
 
   def once(self, line: str) -> None:
     """`line`, the first time it is said (a bad bundle, an input with no source, a field a schema lacks)."""
