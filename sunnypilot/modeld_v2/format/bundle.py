@@ -10,15 +10,17 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Callable, Iterable
-from typing import Any, BinaryIO, NamedTuple
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from io import BufferedReader
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 import numpy as np
 from tinygrad import Device, helpers
 from tinygrad.helpers import getenv
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
-from sunnypilot.modeld_v2.format.part import Part, device_kind, expect, ints, within
+from sunnypilot.modeld_v2.format.part import Blob, Part, PartJSON, device_kind, expect, ints, within
+from sunnypilot.modeld_v2.format.part_builder import Blobs
 from sunnypilot.modeld_v2.format.tinygrad_identity import describe, imported_tinygrad, replays, unsupported
 
 FORMAT_VERSION = 1
@@ -30,7 +32,45 @@ BUILD_FLAGS = ("IMAGE", "FLOAT16", "NOLOCALS", "JIT_BATCH_SIZE", "JIT", "BEAM", 
 # records `precision` in its metadata only when it is not float32, so a float32 bundle is what it was before precisions existed
 PRECISIONS = ("float32", "float16")
 
-def precision_of(metadata: dict) -> str:
+# *** the header: {"provenance": ..., "parts": {name: {"header": part JSON, "blob": [start, end]}}, "extras": ...} ***
+
+class Provenance(TypedDict):
+  """Where a bundle's kernels run and what built them (`provenance` writes it, `check_provenance` reads it)."""
+  format: int
+  tinygrad: str  # the version tinygrad states, and a digest of its source (format/tinygrad_identity)
+  tinygrad_source: str
+  device: str  # the device kind ("CPU", "CUDA", "QCOM")
+  target: str  # repr of the renderer's Target: the arch the kernels were compiled for
+  flags: dict[str, int]  # BUILD_FLAGS as the build set them
+
+class PartEntry(TypedDict):
+  header: PartJSON
+  blob: list[int]  # [start, end) of the part's bytes in the bundle's blob
+
+# a bundle's metadata: plain JSON by key, which keys depending on its `kind` (docs/FORMAT.md lists them); _check_model and the checks
+# registered per kind (bundle_rules.py) hold what each reader reads of it, so its values stay JSON until a reader takes them
+Metadata = dict[str, Any]
+SpecJSON = Sequence[Any]  # one input or output spec as stored, [shape, dtype, device] (a TensorSpec is one too)
+
+class ExtrasJSON(TypedDict, total=False):
+  """A bundle's extras as stored (and as write_bundle takes them)."""
+  input_specs: Mapping[str, SpecJSON]
+  output_specs: Mapping[str, SpecJSON]
+  metadata: Metadata
+
+class Extras(TypedDict):
+  """A read bundle's extras (typed_extras): every spec a TensorSpec."""
+  input_specs: dict[str, TensorSpec]
+  output_specs: dict[str, TensorSpec]
+  metadata: NotRequired[Metadata]
+
+class BundleHead(TypedDict):
+  """A bundle's header, its structure checked (`_check_head`): what BundleFile.head, read_bundle and read_header return."""
+  provenance: Provenance
+  parts: dict[str, PartEntry]
+  extras: ExtrasJSON
+
+def precision_of(metadata: Metadata) -> str:
   """The precision a bundle's model computes in (a warp's, uint8 in and out with float32 coordinates: float32)."""
   return metadata.get("precision", PRECISIONS[0])
 
@@ -41,7 +81,7 @@ class TensorSpec(NamedTuple):
   device: str
 
   @staticmethod
-  def of(value: Any) -> TensorSpec:
+  def of(value: SpecJSON) -> TensorSpec:
     shape, dtype, device = value
     return TensorSpec(tuple(int(d) for d in shape), np.dtype(dtype).str, str(device))
 
@@ -54,19 +94,19 @@ def next_name(state: str) -> str:
   """The output that carries a state's next value."""
   return STATE_PREFIX + state
 
-def state_names(input_names: Any, output_names: Any) -> list[str]:
+def state_names(input_names: Iterable[str], output_names: Iterable[str]) -> list[str]:
   """The states of a model: each input X with an output next_X (the caller may pass X's own buffer as next_X)."""
   outputs = set(output_names)
   return sorted(name for name in input_names if next_name(name) in outputs)
 
-def unpaired_state_outputs(input_names: Any, output_names: Any) -> dict[str, str]:
+def unpaired_state_outputs(input_names: Iterable[str], output_names: Iterable[str]) -> dict[str, str]:
   """Outputs named as a state's next value whose state is no input, {next_X: X}: half a state pair."""
   inputs = set(input_names)
   return {n: n.removeprefix(STATE_PREFIX) for n in sorted(output_names) if n.startswith(STATE_PREFIX) and n.removeprefix(STATE_PREFIX) not in inputs}
 
 # *** writing ***
 
-def provenance(device: str, flags: dict[str, int] | None = None) -> dict:
+def provenance(device: str, flags: dict[str, int] | None = None) -> Provenance:
   """Where a bundle's kernels run, with the tinygrad that built them (format/tinygrad_identity) and the build flags of this process (`flags`
   overrides: e.g. the BEAM a compile searched with)."""
   target = Device[Device.canonicalize(device)].renderer.target
@@ -76,7 +116,8 @@ def provenance(device: str, flags: dict[str, int] | None = None) -> dict:
   return {"format": FORMAT_VERSION, "tinygrad": tinygrad.version, "tinygrad_source": tinygrad.source, "device": target.device or device_kind(device),
           "target": repr(target), "flags": build_flags}
 
-def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: dict, flags: dict[str, int] | None = None, check: bool = True) -> int:
+def write_bundle(path: str, parts: dict[str, tuple[Part | PartJSON, bytes | memoryview | Blobs]], extras: ExtrasJSON | Extras,
+                 flags: dict[str, int] | None = None, check: bool = True) -> int:
   """Write named parts (a Part record or its JSON, and its blob) and extras (`input_specs`, `output_specs`, `metadata`) as one bundle file,
   atomically: a temporary file renamed into place, removed on any failure (an OSError, such as a full disk, raised as an ArtifactError).
   `flags` override the build flags provenance records. The written file is read back through the loader's checks before it takes its name
@@ -85,7 +126,7 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
   headers = {name: header.to_json() if isinstance(header, Part) else header for name, (header, _) in parts.items()}
   devices = {device_kind(h["device"]) for h in headers.values()}
   if len(devices) != 1: raise ArtifactError(f"all parts of a bundle must be for one device, got {sorted(devices)}")
-  blob, index = bytearray(), {}
+  blob, index = bytearray(), dict[str, PartEntry]()
   for name, (_, part_blob) in parts.items():
     index[name] = {"header": headers[name], "blob": [len(blob), len(blob) + len(part_blob)]}
     blob += bytes(part_blob)
@@ -104,7 +145,7 @@ def write_bundle(path: str, parts: dict[str, tuple[Part | dict, Any]], extras: d
 
 # *** reading ***
 
-def _read_head(f: BinaryIO, path: str) -> tuple[dict, bytes, bytes, int]:
+def _read_head(f: BufferedReader, path: str) -> tuple[BundleHead, bytes, bytes, int]:
   """The header of an open bundle file, read as far as it reaches and no further: (header, its bytes, the preamble's digest, the blob's
   length). The magic, version and sizes the header declares are checked against the file's size first, so a stray large file costs eight
   bytes, not a read of the whole."""
@@ -182,16 +223,16 @@ class BundleFile:
       raise ArtifactError(f"{self.name}: content hash mismatch: file says {self.digest.hex()[:16]}, content is {content.hexdigest()[:16]} "
                           "(truncated or edited)")
 
-def read_bundle(path: str, name: str | None = None) -> tuple[dict, memoryview]:
+def read_bundle(path: str, name: str | None = None) -> tuple[BundleHead, memoryview]:
   """The verified header and blob of a bundle file, with no device check. Never unpickles: a bundle is data. Errors name the file as
   `name` (default: `path`). The blob is read whole into memory: loads stream it into the device's buffers instead (runtime/loader)."""
   with BundleFile(path, name) as f:
-    blob = memoryview(np.empty(f.blob_len, np.uint8))  # writable and uninitialised: weights are copied to the device straight from it
+    blob = np.empty(f.blob_len, np.uint8).data  # writable and uninitialised: weights are copied to the device straight from it
     def write(offset: int, data: memoryview) -> None: blob[offset:offset + len(data)] = data
     f.stream([(0, f.blob_len, write)])
   return f.head, blob
 
-def read_header(path: str) -> dict:
+def read_header(path: str) -> BundleHead:
   """A bundle's header alone, its sizes checked against the file's and nothing past it read (no hash: `read_bundle` checks that): what
   looking through a folder of bundles needs to know which is which."""
   with BundleFile(path) as f: return f.head
@@ -208,7 +249,7 @@ def check_content(path: str) -> tuple[str, int]:
     f.stream()
     return f.digest.hex(), f.size
 
-def check_provenance(prov: dict, device: str | None = None, path: str = "bundle", allow_device: bool = False) -> str:
+def check_provenance(prov: Provenance, device: str | None = None, path: str = "bundle", allow_device: bool = False) -> str:
   """Raise unless a bundle with provenance `prov` runs here; returns the device to load on."""
   here = Device.canonicalize(device)
   if prov.get("format") != FORMAT_VERSION: raise ArtifactError(f"{path}: format {prov.get('format')}, this loader reads {FORMAT_VERSION}")
@@ -222,7 +263,7 @@ def check_provenance(prov: dict, device: str | None = None, path: str = "bundle"
   return here
 
 def read_parts(path: str, device: str | None = None, allow_device: bool = False, name: str | None = None) \
-    -> tuple[dict[str, tuple[Part, memoryview]], dict]:
+    -> tuple[dict[str, tuple[Part, memoryview]], Extras]:
   """`(parts, extras)` of a bundle, after checking its hash, its structure, and that it was built for this tinygrad, device and arch.
   Each part is `(Part record, blob)`; the extras' `input_specs` and `output_specs` come back as {name: TensorSpec}. Errors name the file
   as `name` (default: `path`). The blobs are in memory: a load streams them into the device's buffers instead (runtime/loader)."""
@@ -231,22 +272,24 @@ def read_parts(path: str, device: str | None = None, allow_device: bool = False,
   records = check_parts(head, blob, name or path)
   return {name: (records[name], blob[p["blob"][0]:p["blob"][1]]) for name, p in head["parts"].items()}, typed_extras(head)
 
-def typed_extras(head: dict) -> dict:
+def typed_extras(head: BundleHead) -> Extras:
   """A checked header's extras with `input_specs` and `output_specs` as {name: TensorSpec}."""
-  return head["extras"] | {k: {n: TensorSpec.of(s) for n, s in head["extras"].get(k, {}).items()} for k in ("input_specs", "output_specs")}
+  raw = head["extras"]
+  return {**raw, "input_specs": {n: TensorSpec.of(s) for n, s in raw.get("input_specs", {}).items()},
+          "output_specs": {n: TensorSpec.of(s) for n, s in raw.get("output_specs", {}).items()}}
 
-def part_range(head: dict, name: str, blob_len: int) -> tuple[int, int]:
+def part_range(head: BundleHead, name: str, blob_len: int) -> tuple[int, int]:
   """Where part `name`'s blob lies in the bundle's blob."""
   try: return within(head["parts"][name]["blob"], blob_len, "blob")
   except ArtifactError as e: raise ArtifactError(f"malformed part {name!r}: {e}") from None
 
-def check_parts(head: dict, blob: Any, path: str = "bundle") -> dict[str, Part]:
+def check_parts(head: BundleHead, blob: Blob, path: str = "bundle") -> dict[str, Part]:
   """Validate every part of a read bundle (see Part.from_json) and the model metadata the runtime reads; returns the parts as records."""
   try: blobs = {name: blob[slice(*part_range(head, name, len(blob)))] for name in head["parts"]}
   except ArtifactError as e: raise ArtifactError(f"{path}: {e}") from None
   return check_part_blobs(head, blobs, path)
 
-def check_part_blobs(head: dict, blobs: dict[str, Any], path: str = "bundle") -> dict[str, Part]:
+def check_part_blobs(head: BundleHead, blobs: Mapping[str, Blob], path: str = "bundle") -> dict[str, Part]:
   """check_parts with each part's blob given apart: all of it, or what a streamed load kept of it (format/part_builder.KeptBlob)."""
   parts = {}
   for name, p in head["parts"].items():
@@ -280,9 +323,10 @@ def _check_strings(value: Any, what: str, depth: int = 1) -> None:
     if depth > 1: _check_strings(v, f"{what}[{k!r:.40}]", depth - 1)
     else: expect(v, str, f"{what}[{k!r:.40}]")
 
-METADATA_CHECKS: dict[str, list[Callable[[dict], None]]] = {}  # metadata kind -> checks of a bundle's extras (ValueError), by the layers above
+MetadataCheck = Callable[[ExtrasJSON], None]
+METADATA_CHECKS: dict[str, list[MetadataCheck]] = {}  # metadata kind -> checks of a bundle's extras (ValueError), by the layers above
 
-def register_metadata_check(kind: str, check: Callable[[dict], None]) -> None:
+def register_metadata_check(kind: str, check: MetadataCheck) -> None:
   """Run `check(extras)` on every bundle of metadata `kind` read or written: the rules of layers this one knows nothing of (openpilot's
   head sizes, camera frame layouts) join the reader's own (bundle_rules.py registers them)."""
   if check not in (checks := METADATA_CHECKS.setdefault(kind, [])): checks.append(check)
@@ -295,13 +339,13 @@ def check_output_slices(slices: object, n: int) -> None:
       raise ValueError(f"{name!r:.40} is {span!r:.40}, not [start, stop]")
     if not 0 <= span[0] < span[1] <= n: raise ValueError(f"{name!r:.40} [{span[0]}, {span[1]}] falls outside the {n} outputs")
 
-def check_metadata(extras: dict, path: str = "bundle") -> None:
+def check_metadata(extras: ExtrasJSON, path: str = "bundle") -> None:
   """Raise an ArtifactError naming `path` unless a read bundle's metadata is what the runtime, inspect and modeld's warp discovery read:
   a model's layout, roles and `output_slices`, and what METADATA_CHECKS require of each kind (a warp's frame geometry and inputs)."""
   try: _check_metadata(extras)
   except ArtifactError as e: raise ArtifactError(f"{path}: malformed metadata: {e}") from None
 
-def _check_metadata(extras: dict) -> None:
+def _check_metadata(extras: ExtrasJSON) -> None:
   meta = extras.get("metadata", {})
   if meta.get("precision", PRECISIONS[0]) not in PRECISIONS: raise ArtifactError(f"precision {meta['precision']!r:.40} is none of {PRECISIONS}")
   if meta.get("kind") == "model": _check_model(extras)
@@ -309,7 +353,7 @@ def _check_metadata(extras: dict) -> None:
     for check in METADATA_CHECKS.get(kind, ()) if isinstance(kind := meta.get("kind"), str) else (): check(extras)
   except ValueError as e: raise ArtifactError(str(e)) from None
 
-def _check_model(extras: dict) -> None:
+def _check_model(extras: ExtrasJSON) -> None:
   meta = extras["metadata"]
   if "layout" in meta: expect(meta["layout"], str, "layout")
   if "input_roles" in meta: _check_strings(meta["input_roles"], "input_roles")

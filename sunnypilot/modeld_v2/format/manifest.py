@@ -15,7 +15,6 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
 from sunnypilot.modeld_v2.format.bundle import PREAMBLE, check_content
@@ -28,7 +27,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # a set's name and a bun
 ROLE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
-def plain_name(name: Any, what: str, where: str) -> str:
+def plain_name(name: object, what: str, where: str) -> str:
   """`name` if it is one plain path component (no '/', no '..', not hidden); else one line naming `where`."""
   if not isinstance(name, str) or not NAME.fullmatch(name) or ".." in name:
     raise ArtifactError(f"{where}: {what} {name!r:.80} is not a plain name (letters, digits, '.', '_', '-'; no folder, no '..')")
@@ -58,7 +57,7 @@ class Manifest:
     return [e.file for e in self.bundles if e.role == role]
 
   @staticmethod
-  def from_json(doc: Any, where: str) -> Manifest:
+  def from_json(doc: object, where: str) -> Manifest:
     """A manifest from its JSON, every field checked; one line naming `where` for the first fault."""
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or doc.get("version") != MANIFEST_VERSION:
       raise ArtifactError(f"{where}: not a {MANIFEST_FORMAT} version {MANIFEST_VERSION} manifest")

@@ -11,7 +11,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar, overload
 
 import numpy as np
 from tinygrad import dtypes
@@ -19,6 +19,14 @@ from tinygrad.dtype import DType
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.kernel_binary import BinaryError, check_kernel_binary
+
+T = TypeVar("T")
+PartJSON = dict[str, Any]  # a part header as stored: JSON that Part.from_json reads and checks field by field into a Part
+
+class Blob(Protocol):
+  """A part's blob: bytes, a memoryview, or a view of several (part_builder.Blobs) or of the ranges a streamed load kept (KeptBlob)."""
+  def __len__(self) -> int: ...
+  def __getitem__(self, span: slice, /) -> bytes | memoryview: ...
 
 CALL_KINDS = ("program", "copy")
 RETURN_KINDS = ("NoneType", "Tensor", "tuple", "list", "dict")
@@ -37,7 +45,7 @@ def dtype_name(dt: DType) -> str:
   if getattr(dtypes, repr(dt).removeprefix("dtypes."), None) != dt: raise ArtifactError(f"dtype {dt!r} cannot be stored in a plain artifact")
   return repr(dt)
 
-def parse_dtype(name: Any) -> DType:
+def parse_dtype(name: object) -> DType:
   if not isinstance(name, str) or not (m := re.fullmatch(r"dtypes\.([a-z0-9_]+)", name)) or not isinstance(dt := getattr(dtypes, m[1], None), DType):
     raise ArtifactError(f"unknown dtype {name!r} in bundle")
   return dt
@@ -55,31 +63,36 @@ def label(name: str, key: str | None) -> str:
 
 # *** field checks: each raises an ArtifactError naming the field (sizes in Python ints: exact, never overflowing) ***
 
-def expect(value: Any, kind: type | tuple, what: str) -> Any:
+@overload
+def expect(value: object, kind: type[T], what: str) -> T: ...
+@overload
+def expect(value: object, kind: tuple[type, ...], what: str) -> Any: ...
+def expect(value: object, kind: type | tuple[type, ...], what: str) -> Any:
+  """`value` if it is a `kind` (never a bool for an int); else an ArtifactError naming `what`."""
   if not isinstance(value, kind) or isinstance(value, bool) and kind is int: raise ArtifactError(f"{what} is {type(value).__name__} {value!r:.60}")
   return value
 
-def ints(value: Any, what: str) -> tuple[int, ...]:
+def ints(value: object, what: str) -> tuple[int, ...]:
   return tuple(expect(x, int, what) for x in expect(value, list, what))
 
-def within(r: Any, end: int, what: str) -> tuple[int, int]:
+def within(r: object, end: int, what: str) -> tuple[int, int]:
   if len(span := ints(r, what)) != 2 or not 0 <= span[0] <= span[1] <= end: raise ArtifactError(f"{what} range {r!r} is outside 0..{end}")
   return span[0], span[1]
 
-def _shape(value: Any, what: str) -> tuple[int, ...]:
+def _shape(value: object, what: str) -> tuple[int, ...]:
   shape = ints(value, what)
   if len(shape) > 8 or any(not 0 <= d <= MAX_BUFFER_BYTES for d in shape) or math.prod(shape) > MAX_BUFFER_BYTES:
     raise ArtifactError(f"{what} {list(shape)!r:.80} is not a shape of at most {MAX_BUFFER_BYTES} elements")
   return shape
 
-def _table(header: dict, key: str, limit: int = MAX_TABLE) -> list:
+def _table(header: PartJSON, key: str, limit: int = MAX_TABLE) -> list:
   if key not in header: raise ArtifactError(f"missing field {key!r}")
   if len(table := expect(header[key], list, key)) > limit: raise ArtifactError(f"{key} has {len(table)} entries, more than {limit}")
   return table
 
-def _dtype(value: Any) -> str:
+def _dtype(value: object) -> str:
   parse_dtype(value)
-  return value
+  return str(value)
 
 def nbytes_of(shape: tuple[int, ...], dtype: str) -> int: return math.prod(shape) * parse_dtype(dtype).itemsize
 
@@ -205,7 +218,7 @@ class Program:
   estimates: dict[str, int] | None = None
 
   @staticmethod
-  def from_json(p: Any, blob: Any, device: str) -> Program:
+  def from_json(p: Any, blob: Blob, device: str) -> Program:
     """A program of a part for `device`: its binary is checked as a CPU binary when it is compiled for the CPU or runs there (the part's
     device picks the runtime that loads it, whatever target the program records)."""
     expect(p, dict, "program")
@@ -263,7 +276,9 @@ class Call:
 
   def writes(self, i: int, programs: tuple[Program, ...]) -> bool:
     """Whether this call writes its i-th argument: a copy its destination, a program its `outs`."""
-    return i == 0 if self.kind == "copy" else i in programs[self.program].outs
+    if self.kind == "copy": return i == 0
+    assert self.program is not None, "a program call names its program"
+    return i in programs[self.program].outs
 
   def relocated(self, buffers: int, programs: int, slots: dict[int, Arg]) -> Call:
     """This call inside a part that holds its buffers from index `buffers` and its programs from `programs` on, input slot i passed as
@@ -360,12 +375,12 @@ class Part:
   def arg_nbytes(self, a: Arg) -> int: return arg_nbytes(a, self.inputs)
 
   @staticmethod
-  def of(header: Part | dict, blob: Any) -> Part:
+  def of(header: Part | PartJSON, blob: Blob) -> Part:
     """A part given as a record (read and checked already) or as its JSON (read and checked here)."""
     return header if isinstance(header, Part) else Part.from_json(header, blob)
 
   @staticmethod
-  def from_json(header: Any, blob: Any) -> Part:
+  def from_json(header: Any, blob: Blob) -> Part:
     """Read and check a part header against its blob: field types, ranges inside the blob and buffers, indices inside their tables, what
     the replay will allocate and iterate (MAX_* bounds), each program's binary (kernel_binary) and argument counts against its signature,
     arguments at least as large as the kernel's view of them, copies that fit both ends. Raises ArtifactError."""
@@ -385,7 +400,7 @@ class Part:
     return Part(device, input_names, kwargs, inputs, buffers, programs, calls, onetime, returns, check)
 
   @staticmethod
-  def buffer_table(header: dict, blob_len: int) -> tuple[BufferSpec, ...]:
+  def buffer_table(header: PartJSON, blob_len: int) -> tuple[BufferSpec, ...]:
     """A part header's buffers, each and all together bounded: what a streamed load allocates before it reads the blob into them."""
     buffers = tuple(BufferSpec.from_json(b, blob_len) for b in _table(expect(header, dict, "part header"), "buffers"))
     if (total := sum(b.nbytes for b in buffers)) > MAX_BUFFER_BYTES:
@@ -393,11 +408,11 @@ class Part:
     return buffers
 
   @staticmethod
-  def lib_ranges(header: dict, blob_len: int) -> set[tuple[int, int]]:
+  def lib_ranges(header: PartJSON, blob_len: int) -> set[tuple[int, int]]:
     """The blob ranges of a part header's kernel binaries: what a streamed load keeps in memory (Part.from_json then checks them)."""
     return {within(expect(p, dict, "program").get("lib"), blob_len, "program binary") for p in _table(expect(header, dict, "part header"), "programs")}
 
-  def to_json(self) -> dict:
+  def to_json(self) -> PartJSON:
     return {"device": self.device, "input_names": list(self.input_names), "kwargs": list(self.kwargs), "inputs": [s.to_json() for s in self.inputs],
             "buffers": [b.to_json() for b in self.buffers], "programs": [p.to_json() for p in self.programs],
             "onetime_calls": [c.to_json() for c in self.onetime_calls], "calls": [c.to_json() for c in self.calls],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from sunnypilot.modeld_v2.format.part import BufferSpec, Call, Check, InputSlot,
 
 class Blobs:
   """Several blobs as one address space, for a part whose ranges span them (a fused part: the model's and the warp's files)."""
-  def __init__(self, *blobs):
+  def __init__(self, *blobs: Segment):
     self.blobs, self.starts = blobs, np.cumsum([0] + [len(b) for b in blobs]).tolist()
 
   def __len__(self) -> int: return self.starts[-1]
@@ -34,7 +33,8 @@ class KeptBlob:
   """A part's blob of which only some ranges were kept in memory: a streamed load keeps the kernel binaries and writes the weights
   straight into the device's buffers. A kept range (or a slice inside one) reads as bytes; anything else is an ArtifactError."""
   def __init__(self, size: int):
-    self.size, self.kept = size, {}  # (start, end) -> bytearray
+    self.size = size
+    self.kept: dict[tuple[int, int], bytearray] = {}
 
   def __len__(self) -> int: return self.size
 
@@ -51,18 +51,20 @@ class KeptBlob:
       if a <= start and stop <= b: return memoryview(data)[start - a:stop - a]
     raise ArtifactError(f"blob bytes {start}..{stop} were not kept in memory by the streamed read")
 
-def _view(blob: Any) -> Any: return blob if isinstance(blob, KeptBlob) else memoryview(blob)
+Segment = bytes | bytearray | memoryview | KeptBlob  # a piece of a built part's blob: bytes, or a whole part's blob as read or streamed
+
+def _view(blob: Segment) -> memoryview | KeptBlob: return blob if isinstance(blob, KeptBlob) else memoryview(blob)
 
 class PartBuilder:
   """A part's buffers, programs and blob under construction. `part(...)` and `blob()` are the result."""
   def __init__(self):
-    self.segments: list[Any] = []
+    self.segments: list[Segment] = []
     self.size = 0
     self.buffers: list[BufferSpec] = []
     self.programs: list[Program] = []
     self.libs: dict[bytes, tuple[int, int]] = {}  # each binary's blob range: stored once however many programs share it
 
-  def add_bytes(self, data: Any) -> tuple[int, int]:
+  def add_bytes(self, data: Segment) -> tuple[int, int]:
     """Append bytes to the blob; returns their range."""
     start, self.size = self.size, self.size + len(data)
     self.segments.append(data)
@@ -83,7 +85,7 @@ class PartBuilder:
     """Store a buffer's initial contents in the blob."""
     self.buffers[index] = dataclasses.replace(self.buffers[index], init=self.add_bytes(data))
 
-  def include(self, part: Part, blob: Any) -> tuple[int, int]:
+  def include(self, part: Part, blob: Segment) -> tuple[int, int]:
     """Append another part's buffers, programs and whole blob (their ranges moved along); returns where its buffer and program tables start."""
     shift, first = self.add_bytes(blob)[0], (len(self.buffers), len(self.programs))
     self.buffers += [b if b.init is None else dataclasses.replace(b, init=(b.init[0] + shift, b.init[1] + shift)) for b in part.buffers]

@@ -22,9 +22,14 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
+
+if TYPE_CHECKING:  # cryptography is an optional extra (signing), imported when a key is first used
+  from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+T = TypeVar("T")
 
 SIG_FORMAT, SIG_VERSION = "spmv2-signature", 1
 SIGNED_PREFIX = b"sunnypilot-modeld-v2 signature v1\0"  # a signature here can never be mistaken for one of anything else signed by the key
@@ -43,7 +48,7 @@ def _crypto():
     raise ArtifactError("signatures need the cryptography package: pip install 'sunnypilot-modeld-v2[signing]'") from None
   return serialization, ed25519
 
-def _raw(public_key: Any) -> bytes:
+def _raw(public_key: Ed25519PublicKey) -> bytes:
   serialization, _ = _crypto()
   return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
@@ -54,7 +59,7 @@ def _read_small(path: str, what: str) -> bytes:
   if len(data) > MAX_SIG_BYTES: raise ArtifactError(f"{path}: more than {MAX_SIG_BYTES:,} bytes: not {what}")
   return data
 
-def load_private_key(path: str) -> Any:
+def load_private_key(path: str) -> Ed25519PrivateKey:
   """An Ed25519 private key from a PEM file; one line naming the file when it is anything else (a public key, another algorithm, text)."""
   serialization, ed25519 = _crypto()
   data = _read_small(path, "a key")
@@ -65,7 +70,7 @@ def load_private_key(path: str) -> Any:
   if not isinstance(key, ed25519.Ed25519PrivateKey): raise ArtifactError(f"{path}: a {type(key).__name__}, not an Ed25519 private key")
   return key
 
-def load_public_key(path: str) -> Any:
+def load_public_key(path: str) -> Ed25519PublicKey:
   """An Ed25519 public key from a PEM file; one line naming the file when it is anything else (a private key included)."""
   serialization, ed25519 = _crypto()
   data = _read_small(path, "a key")
@@ -126,7 +131,7 @@ class SignatureFile:
   def to_json(self) -> dict:
     return {"format": SIG_FORMAT, "version": SIG_VERSION, "signed": self.signed.to_json(), "signatures": [s.to_json() for s in self.signatures]}
 
-def _field(d: Any, key: str, kind: type, path: str) -> Any:
+def _field(d: object, key: str, kind: type[T], path: str) -> T:
   if not isinstance(d, dict) or not isinstance(value := d.get(key), kind) or isinstance(value, bool):
     raise ArtifactError(f"{path}: malformed signature file: {key!r} missing or not a {kind.__name__}")
   return value
@@ -160,7 +165,7 @@ def read_signatures(path: str) -> SignatureFile:
 class TrustedKeys:
   """The public keys a device trusts: every *.pem in one folder, by key id (several keys: a rotation). `folder` names them in errors."""
   folder: str
-  keys: dict[str, tuple[str, Any]]  # key id -> (file name, Ed25519PublicKey)
+  keys: dict[str, tuple[str, Ed25519PublicKey]]  # key id -> (file name, public key)
 
   @staticmethod
   def load(folder: str) -> TrustedKeys:
@@ -213,7 +218,7 @@ def describe_signatures(path: str, sha256: str, size: int) -> list[str]:
     lines.append(f"signed by key {s.key_id}: {ok}")
   return lines
 
-def sign(path: str, signed: Signed, private_key: Any) -> str:
+def sign(path: str, signed: Signed, private_key: Ed25519PrivateKey) -> str:
   """Add a signature of `signed` by `private_key` to `path.sig`, written atomically: kept with the signatures of other keys already
   there when they sign the same statement, replacing them when they sign other content (the file changed). Returns the .sig's path."""
   public = _raw(private_key.public_key())

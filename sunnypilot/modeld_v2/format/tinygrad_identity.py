@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import tinygrad
@@ -85,7 +86,7 @@ def unsupported(here: TinygradIdentity) -> str | None:
   known = ", ".join(f"{version} ({what})" for version, what in SUPPORTED.values())
   return f"{here} at {here.folder} is not a tinygrad this runtime supports ({known}): install tinygrad==0.14.0 or run openpilot's checkout"
 
-def replays(provenance: dict, here: TinygradIdentity) -> bool:
+def replays(provenance: Mapping[str, object], here: TinygradIdentity) -> bool:
   """Whether a bundle of this provenance is replayed with `here`: exactly the source that built it; for a bundle that records no source,
   the version (see the module's docstring)."""
   if "tinygrad_source" in provenance: return provenance["tinygrad_source"] == here.source
