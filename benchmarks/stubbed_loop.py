@@ -75,7 +75,7 @@ class StubModel:
     values = host_inputs(np.zeros((2, 3, 3), np.float32), np.zeros(DESIRE_LEN, np.float32), False, 0.0, 0.0, 0.0, 0.0,
                          np.zeros(LAT_PLANNER_SOLUTION_WIDTH, np.float32))
     self.numpy_inputs = {name: np.zeros(np.size(value), np.float32) for name, value in values.items()}
-    self.camera_buffers, self.in_place = CAMERA_BUFFERS, True
+    self.camera_buffers, self.in_place, self.warp_frame_size = CAMERA_BUFFERS, True, 0  # its frames are never read
 
   def copy_frames(self, frames: dict) -> None: pass
   def run(self) -> None: self.runs += 1
@@ -84,6 +84,8 @@ class StubModel:
     self.block[:] = self.blocks[self.runs % len(self.blocks)]
     return self.block
   def reset_states(self) -> None: pass
+  def reset_warmup_buffers(self) -> None: pass
+  def drop_camera_buffers(self) -> None: pass
   def close(self) -> None: pass
   def hold_gil(self, hold: bool) -> None: pass
 

@@ -9,9 +9,11 @@ import pytest
 from tinygrad import Device, Tensor
 
 from benchmarks.bench import CameraBuffer
+from benchmarks.stubbed_loop import StubModel
 from sunnypilot.modeld_v2.format.bundle import TensorSpec
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.runtime.frame_feeds import InPlaceFrames, PackedFrames, UploadFrames
+from sunnypilot.modeld_v2.runtime.model_adapter import ModelAdapter
 from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
 from sunnypilot.modeld_v2.runtime.output_readbacks import CopiedOutput, PinnedOutput, ViewedOutput
 
@@ -59,6 +61,14 @@ def test_every_feed_gives_the_packed_result(adapters):
   assert not upload.reads_in_place and len(upload.uploads) == 2 and upload.tensors == list(upload.uploads.values()), "one upload buffer per input"
   in_place.feed("img", np.zeros(FRAME.size, np.uint8))
   assert not in_place.reads_in_place, "a numpy frame is uploaded, not read in place"
+
+def test_the_runner_and_the_benchmark_stub_are_model_adapters(adapters):
+  """What the daemons hold: every member of the protocol, on the runner and on the stub the benchmarks run the frame loop with."""
+  members = [name for name in dir(ModelAdapter) if not name.startswith("_")]
+  assert len(members) == 14, members
+  stub = StubModel({"plan": [0, 4]}, 4, "v1")
+  for held in (*adapters.values(), stub):
+    assert isinstance(held, ModelAdapter), [name for name in members if not hasattr(held, name)]
 
 def test_dropping_the_feed_drops_its_bindings(adapters):
   for a in adapters.values():

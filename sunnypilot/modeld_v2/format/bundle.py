@@ -20,7 +20,7 @@ from tinygrad.helpers import getenv
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
 from sunnypilot.modeld_v2.format.part import Blob, Part, PartJSON, device_kind, expect, ints, within
-from sunnypilot.modeld_v2.format.part_builder import Blobs
+from sunnypilot.modeld_v2.format.part_builder import Blobs, Segment
 from sunnypilot.modeld_v2.format.tinygrad_identity import describe, imported_tinygrad, replays, unsupported
 
 FORMAT_VERSION = 1
@@ -63,6 +63,9 @@ class Extras(TypedDict):
   input_specs: dict[str, TensorSpec]
   output_specs: dict[str, TensorSpec]
   metadata: NotRequired[Metadata]
+
+# a bundle's parts as a reader holds them, {name: (Part record or its JSON, blob)}: read_parts' (whole blobs), a streamed load's (KeptBlobs)
+Parts = Mapping[str, tuple[Part | PartJSON, Segment]]
 
 class BundleHead(TypedDict):
   """A bundle's header, its structure checked (`_check_head`): what BundleFile.head, read_bundle and read_header return."""

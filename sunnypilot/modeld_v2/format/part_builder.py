@@ -51,7 +51,7 @@ class KeptBlob:
       if a <= start and stop <= b: return memoryview(data)[start - a:stop - a]
     raise ArtifactError(f"blob bytes {start}..{stop} were not kept in memory by the streamed read")
 
-Segment = bytes | bytearray | memoryview | KeptBlob  # a piece of a built part's blob: bytes, or a whole part's blob as read or streamed
+Segment = bytes | memoryview | KeptBlob  # a piece of a built part's blob: bytes, or a whole part's blob as read or streamed
 
 def _view(blob: Segment) -> memoryview | KeptBlob: return blob if isinstance(blob, KeptBlob) else memoryview(blob)
 

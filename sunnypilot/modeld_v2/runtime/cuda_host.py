@@ -9,7 +9,9 @@ from collections import deque
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from tinygrad import Device, Tensor
+from tinygrad.device import Compiled
 
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import cuda_driver
 
@@ -22,9 +24,10 @@ class HostRegistrations:
   `orphans`: what owners collected without unmap_all() held, queued by their finalizers (which run inside a garbage collection, possibly
   on a thread holding `lock`: they take no lock and call no driver) and released by the next acquire or release, before it looks up an
   address: memory freed and allocated again at the same address is registered anew, never handed the old registration."""
-  def __init__(self, cuda: Any, context: Any):
-    self.cuda, self.context, self.lock, self.counts = cuda, context, threading.Lock(), {}  # ptr -> [length, owners]
-    self.orphans: deque[tuple[Any, list[int], list]] = deque()  # (device, pointers, arrays kept alive until released)
+  def __init__(self, cuda: Any, context: Any):  # tinygrad's CUDA driver bindings and a CUcontext (tinygrad_internals.cuda_driver)
+    self.cuda, self.context, self.lock = cuda, context, threading.Lock()
+    self.counts: dict[int, list[int]] = {}  # ptr -> [length, owners]
+    self.orphans: deque[tuple[Compiled, list[int], list[np.ndarray]]] = deque()  # (device, pointers, arrays kept alive until released)
 
   def release_orphans(self) -> None:
     while self.orphans:
@@ -89,7 +92,9 @@ class CudaHostRegistration:
   lets go too. Arrays it maps itself (mapped_tensor) live as long as their registration: pages freed while registered would leave a device
   pointer to pages the driver still pins, which the next allocation at that address would be handed (the counts are keyed by address)."""
   def __init__(self, device: str, registrations: HostRegistrations | None = None):
-    self.dev, self.registered, self.held = Device[device], [], []
+    self.dev = Device[device]
+    self.registered: list[int] = []
+    self.held: list[np.ndarray] = []
     self.registrations = registrations or host_registrations(device)
     # collected without unmap_all: queued, released by the next registration call (see HostRegistrations.orphans)
     self._finalizer = weakref.finalize(self, self.registrations.orphans.append, (self.dev, self.registered, self.held))
@@ -113,6 +118,6 @@ class CudaHostRegistration:
     self.held.append(array)
     return Tensor.from_blob(self.map(array.ctypes.data, array.nbytes), (array.size,), dtype=array.dtype.name, device=self.dev.device)
 
-def host_pages(count: int, dtype: Any = np.uint8) -> np.ndarray:
+def host_pages(count: int, dtype: npt.DTypeLike = np.uint8) -> np.ndarray:
   """A zeroed, page-aligned host array of `count` elements (an anonymous mapping), as the driver registers whole pages."""
   return np.frombuffer(mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1)), dtype, count=count)

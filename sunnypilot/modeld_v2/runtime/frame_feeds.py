@@ -4,7 +4,8 @@ from the camera buffers (a --split-frames warp on CPU, QCOM or CUDA). The adapte
 or {"driver": driver camera} for a driver-monitoring warp."""
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from tinygrad import Tensor
@@ -14,6 +15,9 @@ from sunnypilot.modeld_v2.format.warp_inputs import DRIVER_FRAMES, WARP_FRAMES
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration
 from sunnypilot.modeld_v2.runtime.kernel_replay import ALIGNMENT, write_tensor
 
+if TYPE_CHECKING:
+  from typing_extensions import TypeIs
+
 CAMERA_BUFFERS = ("img", "big_img")  # copy_frames' keys for the road and wide VisionIPC buffers: openpilot modeld's vision input names
 
 DRIVER_BUFFER = "driver"  # copy_frames' key for the driver camera's VisionIPC buffer (dmonitoringmodeld)
@@ -21,11 +25,19 @@ DRIVER_BUFFER = "driver"  # copy_frames' key for the driver camera's VisionIPC b
 # the warp's input for each camera buffer: a --split-frames warp's road and wide, a driver-monitoring warp's one
 FRAME_INPUTS = dict(zip(CAMERA_BUFFERS, WARP_FRAMES, strict=True)) | {DRIVER_BUFFER: DRIVER_FRAMES[0]}
 
-def is_camera_buffer(buf: Any) -> bool:
+class VisionBuf(Protocol):
+  """msgq's VisionBuf as a feed reads it: the camera's shared memory as a uint8 array over it."""
+  @property
+  def data(self) -> np.ndarray: ...
+
+CameraFrame = VisionBuf | np.ndarray  # what a feed takes per camera: a camera buffer, or a numpy frame (warmup, tests)
+CameraFrames = Mapping[str, CameraFrame]  # copy_frames' {"img": road, "big_img": wide} or {"driver": driver}
+
+def is_camera_buffer(buf: CameraFrame) -> TypeIs[VisionBuf]:
   """A VisionBuf (shared camera memory with .data), not a numpy frame (warmup, tests: host memory its owner may free or reuse)."""
   return hasattr(buf, "data") and not isinstance(buf, np.ndarray)
 
-def frame_bytes(buf: Any, size: int) -> np.ndarray:
+def frame_bytes(buf: CameraFrame, size: int) -> np.ndarray:
   """The first `size` bytes of a camera buffer or numpy frame, as uint8, without a copy."""
   return np.frombuffer(buf.data if is_camera_buffer(buf) else buf, dtype=np.uint8, count=size)
 
@@ -33,7 +45,7 @@ class FrameFeed:
   """One way of feeding frames. `inputs`: the part's frame inputs now (none when the frames travel in the host buffer); `tensors`: every
   frame tensor made so far, whose bindings the replay drops (Replay.forget) before drop() lets them go (camerad restarted, warmup over)."""
   def __init__(self) -> None: self.inputs: dict[str, Tensor] = {}
-  def feed(self, key: str, buf: Any) -> None: raise NotImplementedError
+  def feed(self, key: str, buf: CameraFrame) -> None: raise NotImplementedError
   @property
   def tensors(self) -> list[Tensor]: return []
   def drop(self) -> None: self.inputs.clear()
@@ -48,7 +60,7 @@ class PackedFrames(FrameFeed):
     super().__init__()
     self.frames = frames  # (2, frame size): a view of the host buffer
 
-  def feed(self, key: str, buf: Any) -> None:
+  def feed(self, key: str, buf: CameraFrame) -> None:
     i = CAMERA_BUFFERS.index(key)
     np.copyto(self.frames[i], frame_bytes(buf, self.frames.shape[1]))
 
@@ -59,7 +71,7 @@ class UploadFrames(FrameFeed):
     self.device, self.frame_size = device, frame_size
     self.uploads: dict[str, Tensor] = {}
 
-  def feed(self, key: str, buf: Any) -> None:
+  def feed(self, key: str, buf: CameraFrame) -> None:
     name = FRAME_INPUTS[key]
     if name not in self.uploads: self.uploads[name] = Tensor(np.zeros(self.frame_size, np.uint8), device=self.device).realize()
     write_tensor(self.uploads[name], frame_bytes(buf, self.frame_size))
@@ -81,7 +93,7 @@ class InPlaceFrames(UploadFrames):
     self.camera_tensors: dict[int, Tensor] = {}  # pointer -> the camera buffer mapped as a tensor, once (one stream may feed both inputs)
     self.cuda = CudaHostRegistration(device) if device_kind(device) == "CUDA" else None  # camera buffers, dropped on reconnect
 
-  def feed(self, key: str, buf: Any) -> None:
+  def feed(self, key: str, buf: CameraFrame) -> None:
     if not is_camera_buffer(buf): return super().feed(key, buf)
     view = np.frombuffer(buf.data, dtype=np.uint8)
     ptr, length = view.ctypes.data, view.nbytes

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
-from sunnypilot.modeld_v2.format.bundle import TensorSpec, read_parts, state_names
+from sunnypilot.modeld_v2.format.bundle import Extras, Metadata, Parts, TensorSpec, read_parts, state_names
 from sunnypilot.modeld_v2.format.part import Arg, BufferSpec, BufferView, Call, InputArg, InputSlot, Part
-from sunnypilot.modeld_v2.format.part_builder import PartBuilder
+from sunnypilot.modeld_v2.format.part_builder import Blobs, PartBuilder
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM, PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM
 
 SPLIT_FRAMES = tuple(sorted(WARP_FRAMES))  # the seed's name for a --split-frames warp's frame inputs, in the replay's (sorted) input order
@@ -49,6 +49,8 @@ class FusedLayout:
                          int(fused["host_bytes"]), {k: tuple(int(d) for d in v) for k, v in fused["host_shapes"].items()}, int(fused["frame_size"]))
     except (KeyError, TypeError, ValueError, AttributeError) as e: raise ArtifactError(f"the fused part's layout is malformed: {e!r}") from None
 
+Fused = tuple[dict[str, tuple[Part, Blobs]], Extras]  # the fused bundle: its one part `run` (on the two bundles' blobs) and its extras
+
 def pack_layout(shapes: dict[str, tuple], frame_size: int, tfm: tuple[int, ...] = TFM[1]) -> tuple[dict[str, int], int]:
   """Byte offsets of `tfm` (of shape `tfm`) and each float32 host input in the packed host buffer, then `frames` (two camera frames) if
   frame_size.
@@ -61,17 +63,17 @@ def pack_layout(shapes: dict[str, tuple], frame_size: int, tfm: tuple[int, ...] 
   if frame_size: offsets["frames"] = offset
   return offsets, offset + 2 * frame_size
 
-def frames_input(metadata: dict) -> str:
+def frames_input(metadata: Metadata) -> str:
   """The model input a warp's output feeds: the one compile_modeld gave the `frames` role (new_img, the DM model's input_img)."""
   roles = metadata.get("input_roles")
   frames = [name for name, role in roles.items() if role == "frames"] if isinstance(roles, dict) else []
   return frames[0] if len(frames) == 1 else "new_img"
 
-def frame_part(warp_path: str, parts: dict, extras: dict, device: str | None = None, allow_device: bool = False) -> tuple[dict, dict]:
+def frame_part(warp_path: str, parts: Parts, extras: Extras, device: str | None = None, allow_device: bool = False) -> Fused:
   """The seed's extension: read the warp bundle at `warp_path` for `device` and fuse it in front of the model's part."""
   return fuse((parts, extras), read_parts(warp_path, device, allow_device), os.path.basename(warp_path))
 
-def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_name: str = "warp") -> tuple[dict, dict]:
+def fuse(model_bundle: tuple[Parts, Extras], warp_bundle: tuple[Parts, Extras], warp_name: str = "warp") -> Fused:
   """`(parts, extras)` of a model bundle and of a warp bundle (as read_parts returns them: Part records, or a part's JSON) -> `(parts,
   extras)` of the fused part, a Part record. Pure: reads no files. The fused part's buffers are the model's, then the warp's, in their
   order, then the upload buffer: a streamed load's filled buffers line up with them (loader.load_fused)."""
@@ -92,6 +94,7 @@ def fuse(model_bundle: tuple[dict, dict], warp_bundle: tuple[dict, dict], warp_n
   if bad := [n for n, spec in extras["input_specs"].items() if n in host and np.dtype(spec.dtype) != np.float32]:
     raise ArtifactError(f"host inputs must be float32 to be packed, {bad} are not")
   returned = warp.returns.tensors[0]
+  assert isinstance(returned.arg, BufferView), "checked above: the warp returns a tensor it computes"
   if returned.shape != extras["input_specs"][images].shape:
     raise ArtifactError(f"the warp makes {list(returned.shape)} planes, the model takes {images} {extras['input_specs'][images].shape}")
   frame_specs = {s.name: s for s in warp.inputs if s.name in SPLIT_FRAMES}

@@ -11,7 +11,8 @@ import collections
 import ctypes
 import time
 import weakref
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
@@ -20,7 +21,21 @@ from tinygrad.helpers import getenv
 from tinygrad.uop.ops import Ops, UOp
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
-from sunnypilot.modeld_v2.format.part import Arg, BufferSpec, BufferView, Call, InputArg, InputSlot, Part, Program, device_kind, dtype_name, parse_dtype
+from sunnypilot.modeld_v2.format.part import (
+  Arg,
+  Blob,
+  BufferSpec,
+  BufferView,
+  Call,
+  InputArg,
+  InputSlot,
+  Part,
+  PartJSON,
+  Program,
+  device_kind,
+  dtype_name,
+  parse_dtype,
+)
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
   KernelFields,
   always_repointed,
@@ -67,7 +82,7 @@ def write_tensor(t: Tensor, value: np.ndarray) -> None:
   if device_kind(buf.device) == "NPY": np.copyto(host_array(buf).reshape(-1).view(np.uint8)[:value.nbytes], data)
   else: copy_into(buf, data.data)
 
-def slot_value(kwargs: dict, name: str, key: str | None) -> Any:
+def slot_value(kwargs: dict[str, Any], name: str, key: str | None) -> Any:
   """The tensor a call passes for one input slot: a keyword, or one entry of a dict keyword (`output_buffers[outputs]`); None if absent."""
   return kwargs.get(name) if key is None else value.get(key) if isinstance(value := kwargs.get(name), dict) else None
 
@@ -75,7 +90,7 @@ class _Direct:
   """CPU: each call is a ctypes call prepared once. An input slot is one shared c_uint64 (c_void_p for copies) in every call that reads
   or writes it, so binding a slot is two integer stores."""
   def __init__(self, replay: Replay, programs: list[UOp]):
-    self.replay = weakref.proxy(replay)  # the Replay owns its back-end: no cycle, so a dropped model frees its buffers at once
+    self.replay = cast(Replay, weakref.proxy(replay))  # the Replay owns its back-end: no cycle, so a dropped model frees its buffers at once
     self.entries = [cpu_entry(p, replay.device) for p in programs]  # kept: each owns its loaded code
     self.ptrs = [ctypes.c_uint64(0) for _ in replay.inputs]
     self.void_ptrs = [ctypes.c_void_p(0) for _ in replay.inputs]
@@ -86,13 +101,14 @@ class _Direct:
 
   def hold_gil(self, hold: bool) -> None: self.steps = self.holding if hold else self.releasing
 
-  def prepare(self, calls: tuple[Call, ...], release_gil: bool = False) -> list[tuple[Any, tuple]]:
-    steps = []
+  def prepare(self, calls: tuple[Call, ...], release_gil: bool = False) -> list[tuple[Callable[..., object], tuple]]:
+    steps: list[tuple[Callable[..., object], tuple]] = []
     for call in calls:
       if call.kind == "copy":
         steps.append((ctypes.memmove, tuple(self.void_ptrs[a.input] if isinstance(a, InputArg) else buffer_address(self.replay.view(a)) for a in call.args) +
                       (self.replay.part.arg_nbytes(call.args[0]),)))
         continue
+      assert call.program is not None, "a program call names its program"
       program, entry = self.replay.part.programs[call.program], self.entries[call.program]
       fxn, core_id = entry.releasing if release_gil else entry.fxn, entry.core_id
       args = [self.ptrs[a.input] if isinstance(a := call.args[i], InputArg) else ctypes.c_uint64(buffer_address(self.replay.view(a))) for i in program.globals]
@@ -121,7 +137,8 @@ class _Batch:
     self.nodes = runner_slots(first)
     self.slots = tuple(sorted(self.nodes))
     self.always = always_repointed(first) if self.repointable else set()
-    self.instances: collections.OrderedDict[Any, Any] = collections.OrderedDict({self.key(inputs): self.settled(first)})
+    # a runner is tinygrad's GraphRunner of the device (tinygrad_internals reads what it needs of one)
+    self.instances: collections.OrderedDict[tuple[UOp, ...] | None, Any] = collections.OrderedDict({self.key(inputs): self.settled(first)})
 
   def make(self, inputs: tuple[UOp, ...]) -> Any: return graph_runner(self.ast, inputs)
 
@@ -137,9 +154,11 @@ class _Batch:
     if (runner := self.instances.get(key)) is not None:
       self.instances.move_to_end(key)
       return self.settled(runner)
-    if len(self.instances) < MAX_GRAPH_INSTANCES: runner, changed = self.make(inputs), ()
+    changed: tuple[int, ...] = ()
+    if len(self.instances) < MAX_GRAPH_INSTANCES: runner = self.make(inputs)
     else:
       old, runner = self.instances.popitem(last=False)
+      assert old is not None and key is not None, "only repointable runners have more than one instance, each keyed by its tensors"
       changed = tuple(s for s, a, b in zip(self.slots, old, key) if a is not b)
     self.instances[key] = runner
     return self.settled(runner, changed)
@@ -155,7 +174,9 @@ def linear_of(replay: Replay, programs: list[UOp], part_calls: tuple[Call, ...])
   for call in part_calls:
     args = [arg(a) for a in call.args]
     if call.kind == "copy": calls.append(UOp(Ops.COPY, args[1].dtype, src=(args[1],), arg=args[0].device).call(*args))
-    else: calls.append(programs[call.program].call(*args))
+    else:
+      assert call.program is not None, "a program call names its program"
+      calls.append(programs[call.program].call(*args))
   return UOp(Ops.LINEAR, src=tuple(calls))
 
 class _Graph:
@@ -166,14 +187,14 @@ class _Graph:
   launches it as built. Past MAX_GRAPH_INSTANCES the oldest instance is re-pointed, only at the nodes whose tensors differ. Runners that
   re-point every input at each launch anyway (HCQ: QCOM, AMD) keep one instance."""
   def __init__(self, replay: Replay, programs: list[UOp]):
-    self.replay, self.programs = weakref.proxy(replay), programs  # as _Direct: no cycle with the owning Replay
+    self.replay, self.programs = cast(Replay, weakref.proxy(replay)), programs  # as _Direct: no cycle with the owning Replay
     self.linear = graph_batches(self.build(replay.part.calls), replay.device)
     if onetime := replay.part.onetime_calls: run_calls(self.build(onetime))  # weight preparation, once
     self.input_uops: list[UOp | None] = [None] * len(replay.inputs)
     self.graphs: dict[UOp, _Batch] = {}
     # per top-level call: a graph batch (its ast) or a lone call, as the LINEAR run_linear takes
-    self.steps = [(c.src[0], None) if is_graph_batch(c.src[0]) else (None, UOp(Ops.LINEAR, src=(c,)))
-                  for c in self.linear.src]
+    self.steps: list[tuple[UOp | None, UOp | None]] = [(c.src[0], None) if is_graph_batch(c.src[0]) else (None, UOp(Ops.LINEAR, src=(c,)))
+                                                       for c in self.linear.src]
 
   def build(self, part_calls: tuple[Call, ...]) -> UOp: return linear_of(self.replay, self.programs, part_calls)
 
@@ -188,11 +209,12 @@ class _Graph:
       for key in [k for k in batch.instances if uops is None or k is None or uops.intersection(k)]: del batch.instances[key]
 
   def run(self, wait: bool = False) -> float:
-    inputs, start = tuple(self.input_uops), time.perf_counter()
+    inputs, start = cast(tuple[UOp, ...], tuple(self.input_uops)), time.perf_counter()  # every slot is bound before a run
     for ast, lone in self.steps:
       if lone is not None:
         run_calls(lone, inputs, wait)
         continue
+      assert ast is not None, "a step is a graph batch or a lone call"
       if ast not in self.graphs: self.graphs[ast] = _Batch(ast, inputs)
       self.graphs[ast].instance(inputs)(inputs, {}, wait=wait)
     return time.perf_counter() - start
@@ -216,7 +238,7 @@ class Replay:
 
   `bases`: buffers already allocated and filled with their initial contents, by buffer index (a streamed load wrote the weights into
   them as it read the file: runtime/loader); the part's other buffers are allocated, and filled from the blob, here."""
-  def __init__(self, header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = (), bases: list[Buffer] = ()):
+  def __init__(self, header: Part | PartJSON, blob: Blob, device: str | None = None, mapped: tuple[str, ...] = (), bases: Sequence[Buffer] = ()):
     self.part = part = Part.of(header, blob)
     self.blob, self.mapped = blob, mapped
     self.device = Device.canonicalize(device or part.device)
@@ -308,14 +330,14 @@ class Replay:
     a copy), bytes copied, and the median seconds. Kernels are timed by the device (CUDA events; on CPU the call itself); a copy by the
     host clock around it and a synchronize. For profiling: the replay itself runs its calls batched."""
     if any(u is None for u in self.current): raise InputError("time_calls() times the last call's bindings: call the part once first")
-    inputs, rows = tuple(u.base for u in self.current), []
+    inputs, rows = tuple(u.base for u in self.current if u is not None), []
     for j, call in enumerate(linear_of(self, self.programs, self.part.calls).src):
       spec, times = self.part.calls[j], [time_call(call, inputs, self.device) for _ in range(rounds)]
       rows.append({"call": j, "kind": spec.kind, "program": spec.program, "s": float(np.median(times)),
                    "copy_bytes": self.part.arg_nbytes(spec.args[0]) if spec.kind == "copy" else None})
     return rows
 
-  def bind(self, slot: int, t: Any, kwargs: dict) -> None:
+  def bind(self, slot: int, t: object, kwargs: dict[str, Any]) -> None:
     spec = self.inputs[slot]
     if not isinstance(t, Tensor):
       if sorted(kwargs) != self.kwargs: raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
@@ -339,7 +361,7 @@ class Replay:
     if not t.uop.is_realized or t.uop.base.op is not Ops.BUFFER: raise InputError(f"input {name} is not realized: realize it before the call")
     if tuple(t.shape) != spec.shape or dtype_name(t.dtype) != spec.dtype:
       raise InputError(f"input {name}: expected shape {spec.shape} {spec.dtype}, got {t.shape} {t.dtype!r}")
-    if (expected := device_kind(self.input_device(spec))) != device_kind(t.device):
+    if (expected := device_kind(self.input_device(spec))) != device_kind(str(t.device)):  # a sharded tensor's tuple of devices: never one
       raise InputError(f"input {name}: expected a {expected} tensor, got one on {t.device}")
     buf = tensor_buffer(t)
     if buf.nbytes != t.nbytes(): raise InputError(f"input {name} is a view of a larger buffer: pass a whole buffer")
@@ -373,17 +395,18 @@ class Replay:
     self.backend.forget(None)
     self.current, self.buffers = [None] * len(self.inputs), [None] * len(self.inputs)
 
-  def returned(self, kwargs: dict) -> Any:
+  def returned(self, kwargs: dict[str, Any]) -> Any:
+    """What the captured function returned: None, a Tensor, or a tuple, list or dict of them (the part's `returns`)."""
     returns = self.part.returns
-    tensors = [t if t is not None else slot_value(kwargs, *self.slots[r.arg.input]) for t, r in zip(self.ret, returns.tensors)]
+    tensors = [t if t is not None else slot_value(kwargs, *self.slots[cast(InputArg, r.arg).input]) for t, r in zip(self.ret, returns.tensors)]
     kind = returns.kind
     if kind == "NoneType": return None
     if kind == "Tensor": return tensors[0]
-    if kind == "dict": return dict(zip(returns.keys, tensors))
+    if kind == "dict": return dict(zip(returns.keys or (), tensors))
     return tuple(tensors) if kind == "tuple" else tensors
 
-def replay_part(header: Part | dict, blob: Any, device: str | None = None, mapped: tuple[str, ...] = (), name: str = "the part",
-                bases: list[Buffer] = ()) -> Replay:
+def replay_part(header: Part | PartJSON, blob: Blob, device: str | None = None, mapped: tuple[str, ...] = (), name: str = "the part",
+                bases: Sequence[Buffer] = ()) -> Replay:
   """A Replay of a part read from a file. Part.from_json bounds and cross-checks every field the replay reads; whatever tinygrad still
   rejects while building it (an ELF it cannot relocate, a device it does not know) is an ArtifactError, like every other bad bundle."""
   try: return Replay(header, blob, device, mapped, bases)

@@ -12,13 +12,26 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from tinygrad.device import Buffer
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
-from sunnypilot.modeld_v2.format.bundle import BundleFile, TensorSpec, check_part_blobs, check_provenance, part_range, state_names, typed_extras
-from sunnypilot.modeld_v2.format.part import Part
+from sunnypilot.modeld_v2.format.bundle import (
+  BundleFile,
+  BundleHead,
+  Extras,
+  Metadata,
+  Sink,
+  TensorSpec,
+  check_part_blobs,
+  check_provenance,
+  part_range,
+  state_names,
+  typed_extras,
+)
+from sunnypilot.modeld_v2.format.part import Blob, Part, PartJSON
 from sunnypilot.modeld_v2.format.part_builder import KeptBlob
 from sunnypilot.modeld_v2.runtime.frame_fusion import FusedLayout, fuse
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay, allocate, copy_into, replay_part
@@ -32,7 +45,7 @@ class LoadedBundle:
   run: Replay
   input_specs: dict[str, TensorSpec]
   output_specs: dict[str, TensorSpec]
-  metadata: dict[str, Any]
+  metadata: Metadata
   fused: FusedLayout | None  # a fused part's host layout; None for a bundle that is not one
 
   @property
@@ -57,7 +70,7 @@ Verify = Callable[[str, str, int], object]  # verify(path, content hash hex, fil
 SYNC_BYTES = 64 << 20  # on a device that stages each host copy in memory of its own until it completes (stages_copies), wait for it this often
 
 def stream_parts(path: str, device: str, allow_device: bool = False, verify: Verify | None = None, wanted: tuple[str, ...] = ("run",)) \
-    -> tuple[dict[str, tuple[Part, KeptBlob]], dict, dict[str, list]]:
+    -> tuple[dict[str, tuple[Part, KeptBlob]], Extras, dict[str, list[Buffer]]]:
   """`(parts, extras, bases)` of the `wanted` parts of a bundle file, streamed (see the module's docstring): each part's record and the
   blob of its kernel binaries, the typed extras, and per part its buffers on `device` holding their initial contents (Replay's `bases`).
   Every check of read_parts, in its order; `verify(path, digest, size)` between the provenance and the first byte of the blob."""
@@ -65,7 +78,7 @@ def stream_parts(path: str, device: str, allow_device: bool = False, verify: Ver
     check_provenance(f.head["provenance"], device, path, allow_device)
     if verify is not None: verify(path, f.digest.hex(), f.size)
     if missing := [n for n in wanted if n not in f.head["parts"]]: raise ArtifactError(f"{path}: no part {missing[0]!r} (parts: {sorted(f.head['parts'])})")
-    fill, blobs, bases, sinks = Fill(device), {}, {}, []
+    fill, blobs, bases, sinks = Fill(device), dict[str, KeptBlob](), dict[str, list[Buffer]](), list[Sink]()
     for name in wanted:
       try:
         start, end = part_range(f.head, name, f.blob_len)
@@ -77,7 +90,7 @@ def stream_parts(path: str, device: str, allow_device: bool = False, verify: Ver
       sinks += [(start + a, start + b, blobs[name].keep(a, b)) for a, b in libs]
     f.stream(sinks)
     fill.done()
-  head = f.head | {"parts": {n: p for n, p in f.head["parts"].items() if n in wanted}}
+  head: BundleHead = {**f.head, "parts": {n: p for n, p in f.head["parts"].items() if n in wanted}}
   records = check_part_blobs(head, blobs, path)
   return {n: (records[n], blobs[n]) for n in wanted}, typed_extras(f.head), bases
 
@@ -87,7 +100,7 @@ class Fill:
   def __init__(self, device: str):
     self.device, self.pending = device, 0
 
-  def into(self, base) -> Callable[[int, memoryview], None]:
+  def into(self, base: Buffer) -> Callable[[int, memoryview], None]:
     staged = stages_copies(base)
     def write(offset: int, data: memoryview) -> None:
       copy_into(base, data, offset)
@@ -117,7 +130,8 @@ def load_bundle(path: str, device: str | None = None, allow_device: bool = False
   parts, extras, bases = stream_parts(path, dev, allow_device, verify)
   return loaded(parts, extras, dev, bases=bases["run"])
 
-def loaded(parts: dict, extras: dict, device: str, mapped: tuple[str, ...] = (), bases: list = ()) -> LoadedBundle:
+def loaded(parts: Mapping[str, tuple[Part | PartJSON, Blob]], extras: Extras, device: str, mapped: tuple[str, ...] = (), bases: Sequence[Buffer] = ()) \
+    -> LoadedBundle:
   """A read (or fused) bundle's parts and extras as a LoadedBundle for `device`; `bases`: see Replay."""
   if "run" not in parts: raise ArtifactError(f"the bundle has no 'run' part (parts: {sorted(parts)})")
   meta = extras.get("metadata", {})

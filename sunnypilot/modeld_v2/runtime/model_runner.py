@@ -2,15 +2,14 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 from tinygrad import Tensor
 
-from sunnypilot.modeld_v2.format.bundle import TensorSpec, next_name
+from sunnypilot.modeld_v2.format.bundle import Metadata, TensorSpec, next_name
 from sunnypilot.modeld_v2.format.part import device_kind
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
-from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, DRIVER_BUFFER, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
+from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, DRIVER_BUFFER, CameraFrames, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
 from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, FusedLayout
 from sunnypilot.modeld_v2.runtime.kernel_replay import write_tensor
 from sunnypilot.modeld_v2.runtime.loader import Verify, load_device, load_fused
@@ -20,8 +19,8 @@ log = logging.getLogger(__name__)
 MAPS_HOST_MEMORY = ("CPU", "QCOM", "CUDA")  # devices whose kernels can read a host buffer in place; others (NV, AMD, CL) need an upload
 
 class ModelRunner:
-  """A fused warp+model bundle: one host upload, the warp's kernels and the model's, per frame. The camera frames arrive through a
-  frame feed (frame_feeds: packed, uploaded or read in place) and the outputs leave through an output readback (output_readbacks).
+  """A fused warp+model bundle (the daemons' ModelAdapter): one host upload, the warp's kernels and the model's, per frame. The camera
+  frames arrive through a frame feed (frame_feeds: packed, uploaded or read in place) and the outputs leave through an output readback (output_readbacks).
   `map_camera_buffers=False` uploads the frames of a --split-frames warp and keeps the host inputs and outputs out of CUDA's registered
   memory. `verify`: see loader.stream_parts (the daemons: the model set's signature or manifest check). A driver-monitoring pair
   (a dmonitoring_model bundle and a dm_warp) runs the same way, fed {"driver": buffer}."""
@@ -39,14 +38,14 @@ class ModelRunner:
     self.warp_frame_size = self.layout.frame_size
     # the warp's camera inputs, read in place (two for the road cameras, one for the driver's), and copy_frames' keys for them
     self.split = [name for name in SPLIT_FRAMES if name in self.bundle.input_specs] if self.layout.split_frames else []
-    self.camera_buffers = (DRIVER_BUFFER,) if self.bundle.metadata.get("kind") == "dmonitoring_model" else CAMERA_BUFFERS
+    self.camera_buffers: tuple[str, ...] = (DRIVER_BUFFER,) if self.bundle.metadata.get("kind") == "dmonitoring_model" else CAMERA_BUFFERS
     self.in_place = bool(self.split) and map_camera_buffers and kind in MAPS_HOST_MEMORY
     self.states = {name: Tensor(np.zeros(self.bundle.input_specs[name].shape, self.bundle.input_specs[name].dtype), device=self.model_device).realize()
                    for name in self.bundle.state_names}
     self.packed_input = host_pages(self.layout.host_bytes)
     # the NPY buffer is this array (or the device reads it through its mapping): writes to the views land in the next run
     self.host = self._host_cuda.mapped_tensor(self.packed_input) if self._host_cuda else Tensor(self.packed_input, device="NPY")
-    self.numpy_inputs = {name: np.ndarray(shape, dtype=np.float32, buffer=self.packed_input, offset=self.layout.host_layout[name])
+    self.numpy_inputs: dict[str, np.ndarray] = {name: np.ndarray(shape, dtype=np.float32, buffer=self.packed_input, offset=self.layout.host_layout[name])
                          for name, shape in self.layout.host_shapes.items()}
     self.frame_feed = self._frame_feed()
     # every output but the states' next values comes back to the host: `outputs` (the raw vector) and, in a bundle with the output parse
@@ -72,7 +71,7 @@ class ModelRunner:
     return self.bundle.metadata["output_slices"]
 
   @property
-  def metadata(self) -> dict:
+  def metadata(self) -> Metadata:
     """The model bundle's metadata (its generation, layout and output slices among it)."""
     return self.bundle.metadata
 
@@ -81,7 +80,7 @@ class ModelRunner:
     """Camera buffers registered with the CUDA driver now (0 elsewhere)."""
     return self.frame_feed.registered_camera_buffers
 
-  def copy_frames(self, bufs: dict[str, Any]) -> None:
+  def copy_frames(self, bufs: CameraFrames) -> None:
     """Take this step's camera frames: {"img": road, "big_img": wide} ({"driver": driver} for driver monitoring: `camera_buffers`), each a
     VisionBuf (shared camera memory with .data) or a numpy array. Only VisionBufs are read in place: a numpy frame (warmup, tests) is host
     memory its owner may free or reuse, so it is always copied."""

@@ -8,9 +8,9 @@ returns one tensor, a warp's, or a tuple gives its outputs the names of its outp
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+import numpy.typing as npt
+from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.runtime.kernel_replay import InputError, write_tensor
 from sunnypilot.modeld_v2.runtime.loader import load_bundle
@@ -25,7 +25,7 @@ class NumpyRunner:
     self.run, self.input_specs, self.output_specs, self.metadata = model.run, model.input_specs, model.output_specs, model.metadata
     self.inputs = {name: _allocated(self.run.device, spec.shape, spec.dtype) for name, spec in self.input_specs.items()}
 
-  def __call__(self, **arrays: Any) -> dict[str, np.ndarray]:
+  def __call__(self, **arrays: npt.ArrayLike) -> dict[str, np.ndarray]:
     if sorted(arrays) != sorted(self.inputs): raise InputError(f"expected inputs {sorted(self.inputs)}, got {sorted(arrays)}")
     for name, value in arrays.items():
       spec, value = self.input_specs[name], np.asarray(value)
@@ -34,7 +34,7 @@ class NumpyRunner:
       write_tensor(self.inputs[name], value)
     return {name: _copied_out(t) for name, t in named_outputs(self.run(**self.inputs), list(self.output_specs)).items()}
 
-def named_outputs(out: Any, names: list[str]) -> dict[str, Any]:
+def named_outputs(out: Tensor | tuple[Tensor, ...] | list[Tensor] | dict[str, Tensor] | None, names: list[str]) -> dict[str, Tensor]:
   """A bundle's `run` result by output name: a dict as it is; one tensor (a warp's `warped`), a tuple or a list named by the output specs'
   order; nothing: no outputs."""
   if isinstance(out, dict): return out
@@ -42,18 +42,17 @@ def named_outputs(out: Any, names: list[str]) -> dict[str, Any]:
   if len(tensors) != len(names): raise InputError(f"the bundle returned {len(tensors)} tensors for the {len(names)} outputs its specs name {names}")
   return dict(zip(names, tensors))
 
-def _copied_out(t: Any) -> np.ndarray:
+def _copied_out(t: Tensor) -> np.ndarray:
   """A numpy copy of a returned tensor's buffer, read directly into a new array, once (tinygrad's own copy-out schedules a COPY, and a
   bundle compiles nothing)."""
   buf = tensor_buffer(t)
   out = np.empty(t.shape, np.dtype(buf.dtype.fmt))
   if host_visible(buf): out.reshape(-1).view(np.uint8)[:] = np.frombuffer(host_memory(buf), np.uint8)
-  else: copy_out(buf, memoryview(out.reshape(-1).view(np.uint8)))
+  else: copy_out(buf, out.reshape(-1).view(np.uint8).data)
   return out
 
-def _allocated(device: str, shape: tuple[int, ...], dtype: str) -> Any:
+def _allocated(device: str, shape: tuple[int, ...], dtype: str) -> Tensor:
   """A tensor over a new device buffer: allocated directly, so nothing is scheduled or compiled (a bundle's process compiles nothing)."""
-  from tinygrad import Tensor
   from tinygrad.device import Buffer
   from tinygrad.dtype import to_dtype
   from tinygrad.uop.ops import UOp

@@ -28,7 +28,7 @@ class CopiedOutput(OutputReadback):
     self.tensor = Tensor(np.zeros(spec.shape, spec.dtype), device=device).realize()
     self.buffer, self.array = tensor_buffer(self.tensor), np.empty(spec.shape, spec.dtype)
   def read(self) -> np.ndarray:
-    copy_out(self.buffer, memoryview(self.array).cast("B"))
+    copy_out(self.buffer, self.array.data.cast("B"))
     return self.array
 
 class PinnedOutput(OutputReadback):

@@ -60,15 +60,18 @@ import contextlib
 import ctypes
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
-from tinygrad import Device
+from tinygrad import Device, Tensor
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.helpers import JIT, JIT_BATCH_SIZE, Target
 from tinygrad.runtime.support.elf import jit_loader
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
+
+if TYPE_CHECKING:
+  from tinygrad.runtime.ops_cpu import CPUProgram
 
 _identified: list[Callable[[], str]] = []  # how to learn the imported tinygrad's version: told once, by runtime/__init__.py
 
@@ -123,9 +126,9 @@ def host_backed_null() -> Iterator[None]:
   saved = {k: NullAllocator.__dict__[k] for k in ("_alloc", "_copyin", "_copyout", "_offset")}
   def copyin(self, dest, src: memoryview): dest[:len(src)] = src.cast("B")
   def copyout(self, dest: memoryview, src): dest.cast("B")[:] = src[:dest.nbytes]
-  NullAllocator._alloc = lambda self, size, options: memoryview(bytearray(size))
-  NullAllocator._copyin, NullAllocator._copyout = copyin, copyout
-  NullAllocator._offset = lambda self, buf, size, offset: buf[offset:offset + size]
+  patched = {"_alloc": lambda self, size, options: memoryview(bytearray(size)), "_copyin": copyin, "_copyout": copyout,
+             "_offset": lambda self, buf, size, offset: buf[offset:offset + size]}
+  for k, v in patched.items(): setattr(NullAllocator, k, v)
   try: yield
   finally:
     for k, v in saved.items(): setattr(NullAllocator, k, v)
@@ -147,8 +150,9 @@ def watched_beam_search(on_times: Callable[[list[float]], None], on_kernel: Call
   try: yield
   finally: search.beam_search, search._time_program = search_kernel, time_program
 
-def onnx_ops() -> dict[str, Callable]:
-  """The table of ONNX op types tinygrad's OnnxRunner implements (the live table, looked up at run time)."""
+def onnx_ops() -> dict[str, Any]:
+  """The table of ONNX op types tinygrad's OnnxRunner implements (the live table, looked up at run time): a function per op type, or
+  {opset: function}."""
   from tinygrad.nn.onnx import onnx_ops as table
   return table
 
@@ -189,7 +193,8 @@ def kernel_fields(ast: UOp) -> KernelFields:
     raise Unsupported(f"kernel {info.function_name} uses symbolic variables {info.vars}: capture with fixed shapes")
   signature = ast.to_elf().signature
   est = ast.src[0].arg.estimates
-  return KernelFields(info.function_name, repr(info.target), tuple(info.global_size), None if info.local_size is None else tuple(info.local_size),
+  global_size = tuple(int(g) for g in info.global_size)  # fixed at capture: no variable but core_id is allowed
+  return KernelFields(info.function_name, repr(info.target), global_size, None if info.local_size is None else tuple(info.local_size),
                       tuple(info.globals), tuple(info.outs), tuple(info.ins),
                       tuple((n, s, dt, tuple(shape)) for n, s, dt, shape in signature[:len(signature) - len(info.vars)]),
                       tuple((v.arg.name, v.arg.slot, v.dtype, *v.arg.vmin_vmax) for v in info.vars), _estimates(est) if est is not None else None)
@@ -233,7 +238,8 @@ def captured_calls(linear: UOp) -> list[CapturedCall]:
   if (ast := next((c.src[0] for c in calls if c.src[0].op not in (Ops.PROGRAM, Ops.COPY)), None)) is not None:
     raise Unsupported(f"cannot serialize a {ast.op} call ({ast.arg}) in the captured kernel list")
   def call(c: UOp) -> CapturedCall:
-    ast, args = c.src[0], tuple(u.arg.slot if u.op is Ops.PARAM else u.buffer for u in c.src[1:] if not u.is_bound_var)
+    ast = c.src[0]  # a capture is on one device: each buffer argument is a Buffer, never a MultiBuffer
+    args = tuple(u.arg.slot if u.op is Ops.PARAM else cast(Buffer, u.buffer) for u in c.src[1:] if not u.is_bound_var)
     return CapturedCall(None, args, (1,), (0,)) if ast.op is Ops.COPY else CapturedCall(ast, args, tuple(ast.arg.ins), tuple(ast.arg.outs))
   return [call(c) for c in calls]
 
@@ -287,7 +293,7 @@ def time_call(call: UOp, input_uops: tuple[UOp, ...], device: str) -> float:
   ctx, dev = ExecContext(input_uops=input_uops, update_stats=False, wait=True), Device[device]
   dev.synchronize()
   if call.src[0].op is not Ops.COPY:
-    seconds = exec_kernel(ctx, call, call.src[0])
+    seconds: Any = exec_kernel(ctx, call, call.src[0])  # see the module's docstring: a list (0.14.0) or a float (138fb4a)
     return float(seconds if on_138fb4a() else sum(seconds))
   start = time.perf_counter()
   exec_copy(ctx, call, call.src[0])
@@ -298,27 +304,27 @@ class CpuEntry(NamedTuple):
   """A compiled PROGRAM loaded on CPU: the same code as two ctypes functions of c_uint64 pointers, `fxn` keeping the GIL and `releasing`
   letting it go for the call, and the argument index of its core_id, if it has one. `runtime` owns the loaded code: both are valid while
   this is kept."""
-  runtime: Any
-  fxn: Any
+  runtime: CPUProgram
+  fxn: Callable[..., None]
   core_id: int | None
-  releasing: Any
+  releasing: Callable[..., None]
 
 def cpu_entry(program: UOp, device: str) -> CpuEntry:
   """Load a compiled PROGRAM on CPU for direct ctypes calls. CPUProgram's `fxn` is a CFUNCTYPE at `addr`, which releases the GIL on every
   call. The frame thread calls the same code as a PYFUNCTYPE, which keeps it: a frame's kernels then run back to back while another
   thread (the model switch loading the next set) runs Python, instead of each kernel's return waiting for the GIL to come back. A
   thread beside the frames (warming up the next set) calls the CFUNCTYPE: the frame thread runs during each of its kernels."""
-  runtime = Device[device].runtime(program.to_elf())
+  runtime = cast("CPUProgram", Device[device].runtime(program.to_elf()))
   return CpuEntry(runtime, ctypes.PYFUNCTYPE(None)(runtime.addr), runtime.runtimevars.get("core_id"), ctypes.CFUNCTYPE(None)(runtime.addr))
 
 def cuda_driver(device: str) -> tuple[Any, Any]:
   """tinygrad's bindings of the CUDA driver API and `device`'s CUcontext, for registering host memory with the driver."""
   from tinygrad.runtime.autogen import cuda
-  return cuda, Device[device].context
+  return cuda, cast(Any, Device[device]).context  # a CUDADevice's (importing ops_cuda needs CUDA)
 
-def tensor_buffer(t: Any) -> Buffer:
-  """The Buffer a realized Tensor's base holds (its uop's base is a BUFFER)."""
-  return t.uop.base.buffer
+def tensor_buffer(t: Tensor) -> Buffer:
+  """The Buffer a realized Tensor's base holds (its uop's base is a BUFFER; one device: never a MultiBuffer)."""
+  return cast(Buffer, t.uop.base.buffer)
 
 def host_memory(buf: Buffer) -> memoryview:
   """A host-visible buffer's bytes in place (no copy): written, the buffer changes."""
