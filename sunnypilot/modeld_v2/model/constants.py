@@ -57,15 +57,20 @@ class MetaLayout:
   gas_press: slice
   brake_press: slice | None
 
-def _interleaved(stride: int, end: int, first: int = 1) -> list[slice]:
-  return [slice(first + i, end, stride) for i in range(stride)]
-
-# meta length -> layout. 55: openpilot's current models (sunnypilot `Meta`); 53: "Tomb Raider" (`MetaTombRaider`); 48: sim-pose models and 0.9.x
-# supercombos (`MetaSimPose`, openpilot constants.py @0559c5b1), which have no brake-press entries.
+# meta length -> layout: the engaged probability, then the disengage arrays interleaved by time step (stride 6 up to 31 in today's layout);
+# 55: openpilot's current models (sunnypilot `Meta`), gas/brake press after them; 53: "Tomb Raider" (`MetaTombRaider`), stride 8 with the
+# press arrays interleaved; 48: sim-pose models and 0.9.x supercombos (`MetaSimPose`, openpilot constants.py @0559c5b1), stride 7 with gas
+# press interleaved and no brake-press entries.
 META_LAYOUTS = {
-  55: MetaLayout(slice(0, 1), *_interleaved(6, 31), gas_press=slice(31, 55, 4), brake_press=slice(32, 55, 4)),
-  53: MetaLayout(slice(0, 1), *_interleaved(8, 41)),
-  48: MetaLayout(slice(0, 1), *_interleaved(7, 36), brake_press=None),
+  55: MetaLayout(engaged=slice(0, 1), gas_disengage=slice(1, 31, 6), brake_disengage=slice(2, 31, 6), steer_override=slice(3, 31, 6),
+                 hard_brake_3=slice(4, 31, 6), hard_brake_4=slice(5, 31, 6), hard_brake_5=slice(6, 31, 6),
+                 gas_press=slice(31, 55, 4), brake_press=slice(32, 55, 4)),
+  53: MetaLayout(engaged=slice(0, 1), gas_disengage=slice(1, 41, 8), brake_disengage=slice(2, 41, 8), steer_override=slice(3, 41, 8),
+                 hard_brake_3=slice(4, 41, 8), hard_brake_4=slice(5, 41, 8), hard_brake_5=slice(6, 41, 8),
+                 gas_press=slice(7, 41, 8), brake_press=slice(8, 41, 8)),
+  48: MetaLayout(engaged=slice(0, 1), gas_disengage=slice(1, 36, 7), brake_disengage=slice(2, 36, 7), steer_override=slice(3, 36, 7),
+                 hard_brake_3=slice(4, 36, 7), hard_brake_4=slice(5, 36, 7), hard_brake_5=slice(6, 36, 7),
+                 gas_press=slice(7, 36, 7), brake_press=None),
 }
 
 def mhp_size(n: int, width: int, selection: int = 1) -> int:

@@ -85,6 +85,7 @@ def get_action(reads: ParsedReads, prev: Action, lat_action_t: float, long_actio
                lat_smooth_s: float = LAT_SMOOTH_SECONDS, long_smooth_s: float = LONG_SMOOTH_SECONDS) -> Action:
   """This frame's action from the parsed outputs (plan required), smoothed against the previous frame's as the generation's rules say."""
   if rules.todays_action: return todays_action(reads, prev, lat_action_t, long_action_t, v_ego, lat_smooth_s, long_smooth_s)
+  assert reads.speeds is not None and reads.accels is not None and reads.yaws is not None and reads.yaw_rates is not None, "a plan head"
   accel, stop = get_accel_from_plan(reads.speeds, reads.accels, T_AXIS64, long_action_t)
   accel = smooth_value(accel, prev.desired_acceleration, long_smooth_s)
   if reads.desired_curvature is not None and not rules.curvature_from_plan: curvature = float(reads.desired_curvature[0])
@@ -99,6 +100,7 @@ def todays_action(reads: ParsedReads, prev: Action, lat_action_t: float, long_ac
   if reads.action is not None:
     accel, curvature = float(reads.action[1]), float(reads.action[0]) / max(1.0, v_ego) ** 2
   else:
+    assert reads.speeds is not None and reads.accels is not None and reads.yaws is not None and reads.yaw_rates is not None, "a plan head"
     accel = todays_accel_from_plan(reads.speeds, reads.accels, T_AXIS64, long_action_t)
     curvature = todays_curvature_from_plan(reads.yaws, reads.yaw_rates, T_AXIS64, v_ego, lat_action_t)
   stop = should_stop(v_ego, accel)

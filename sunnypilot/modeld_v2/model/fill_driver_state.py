@@ -6,9 +6,9 @@ the `previous` one): one field per line in their order, as {dotted path: value}.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+from sunnypilot.modeld_v2.model.message_fields import Fields
 
 # a probability head -> its DriverData field (openpilot's fill_driver_data)
 PROB_FIELDS = {"face_prob": "faceProb", "eyes_visible_prob": "eyesVisibleProb", "eyes_closed_prob": "eyesClosedProb", "left_eye_prob": "leftEyeProb",
@@ -17,10 +17,10 @@ PROB_FIELDS = {"face_prob": "faceProb", "eyes_visible_prob": "eyesVisibleProb", 
 DRIVER_DATA = {"lhd": "leftDriverData", "rhd": "rightDriverData"}
 
 def driver_state_fields(p: dict[str, np.ndarray], probs: tuple[str, ...], frame_id: int, execution_time: float, gpu_execution_time: float,
-                        raw: bytes = b"") -> dict[str, Any]:
+                        raw: bytes = b"") -> Fields:
   """driverStateV2's fields of one frame from the parse `p` of a layout reading the probability heads `probs`; `raw`: the output vector's
   bytes (openpilot's SEND_RAW_PRED), else empty."""
-  f: dict[str, Any] = {}
+  f: Fields = {}
   f["frameId"] = frame_id
   f["modelExecutionTime"] = execution_time
   f["gpuExecutionTime"] = gpu_execution_time

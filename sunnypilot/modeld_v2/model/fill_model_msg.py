@@ -19,7 +19,7 @@ come from the small helpers (model_v2_frame, fill_action, fill_meta_state, ...) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from sunnypilot.modeld_v2.model.constants import (
   Plan,
 )
 from sunnypilot.modeld_v2.model.drive_helpers import Action
+from sunnypilot.modeld_v2.model.message_fields import Fields
 
 # the fixed axes as read-only float32 arrays (the float32 the message stores): the byte template copies an array at once, a list value by
 # value; read-only marks them as constants a `views` part may hold
@@ -137,7 +138,7 @@ def meta_layout(p: dict[str, np.ndarray], missing: dict[str, str] | None) -> Met
   return None
 
 def model_v2_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, raw: np.ndarray | None = None,
-                    missing: dict[str, str] | None = None) -> dict[str, Any]:
+                    missing: dict[str, str] | None = None) -> Fields:
   """modelV2's fields of one frame from the parsed outputs `p` (their arrays are the parser's views: copy what must outlive the frame).
   `raw`: the output vector, published as rawPredictions when given."""
   f = model_v2_frame(frame)
@@ -149,9 +150,9 @@ def model_v2_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInf
   fill_raw(f, raw)
   return f
 
-def model_v2_frame(frame: FrameInfo) -> dict[str, Any]:
+def model_v2_frame(frame: FrameInfo) -> Fields:
   """modelV2's fields of the frame itself: camera frame ids and time, how far it lags, drops, how long the model took."""
-  f: dict[str, Any] = {}
+  f: Fields = {}
   f["frameId"] = frame.frame_id
   f["frameIdExtra"] = frame.frame_id_extra
   f["frameAge"] = max(frame.road_frame_id - frame.frame_id, 0)
@@ -161,7 +162,7 @@ def model_v2_frame(frame: FrameInfo) -> dict[str, Any]:
   f["big"] = frame.big
   return f
 
-def fill_action(f: dict[str, Any], state: FrameState, missing: dict[str, str] | None) -> None:
+def fill_action(f: Fields, state: FrameState, missing: dict[str, str] | None) -> None:
   """The action controlsd follows (modelV2 and drivingModelData): computed by the driving state from the plan."""
   if state.action is not None:
     f["action.desiredCurvature"] = state.action.desired_curvature
@@ -169,7 +170,7 @@ def fill_action(f: dict[str, Any], state: FrameState, missing: dict[str, str] | 
     f["action.shouldStop"] = state.action.should_stop
   elif missing is not None: missing["action"] = "the model has no plan output"
 
-def fill_raw(f: dict[str, Any], raw: np.ndarray | None) -> None:
+def fill_raw(f: Fields, raw: np.ndarray | None) -> None:
   if raw is not None: f["rawPredictions"] = np.ascontiguousarray(raw, np.float32).tobytes()
 
 def struct_list_keys(field: str, n: int, names: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
@@ -180,7 +181,7 @@ XYZT = ("t", "x", "y", "z")
 LANE_LINE_KEYS, ROAD_EDGE_KEYS = struct_list_keys("laneLines", NUM_LANE_LINES, XYZT), struct_list_keys("roadEdges", NUM_ROAD_EDGES, XYZT)
 LEAD_KEYS = struct_list_keys("leadsV3", LEAD_MHP_SELECTION, ("t", "x", "y", "v", "a", "xStd", "yStd", "vStd", "aStd", "prob", "probTime"))
 
-def fill_plan(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
+def fill_plan(f: Fields, p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
   """modelV2's plan, then its temporal pose: the sim_pose head, else the plan's velocity and orientation rate at t=0 (sunnypilot
   fill_model_msg.py @d671ce18). `plan.T[c]` is the plan's column c over time (a view, as every array here)."""
   if has(p, ("plan",), ("position", "velocity", "acceleration", "orientation", "orientationRate"), missing):
@@ -198,24 +199,25 @@ def fill_plan(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, st
     f["temporalPose.trans"], f["temporalPose.transStd"] = p["plan"][0, Plan.VELOCITY], p["plan_std"][0, Plan.VELOCITY]
     f["temporalPose.rot"], f["temporalPose.rotStd"] = p["plan"][0, Plan.ORIENTATION_RATE], p["plan_std"][0, Plan.ORIENTATION_RATE]
 
-def fill_lines(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
+def fill_lines(f: Fields, p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
   """modelV2's lane lines and road edges (t, x, y, z of each), their t the time the plan reaches each X_IDXS distance (the parse's plan_t)."""
-  t = p.get("plan_t")
   if has(p, ("lane_lines", "plan"), ("laneLines", "laneLineStds"), missing):
+    t = p["plan_t"]  # the parse derives it from the plan
     for keys, (y, z) in zip(LANE_LINE_KEYS, p["lane_lines"].transpose(0, 2, 1)): f.update(zip(keys, (t, X_AXIS, y, z)))
     f["laneLineStds"] = p["lane_lines_std"][:, 0, 0]
   if has(p, ("lane_lines_prob",), ("laneLineProbs",), missing): f["laneLineProbs"] = lane_line_probs(p)
   if has(p, ("road_edges", "plan"), ("roadEdges", "roadEdgeStds"), missing):
+    t = p["plan_t"]
     for keys, (y, z) in zip(ROAD_EDGE_KEYS, p["road_edges"].transpose(0, 2, 1)): f.update(zip(keys, (t, X_AXIS, y, z)))
     f["roadEdgeStds"] = p["road_edges_std"][:, 0, 0]
 
-def fill_leads(f: dict[str, Any], p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
+def fill_leads(f: Fields, p: dict[str, np.ndarray], missing: dict[str, str] | None) -> None:
   """modelV2's leads, one per time offset: t, x, y, v, a, their stds, the probability (a 0-d view: one value) and its time."""
   if not has(p, ("lead", "lead_prob"), ("leadsV3",), missing): return
   for i, (keys, lead, std, prob_time) in enumerate(zip(LEAD_KEYS, p["lead"].transpose(0, 2, 1), p["lead_std"].transpose(0, 2, 1), LEAD_T_OFFSETS)):
     f.update(zip(keys, (LEAD_T_AXIS, *lead, *std, p["lead_prob"][i, ...], prob_time)))
 
-def fill_meta(f: dict[str, Any], p: dict[str, np.ndarray], state: FrameState, missing: dict[str, str] | None) -> None:
+def fill_meta(f: Fields, p: dict[str, np.ndarray], state: FrameState, missing: dict[str, str] | None) -> None:
   """modelV2's meta: desires, the engaged and disengage probabilities of its layout, FCW, confidence, the lane change."""
   if has(p, ("desire_state",), ("meta.desireState",), missing): f["meta.desireState"] = p["desire_state"]
   if has(p, ("desire_pred",), ("meta.desirePrediction",), missing): f["meta.desirePrediction"] = p["desire_pred"].reshape(-1)
@@ -228,18 +230,18 @@ def fill_meta(f: dict[str, Any], p: dict[str, np.ndarray], state: FrameState, mi
       elif missing is not None: missing[f"meta.disengagePredictions.{field}"] = f"the {len(meta)}-entry meta layout has no such entries"
   fill_meta_state(f, state, layout is not None)
 
-def fill_meta_state(f: dict[str, Any], state: FrameState, fcw: bool) -> None:
+def fill_meta_state(f: Fields, state: FrameState, fcw: bool) -> None:
   """modelV2's meta from the driving state: FCW and confidence (`fcw`: where the meta head has a known layout), the lane change."""
   if fcw:
     f["meta.hardBrakePredicted"] = state.hard_brake_predicted
     f["confidence"] = state.confidence
   fill_lane_change(f, state)
 
-def fill_lane_change(f: dict[str, Any], state: FrameState) -> None:
+def fill_lane_change(f: Fields, state: FrameState) -> None:
   f["meta.laneChangeState"] = state.lane_change_state
   f["meta.laneChangeDirection"] = state.lane_change_direction
 
-def driving_model_data_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, missing: dict[str, str] | None = None) -> dict[str, Any]:
+def driving_model_data_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, missing: dict[str, str] | None = None) -> Fields:
   """drivingModelData's fields of one frame: the action, the plan's path as polynomials, the lane lines nearest the car."""
   f = driving_model_data_frame(frame)
   fill_action(f, state, missing)
@@ -251,15 +253,15 @@ def driving_model_data_fields(p: dict[str, np.ndarray], state: FrameState, frame
   fill_lane_change(f, state)
   return f
 
-def driving_model_data_frame(frame: FrameInfo) -> dict[str, Any]:
-  f: dict[str, Any] = {}
+def driving_model_data_frame(frame: FrameInfo) -> Fields:
+  f: Fields = {}
   f["frameId"] = frame.frame_id
   f["frameIdExtra"] = frame.frame_id_extra
   f["frameDropPerc"] = frame.frame_drop_perc
   f["modelExecutionTime"] = frame.model_execution_time
   return f
 
-def camera_odometry_fields(p: dict[str, np.ndarray], frame: FrameInfo, missing: dict[str, str] | None = None) -> dict[str, Any]:
+def camera_odometry_fields(p: dict[str, np.ndarray], frame: FrameInfo, missing: dict[str, str] | None = None) -> Fields:
   """cameraOdometry's fields of one frame: the pose heads (openpilot's fill_pose_msg)."""
   f = camera_odometry_frame(frame)
   if has(p, ("pose",), ("trans", "rot", "transStd", "rotStd"), missing):
@@ -270,23 +272,23 @@ def camera_odometry_fields(p: dict[str, np.ndarray], frame: FrameInfo, missing: 
     f["roadTransformTrans"], f["roadTransformTransStd"] = p["road_transform"][:3], p["road_transform_std"][:3]
   return f
 
-def camera_odometry_frame(frame: FrameInfo) -> dict[str, Any]:
-  f: dict[str, Any] = {}
+def camera_odometry_frame(frame: FrameInfo) -> Fields:
+  f: Fields = {}
   f["frameId"] = frame.frame_id
   f["timestampEof"] = frame.timestamp_eof
   return f
 
-def host_fields(state: FrameState, frame: FrameInfo, raw: np.ndarray | None, fcw: bool) -> dict[str, dict[str, Any]]:
+def host_fields(state: FrameState, frame: FrameInfo, raw: np.ndarray | None, fcw: bool) -> dict[str, Fields]:
   """Each message's fields that come from the daemon, not from the parsed outputs (the frame, the action, the driving state, the raw
   outputs), by the same helpers the fill functions use: with the parse in the model's graph, these and the graph's floats are the whole
   messages (model/published_floats.py). `fcw`: the model's meta head has a known layout."""
   v2, dmd = model_v2_frame(frame), driving_model_data_frame(frame)
-  fill_action(v2, state, None), fill_meta_state(v2, state, fcw), fill_raw(v2, raw)
-  fill_action(dmd, state, None), fill_lane_change(dmd, state)
+  fill_action(v2, state, None); fill_meta_state(v2, state, fcw); fill_raw(v2, raw)
+  fill_action(dmd, state, None); fill_lane_change(dmd, state)
   return {"modelV2": v2, "drivingModelData": dmd, "cameraOdometry": camera_odometry_frame(frame)}
 
 def frame_fields(p: dict[str, np.ndarray], state: FrameState, frame: FrameInfo, raw: np.ndarray | None = None,
-                 missing: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+                 missing: dict[str, str] | None = None) -> dict[str, Fields]:
   """The three messages' fields of one frame, by service (modeld makes modelV2's first and sends it before filling the others);
   `missing` gets each field left default as "service.path"."""
   gaps: dict[str, dict[str, str]] = {s: {} for s in SERVICES}

@@ -30,10 +30,10 @@ class ParsedReads(NamedTuple):
     """The views of a parse's dict (OutputParser's: the same views on every call, so once per model does)."""
     plan, meta = parsed.get("plan"), parsed.get("meta")
     columns = (plan[:, Plan.VELOCITY][:, 0], plan[:, Plan.ACCELERATION][:, 0], plan[:, Plan.T_FROM_CURRENT_EULER][:, 2],
-               plan[:, Plan.ORIENTATION_RATE][:, 2], plan[:, Plan.POSITION].T) if plan is not None else (None,) * 5
+               plan[:, Plan.ORIENTATION_RATE][:, 2], plan[:, Plan.POSITION].T) if plan is not None else (None, None, None, None, None)
     layout = META_LAYOUTS.get(len(meta)) if meta is not None else None
     disengage = (meta[layout.hard_brake_5], meta[layout.hard_brake_3], meta[layout.gas_disengage], meta[layout.brake_disengage],
-                 meta[layout.steer_override]) if layout is not None else (None,) * 5
+                 meta[layout.steer_override]) if layout is not None and meta is not None else (None, None, None, None, None)
     solution = parsed.get("lat_planner_solution")
-    return ParsedReads(*columns, parsed.get("desired_curvature"), parsed.get("action"), solution[:, 2:4].T if solution is not None else None, *disengage,
-                       parsed.get("desire_state"))
+    return ParsedReads._make((*columns, parsed.get("desired_curvature"), parsed.get("action"), solution[:, 2:4].T if solution is not None else None,
+                              *disengage, parsed.get("desire_state")))

@@ -9,7 +9,7 @@ driving state reads (ParsedReads) and no message publishes: the desired_curvatur
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import numpy as np
 from sunnypilot.modeld_v2.model.constants import IDX_N
 from sunnypilot.modeld_v2.model.drive_helpers import Action
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES, FrameInfo, FrameState, frame_fields, host_fields, meta_layout
+from sunnypilot.modeld_v2.model.message_fields import Fields
 from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
 from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
 
@@ -39,7 +40,8 @@ class FloatLayout:
   @property
   def services(self) -> dict[str, tuple[int, int]]:
     """Each service's [start, stop) in the block."""
-    spans, at = {}, 0
+    spans: dict[str, tuple[int, int]] = {}
+    at = 0
     for service, _, n in self.fields:
       start, _ = spans.get(service, (at, at))
       spans[service], at = (start, at + n), at + n
@@ -58,7 +60,7 @@ class FloatLayout:
     return {"version": LAYOUT_VERSION, "fields": [list(f) for f in self.fields], "sources": self.sources.tolist(), "published": self.published,
             "reads": {k: [a, b, list(s)] for k, (a, b, s) in self.reads.items()}, "fcw": self.fcw, "unchecked": self.unchecked.tolist()}
 
-def check_recorded(recorded: Any, block_shape: Any) -> None:
+def check_recorded(recorded: object, block_shape: Iterable[int] | None) -> None:
   """ValueError unless a bundle's recorded layout (FloatLayout.to_json) is well formed and its FLOAT_BLOCK output (`block_shape`) holds it:
   checked when the bundle is read, so a crafted one cannot make modeld's views of the block run past it."""
   if not isinstance(recorded, dict) or not {"version", "fields", "sources", "published", "reads", "fcw", "unchecked"} <= set(recorded):
@@ -71,12 +73,12 @@ def check_recorded(recorded: Any, block_shape: Any) -> None:
     raise ValueError(f"{FLOAT_BLOCK} fields hold {sum(f[2] for f in fields)} floats, it publishes {recorded['published']} of {len(sources)}")
   if list(block_shape or []) != [len(sources)]: raise ValueError(f"the {FLOAT_BLOCK} output is {block_shape}, its layout has {len(sources)} floats")
 
-def _labels(value: Any, buffer: np.ndarray) -> np.ndarray | None:
+def _labels(value: object, buffer: np.ndarray) -> np.ndarray | None:
   """The buffer indices a field's value reads when the buffer holds its own indices, or None for a value that is no view of it."""
   if isinstance(value, np.ndarray) and np.shares_memory(value, buffer): return value.reshape(-1).astype(np.int64)
   return None
 
-def _fields(parser: OutputParser, values: np.ndarray) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], bool]:
+def _fields(parser: OutputParser, values: np.ndarray) -> tuple[dict[str, Fields], dict[str, Fields], bool]:
   """The fill functions' fields and the host's, by service, with the parse's buffer set to `values`."""
   parser.buffer[:] = values
   p, fcw = parser.parsed, meta_layout(parser.parsed, None) is not None
@@ -101,12 +103,13 @@ def trace(slices: dict[str, Sequence[int]]) -> FloatLayout:
       elif not np.array_equal(np.asarray(value), np.asarray(other[service][path])):
         raise ValueError(f"{service}.{path} depends on the model's outputs but reads no parsed value: the in-graph parse cannot publish it")
   block = np.concatenate(sources) if sources else np.zeros(0, np.int64)
-  published, first = len(block), {}
+  published, first = len(block), dict[int, int]()
   for i, label in enumerate(block.tolist()): first.setdefault(label, i)
-  reads, tail = {}, []
+  reads, tail = dict[str, tuple[int, int, tuple[int, ...]]](), list[np.ndarray]()
   for name, value in ParsedReads.of(parser.parsed)._asdict().items():
     if value is None: continue
     index, shape = _labels(value, parser.buffer), tuple(value.shape)
+    assert index is not None, f"the read {name} is a view of the parse"
     start = first.get(int(index[0]), -1)
     if start < 0 or not np.array_equal(block[start:start + len(index)], index):  # not published as one run: read from the tail
       start = published + sum(map(len, tail))
