@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int
   (common.files.replaced_atomically)."""
   def wrap(main: Callable[..., int]) -> Callable[..., int]:
     @functools.wraps(main)
-    def run(*args, **kwargs) -> int:
+    def run(*args: Any, **kwargs: Any) -> int:
       from sunnypilot.modeld_v2.common.logs import setup
       setup(prog)
       end_with_parent()

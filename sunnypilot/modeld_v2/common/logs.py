@@ -7,15 +7,16 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 class _Stderr(logging.StreamHandler):
   """Writes to sys.stderr as it is when a line is logged (as logging's own last-resort handler does), so a redirect made after setup, such
   as a test's capture, gets the line and a closed earlier one is never written."""
-  def __init__(self):
+  def __init__(self) -> None:
     logging.Handler.__init__(self)  # StreamHandler's would bind one stream for good
 
   @property
-  def stream(self): return sys.stderr
+  def stream(self) -> TextIO: return sys.stderr
 
 def setup(prog: str) -> None:
   """The process's log lines to stderr as `prog: message`: this package's from INFO up (`__main__` is the CLI module run with -m), other

@@ -197,7 +197,7 @@ class BundleFile:
   def size(self) -> int: return PREAMBLE.size + len(self.header_bytes) + self.blob_len  # the file's: _read_head checked they agree
 
   def __enter__(self) -> BundleFile: return self
-  def __exit__(self, *exc) -> None: self.close()
+  def __exit__(self, *exc: object) -> None: self.close()
   def close(self) -> None: self.file.close()
 
   def stream(self, sinks: Iterable[Sink] = ()) -> None:

@@ -57,7 +57,7 @@ def _view(blob: Segment) -> memoryview | KeptBlob: return blob if isinstance(blo
 
 class PartBuilder:
   """A part's buffers, programs and blob under construction. `part(...)` and `blob()` are the result."""
-  def __init__(self):
+  def __init__(self) -> None:
     self.segments: list[Segment] = []
     self.size = 0
     self.buffers: list[BufferSpec] = []

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, TypeVar
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
@@ -40,7 +41,7 @@ def sig_path(path: str) -> str:
   """Where the signatures of `path` live."""
   return path + ".sig"
 
-def _crypto():
+def _crypto() -> tuple[ModuleType, ModuleType]:
   try:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
