@@ -39,7 +39,7 @@ class HostRegistrations:
       registered.clear()
       held.clear()
 
-  def _check(self, status, what: str) -> None:
+  def _check(self, status: int, what: str) -> None:
     if status != 0: raise RuntimeError(f"{what} failed with CUDA error {status}")
 
   def acquire(self, ptr: int, length: int) -> int:

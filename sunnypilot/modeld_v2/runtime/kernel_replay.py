@@ -304,7 +304,7 @@ class Replay:
       return not w_writes and not r_writes or not w_reads and bool(w_writes) and not r_writes and max(r_reads, default=-1) < min(w_writes)
     return [{o for o in range(len(self.inputs)) if o != s and not may_share(s, o) and not may_share(o, s)} for s in range(len(self.inputs))]
 
-  def __call__(self, **kwargs) -> Any:
+  def __call__(self, **kwargs: Any) -> Any:
     if len(kwargs) != len(self.kwargs): raise InputError(f"expected inputs {self.kwargs}, got {sorted(kwargs)}")
     changed = []
     try:

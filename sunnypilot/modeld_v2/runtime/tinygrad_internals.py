@@ -71,7 +71,9 @@ from tinygrad.runtime.support.elf import jit_loader
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
 
 if TYPE_CHECKING:
+  from tinygrad.engine.jit import _TinyJit
   from tinygrad.runtime.ops_cpu import CPUProgram
+  Jit = _TinyJit[Any]  # what TinyJit(fn) makes (0.14.0's TinyJit is a function returning this class): its `captured` holds the capture
 
 _identified: list[Callable[[], str]] = []  # how to learn the imported tinygrad's version: told once, by runtime/__init__.py
 
@@ -86,7 +88,7 @@ def on_138fb4a() -> bool:
 
 class Recording(list):
   """The kernel LINEARs of the captures in a `record_kernel_linear` block, and the one-time LINEARs `TinyJit(prune=True)` split off."""
-  def __init__(self):
+  def __init__(self) -> None:
     super().__init__()
     self.onetime: list[UOp] = []
 
@@ -103,12 +105,12 @@ def record_kernel_linear(on_kernels: Callable[[int], None] | None = None) -> Ite
   from tinygrad.engine.realize import compile_linear
   recorded, counted = Recording(), [False]  # counted: this capture's kernels were counted at prune_linear, which runs first
   lower, prune = jit.jit_lower, jit.prune_linear
-  def recording_lower(linear: UOp, *args, **kwargs):
+  def recording_lower(linear: UOp, *args: Any, **kwargs: Any) -> UOp:
     if on_kernels is not None and not counted[0]: on_kernels(_kernels(linear))
     counted[0] = False
     recorded.append(lowered := lower(linear, *args, **kwargs))
     return lowered
-  def recording_prune(*args, **kwargs):
+  def recording_prune(*args: Any, **kwargs: Any) -> tuple[UOp, UOp]:
     kept, onetime = prune(*args, **kwargs)
     if on_kernels is not None: on_kernels(_kernels(kept, onetime))
     counted[0] = True
@@ -124,8 +126,8 @@ def host_backed_null() -> Iterator[None]:
   weights land in the bundle. Kernels still do not run: only data copied in from the host is real."""
   from tinygrad.runtime.ops_null import NullAllocator
   saved = {k: NullAllocator.__dict__[k] for k in ("_alloc", "_copyin", "_copyout", "_offset")}
-  def copyin(self, dest, src: memoryview): dest[:len(src)] = src.cast("B")
-  def copyout(self, dest: memoryview, src): dest.cast("B")[:] = src[:dest.nbytes]
+  def copyin(self: object, dest: memoryview, src: memoryview) -> None: dest[:len(src)] = src.cast("B")
+  def copyout(self: object, dest: memoryview, src: memoryview) -> None: dest.cast("B")[:] = src[:dest.nbytes]
   patched = {"_alloc": lambda self, size, options: memoryview(bytearray(size)), "_copyin": copyin, "_copyout": copyout,
              "_offset": lambda self, buf, size, offset: buf[offset:offset + size]}
   for k, v in patched.items(): setattr(NullAllocator, k, v)
@@ -139,10 +141,10 @@ def watched_beam_search(on_times: Callable[[list[float]], None], on_kernel: Call
   (after its search). A kernel served from the search's disk cache times nothing."""
   import tinygrad.codegen.opt.search as search
   search_kernel, time_program = search.beam_search, search._time_program
-  def timed(*args, **kwargs) -> list[float]:
+  def timed(*args: Any, **kwargs: Any) -> list[float]:
     on_times(tms := time_program(*args, **kwargs))
     return tms
-  def searched(*args, **kwargs):
+  def searched(*args: Any, **kwargs: Any) -> Any:
     out = search_kernel(*args, **kwargs)
     on_kernel()
     return out
