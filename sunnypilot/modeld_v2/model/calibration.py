@@ -4,6 +4,7 @@ Numbers are openpilot's public facts (common/transformations/camera.py and model
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +47,7 @@ def parse_camera_size(text: str) -> tuple[int, int]:
   sensor_for_size(*size)
   return size
 
-def rot_from_euler(rpy) -> np.ndarray:
+def rot_from_euler(rpy: Sequence[float] | np.ndarray) -> np.ndarray:
   """Rotation for [roll, pitch, yaw] about the device's x, y, z axes: Rz(yaw) @ Ry(pitch) @ Rx(roll)."""
   r, p, y = rpy
   rx = np.array([[1, 0, 0], [0, np.cos(r), -np.sin(r)], [0, np.sin(r), np.cos(r)]])
@@ -54,18 +55,18 @@ def rot_from_euler(rpy) -> np.ndarray:
   rz = np.array([[np.cos(y), -np.sin(y), 0], [np.sin(y), np.cos(y), 0], [0, 0, 1]])
   return rz @ ry @ rx
 
-def camera_from_calib(device_from_calib_euler, intrinsics: np.ndarray) -> np.ndarray:
+def camera_from_calib(device_from_calib_euler: Sequence[float] | np.ndarray, intrinsics: np.ndarray) -> np.ndarray:
   """Calibrated frame (forward, right, down metres) -> camera pixel, homogeneous: the warp's camera side and openpilot's UI projection
   (commaai/openpilot selfdrive/ui/onroad/augmented_road_view.py @550a5978: intrinsics @ view_from_calib)."""
   return intrinsics @ VIEW_FROM_DEVICE @ rot_from_euler(device_from_calib_euler)
 
-def get_warp_matrix(device_from_calib_euler, intrinsics: np.ndarray, bigmodel_frame: bool = False) -> np.ndarray:
+def get_warp_matrix(device_from_calib_euler: Sequence[float] | np.ndarray, intrinsics: np.ndarray, bigmodel_frame: bool = False) -> np.ndarray:
   """M_inv: model pixel -> camera pixel. Only rotation is compensated; the model frame is the calibrated frame seen by a virtual camera."""
   model_intrinsics = SBIGMODEL_INTRINSICS if bigmodel_frame else MEDMODEL_INTRINSICS
   calib_from_model = np.linalg.inv(model_intrinsics @ VIEW_FROM_DEVICE)
   return camera_from_calib(device_from_calib_euler, intrinsics) @ calib_from_model
 
-def warp_matrices(cameras: tuple[CameraConfig, CameraConfig], rpy=DEFAULT_RPY) -> np.ndarray:
+def warp_matrices(cameras: tuple[CameraConfig, CameraConfig], rpy: Sequence[float] | np.ndarray = DEFAULT_RPY) -> np.ndarray:
   """M_inv for the (main, extra) cameras as modeld feeds them to the warp (the extra into the big model frame): float32 (2, 3, 3). The
   main camera is the road one, or the wide one when there is no road camera."""
   main, extra = cameras

@@ -21,7 +21,7 @@ class NV12Frame:
   uv_height: int
   size: int
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     problems = [f"{name} must be a positive integer" for name, v in vars(self).items() if not isinstance(v, int) or v <= 0]
     if not problems:
       if self.width % 2 or self.height % 2: problems.append(f"width and height must be even for 4:2:0 chroma, got {self.width}x{self.height}")

@@ -35,17 +35,25 @@ class Desire(enum.IntEnum):  # log.capnp Desire: the index of the model's desire
   keepRight = 6
 
 class CarStateLike(Protocol):
-  """The carState fields DesireHelper reads: a cereal carState reader, or any object with these attributes."""
-  vEgo: float
-  leftBlinker: bool
-  rightBlinker: bool
-  steeringPressed: bool
-  steeringTorque: float
-  leftBlindspot: bool
-  rightBlindspot: bool
+  """The carState fields DesireHelper reads: a cereal carState reader, or any object with these attributes (read only: a frozen record
+  such as daemon/bus_inputs.CarInputs is one)."""
+  @property
+  def vEgo(self) -> float: ...
+  @property
+  def leftBlinker(self) -> bool: ...
+  @property
+  def rightBlinker(self) -> bool: ...
+  @property
+  def steeringPressed(self) -> bool: ...
+  @property
+  def steeringTorque(self) -> float: ...
+  @property
+  def leftBlindspot(self) -> bool: ...
+  @property
+  def rightBlindspot(self) -> bool: ...
 
 class DesireHelper:
-  def __init__(self):
+  def __init__(self) -> None:
     self.lane_change_state = LaneChangeState.off
     self.lane_change_direction = LaneChangeDirection.none
     self.lane_change_timer = 0.0

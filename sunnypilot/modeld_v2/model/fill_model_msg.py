@@ -57,7 +57,7 @@ class HardBrake:
   `update` takes the two probabilities as Python floats of float32 values (what `array.item` gives for a float32 array)."""
   THRESHOLDS_5MS2, THRESHOLDS_3MS2 = FCW_THRESHOLDS_5MS2.tolist(), FCW_THRESHOLDS_3MS2.tolist()
 
-  def __init__(self): self.brake_5ms2, self.brake_3ms2 = [0.0] * len(self.THRESHOLDS_5MS2), [0.0] * len(self.THRESHOLDS_3MS2)
+  def __init__(self) -> None: self.brake_5ms2, self.brake_3ms2 = [0.0] * len(self.THRESHOLDS_5MS2), [0.0] * len(self.THRESHOLDS_3MS2)
 
   def update(self, brake_5ms2: float, brake_3ms2: float) -> bool:
     self.brake_5ms2 = self.brake_5ms2[1:] + [brake_5ms2]
@@ -68,7 +68,7 @@ class HardBrake:
 class Confidence:
   """Every 2 s (frame ids divisible by 40) the per-2 s-slice disengage probabilities enter a rolling buffer of the last 5 updates; the
   score averages, across those updates, the probability each gave for the slice that ends now; its color is kept between updates."""
-  def __init__(self): self.buffer, self.color = np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32), "green"
+  def __init__(self) -> None: self.buffer, self.color = np.zeros(CONFIDENCE_BUFFER_LEN * DISENGAGE_WIDTH, np.float32), "green"
 
   def update(self, frame_id: int, gas: np.ndarray, brake: np.ndarray, steer: np.ndarray) -> str:
     if frame_id % (2 * MODEL_FREQ) == 0:
@@ -84,7 +84,7 @@ class Confidence:
     return sum(self.buffer.item(i * DISENGAGE_WIDTH + DISENGAGE_WIDTH - 1 - i) / DISENGAGE_WIDTH for i in range(DISENGAGE_WIDTH))
 
 
-SERVICES = ("modelV2", "drivingModelData", "cameraOdometry")  # what modeld publishes, modelV2 (what controls wait for) first
+SERVICES: tuple[str, ...] = ("modelV2", "drivingModelData", "cameraOdometry")  # what modeld publishes, modelV2 (what controls wait for) first
 
 @dataclass(frozen=True)
 class FrameInfo:

@@ -16,7 +16,7 @@ a bundle built before generations were recorded is read by the same derivation f
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sunnypilot.modeld_v2.model.parse_model_outputs import mdn_layout
@@ -55,7 +55,7 @@ GENERATIONS: dict[str, Rules] = {
 class GenerationError(ValueError):
   """No generation, or more than one, fits a model: name it."""
 
-def candidates(layout: str, input_shapes: dict[str, Sequence[int]], slices: dict[str, Sequence[int]]) -> list[str]:
+def candidates(layout: str, input_shapes: Mapping[str, Sequence[int]], slices: Mapping[str, Sequence[int]]) -> list[str]:
   """The generations whose inputs and heads fit a model: its layout (model_plan.LAYOUTS), every ONNX input's shape, its output slices."""
   names, plan = set(input_shapes), slices.get("plan")
   features = input_shapes.get("features_buffer")
@@ -72,7 +72,7 @@ def candidates(layout: str, input_shapes: dict[str, Sequence[int]], slices: dict
   }
   return [name for name, fit in fits.items() if fit]
 
-def derive(layout: str, input_shapes: dict[str, Sequence[int]], slices: dict[str, Sequence[int]], given: str | None = None) -> str:
+def derive(layout: str, input_shapes: Mapping[str, Sequence[int]], slices: Mapping[str, Sequence[int]], given: str | None = None) -> str:
   """The generation of a model: `given` (checked) if any, else the one generation that fits; GenerationError otherwise."""
   if given is not None:
     if given not in GENERATIONS: raise GenerationError(f"--generation must be one of {', '.join(GENERATIONS)}, got {given!r}")

@@ -14,7 +14,7 @@ Other heads (the 512 features, poor_vision, ...) are not read. Arrays carry no b
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def dm_heads(layout: str) -> dict[str, int]:
   for side in DRIVER_SIDES: heads |= {f"face_descs_{side}": FACE_DESCS_LEN} | {f"{key}_{side}": 1 for key in DM_LAYOUTS[layout]}
   return heads
 
-def dm_layout(slices: dict[str, Sequence[int]]) -> str:
+def dm_layout(slices: Mapping[str, Sequence[int]]) -> str:
   """The layout whose heads the output_slices name, `current` first; ValueError naming what the nearest one misses."""
   missing = {layout: [head for head in dm_heads(layout) if head not in slices] for layout in DM_LAYOUTS}
   if found := [layout for layout, gaps in missing.items() if not gaps]: return found[0]
@@ -42,7 +42,7 @@ def dm_layout(slices: dict[str, Sequence[int]]) -> str:
   raise ValueError(f"the driver-monitoring heads are not all there: {', '.join(missing[layout])} missing (openpilot's {layout} layout reads "
                    f"{', '.join(dm_heads(layout))})")
 
-def check_dm_heads(slices: dict[str, Sequence[int]]) -> None:
+def check_dm_heads(slices: Mapping[str, Sequence[int]]) -> None:
   """Raise ValueError unless output_slices ({name: [start, stop]}, its structure checked) hold every head of a layout, each as long as the
   parse reads it: checked when the model is compiled and when its bundle is read, not in the middle of a drive."""
   for name, size in dm_heads(dm_layout(slices)).items():
@@ -52,7 +52,7 @@ def check_dm_heads(slices: dict[str, Sequence[int]]) -> None:
 class DMOutputParser:
   """The parse of one output_slices layout: the model's (1, N) outputs -> {head: array} after openpilot's activations; `face_descs_<side>`
   holds the 6 means and `face_descs_<side>_std` the 6 stds."""
-  def __init__(self, slices: dict[str, Sequence[int]]):
+  def __init__(self, slices: Mapping[str, Sequence[int]]):
     check_dm_heads(slices)
     self.layout = dm_layout(slices)
     self.slices = {name: slice(int(slices[name][0]), int(slices[name][1])) for name in dm_heads(self.layout)}

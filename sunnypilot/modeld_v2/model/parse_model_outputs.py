@@ -11,7 +11,7 @@ from the outputs alone, which the in-graph parse (compile/output_parse.py) compu
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -127,7 +127,7 @@ def head_sizes(name: str) -> tuple[int, ...] | None:
   if name in CATEGORICAL_HEADS: return (int(np.prod(CATEGORICAL_HEADS[name])),)
   return {"lead_prob": (LEAD_MHP_SELECTION,), "lane_lines_prob": (2 * NUM_LANE_LINES,), "action": (2,)}.get(name)
 
-def check_head_sizes(slices: dict[str, Sequence[int]]) -> None:
+def check_head_sizes(slices: Mapping[str, Sequence[int]]) -> None:
   """Raise ValueError unless each known head of `slices` ({name: [start, stop]}, its structure checked) is as long as parse_outputs
   reads it: a bundle's output_slices, checked before the first frame instead of failing in the middle of a run."""
   for name, (start, stop) in slices.items():
@@ -155,7 +155,7 @@ class OutputParser:
   all three activated parts: elementwise, so each value is what a per-head call gives. The result is the same dict of the same views of
   that buffer on every call: the next call overwrites them (copy what must outlive the frame). The in-graph parse
   (compile/output_parse.py) computes the same buffer from the same plan (`gather`, `hypotheses`, the regions)."""
-  def __init__(self, slices: dict[str, Sequence[int]]):
+  def __init__(self, slices: Mapping[str, Sequence[int]]):
     self.raw = {name: (int(start), int(stop)) for name, (start, stop) in slices.items()}
     heads = []  # (name, start, shape of the result, hypotheses, selections, values per half)
     for name in MDN_HEADS:
@@ -227,7 +227,7 @@ class OutputParser:
       self.parsed["path"][:] = poly_path(position)  # float64, stored as the message's float32
     return self.parsed
 
-def parse_outputs(outputs: np.ndarray, slices: dict[str, Sequence[int]]) -> dict[str, np.ndarray]:
+def parse_outputs(outputs: np.ndarray, slices: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
   """The model's (1, N) output vector and its `output_slices` ({name: (start, stop)}) -> named arrays after openpilot's activations.
   A daemon parsing every frame keeps an OutputParser of its layout instead."""
   return OutputParser(slices)(outputs)

@@ -9,7 +9,7 @@ driving state reads (ParsedReads) and no message publishes: the desired_curvatur
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +85,7 @@ def _fields(parser: OutputParser, values: np.ndarray) -> tuple[dict[str, Fields]
   state, frame = FrameState(Action() if "plan" in p else None, False, "green", 0, 0), FrameInfo(1, 1, 1, 1, 0.0, 0, 0.0, True, 0.3, 0.5)
   return frame_fields(p, state, frame), host_fields(state, frame, None, fcw), fcw
 
-def trace(slices: dict[str, Sequence[int]]) -> FloatLayout:
+def trace(slices: Mapping[str, Sequence[int]]) -> FloatLayout:
   """The float block of a model with these `output_slices`. ValueError when a field depends on the outputs without being a view of the
   parse (a fill function computing a value the in-graph parse does not know)."""
   parser = OutputParser(slices)
