@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,17 +48,20 @@ from sunnypilot.modeld_v2.compile.input_queues import (  # POLICY_INPUTS, derive
 from sunnypilot.modeld_v2.compile.model_plan import DMONITORING, Plan, QueuedPlan, add_model_flags, plan_model
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError
 from sunnypilot.modeld_v2.compile.output_parse import message_floats
-from sunnypilot.modeld_v2.compile.precision import as_dtype
+from sunnypilot.modeld_v2.compile.precision import OnnxRun, as_dtype
 from sunnypilot.modeld_v2.format.bundle import next_name
 from sunnypilot.modeld_v2.model.generations import GENERATIONS
 from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, FloatLayout, trace
+
+if TYPE_CHECKING:
+  from tinygrad import Tensor
 
 __all__ = ["compile_model", "main", "make_step",  # then the seed's names (see compat.py)
            "POLICY_INPUTS", "derive_frame_skip", "make_split_input_queues", "make_supercombo_input_queues"]
 
 # *** the compiled step ***
 
-def _write(output_buffers: dict, values: dict, parse: Callable | None = None) -> None:
+def _write(output_buffers: dict[str, Tensor], values: dict[str, Tensor], parse: Callable[[Tensor], Tensor] | None = None) -> None:
   """Compute every value before writing any buffer, so a caller may alias next_X to X (the part reads X before it writes next_X). `parse`:
   the output vector -> the messages' float block, written into output_buffers[FLOAT_BLOCK] (the in-graph parse, output_parse)."""
   from tinygrad import Tensor
@@ -66,23 +70,23 @@ def _write(output_buffers: dict, values: dict, parse: Callable | None = None) ->
   parsed = [output_buffers[FLOAT_BLOCK].assign(parse(temps["outputs"]))] if parse is not None else []
   Tensor.realize(*(output_buffers[k].assign(t) for k, t in temps.items()), *parsed)
 
-def make_step(plan: Plan, runners: dict, floats: FloatLayout | None = None):
+def make_step(plan: Plan, runners: dict[str, OnnxRun], floats: FloatLayout | None = None) -> Callable[..., None]:
   """The function TinyJit captures for a plan, with an OnnxRunner per model; with `floats`, the output parse in the graph too (output_parse:
   the messages' float block of that layout, as the output FLOAT_BLOCK)."""
   parse = functools.partial(message_floats, slices=plan.slices, layout=floats) if floats is not None else None
   if not isinstance(plan, QueuedPlan):
-    def native(output_buffers, **inputs):
+    def native(output_buffers: dict[str, Tensor], **inputs: Tensor) -> None:
       out = runners["model"]({name: as_dtype(inputs[name], dtype) for name, dtype in plan.dtypes["model"].items()})
       _write(output_buffers, {k: as_dtype(out[k], plan.out_specs[k][1]) for k in output_buffers if k != FLOAT_BLOCK}, parse)
     return native
 
-  def run(model: str, values: dict):
+  def run(model: str, values: dict[str, Tensor]) -> Tensor:
     """One model on the values of its inputs, cast to its dtypes; its output read, as float32, computed once."""
     feeds = {name: as_dtype(values[name], dtype) for name, dtype in plan.dtypes[model].items()}
     return as_dtype(runners[model](feeds)[plan.outputs[model]], np.float32).contiguous()
 
   queues, runs = plan.queues, [functools.partial(run, k) for k in plan.paths]
-  def queued(output_buffers, new_img, prepare_only, **inputs):
+  def queued(output_buffers: dict[str, Tensor], new_img: Tensor, prepare_only: Tensor, **inputs: Tensor) -> None:
     state = {name: inputs.pop(name) for name in queues.queues}
     out, new = queues.step(state, new_img, prepare_only, inputs, runs)
     _write(output_buffers, {"outputs": out} | {next_name(name): q for name, q in new.items()}, parse)
@@ -93,8 +97,8 @@ def make_step(plan: Plan, runners: dict, floats: FloatLayout | None = None):
 logger = logging.getLogger(__name__)
 
 def compile_model(output: str, onnx: str | None = None, vision: str | None = None, policy: str | None = None, frame_skip: int | None = None,
-                  off_policy: str | None = None, on_policy: str | None = None, log=logger.info, beam: int | None = None, fuse_layers: bool = False,
-                  generation: str | None = None, host_parse: bool = False, precision: str | None = None) -> dict:
+                  off_policy: str | None = None, on_policy: str | None = None, log: Callable[[str], None] = logger.info, beam: int | None = None,
+                  fuse_layers: bool = False, generation: str | None = None, host_parse: bool = False, precision: str | None = None) -> dict:
   """Compile one ONNX (native or supercombo), a vision + policy pair or a vision + off-policy + on-policy triple into a bundle at `output`.
   Returns a summary. Fails before any work when `output` cannot be written or `beam` cannot search here. `beam`: search every kernel
   with BEAM on this device (None: tinygrad's BEAM setting). `fuse_layers`: no realize point per layer (see bundle_compile.layer_boundaries).

@@ -32,6 +32,8 @@ def compile_warp(frame_spec: str, warp_to: str, output: str, split_frames: bool 
   check_model_size(model_w, model_h)
   job = BundleCompile(output, (), beam)
   warp = make_frame_prepare(frame, model_w, model_h)
+  fn: Callable[..., Tensor]
+  specs: dict[str, tuple[tuple[int, ...], type[np.generic]]]
   if split_frames:  # the parameters' names are the bundle's input names (WARP_FRAMES, WARP_TRANSFORM)
     fn = lambda frame, big_frame, M_inv: Tensor.stack(warp(frame, M_inv[0]), warp(big_frame, M_inv[1]))
     specs = dict.fromkeys(WARP_FRAMES, ((frame.size,), np.uint8))

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tinygrad import TinyJit
 from tinygrad.uop.ops import UOp
 
-from sunnypilot.modeld_v2.compile.capture import jit_part
+from sunnypilot.modeld_v2.compile.capture import JitInputs, jit_part
 from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, frame_part, pack_layout
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
 from sunnypilot.modeld_v2.runtime.loader import LoadedBundle, load_bundle, load_fused
 from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+  from sunnypilot.modeld_v2.runtime.tinygrad_internals import Jit
 
 __all__ = ["SPLIT_FRAMES", "NativeTinygradAdapter", "PlainJit", "SeedBundle", "_Jit", "frame_part", "load_model", "pack_layout", "serialize_jit"]
 
@@ -41,7 +43,7 @@ class SeedBundle(LoadedBundle):
 
   def get(self, key: str, default: Any = None) -> Any: return self[key] if key in SEED_KEYS else default
 
-def load_model(path: str, cache: bool = True, extend: Any = None, device: str | None = None, allow_device: bool = False) -> SeedBundle:
+def load_model(path: str, cache: bool = True, extend: object = None, device: str | None = None, allow_device: bool = False) -> SeedBundle:
   """The seed's load. `cache` is accepted and has no effect: a fused load reads and fuses in memory (fusing costs less than reading a cached
   result would). `extend` takes the one extension the seed has: `functools.partial(frame_part, warp_path)`, a fused load."""
   if extend is None: loaded = load_bundle(path, device, allow_device)
@@ -59,7 +61,7 @@ class NativeTinygradAdapter(ModelRunner):
   @property
   def input_queues(self) -> dict: return self.states
 
-def serialize_jit(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
+def serialize_jit(run: Jit, linear: UOp, check: JitInputs, seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
     -> tuple[dict, bytes]:
   """compile/capture's jit_part with the part's header as JSON: `(header, blob)`, the seed's form."""
   part, blob = jit_part(run, linear, check, seed, onetime, null_holds_data)

@@ -13,8 +13,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from tinygrad import Device, Tensor, TinyJit, dtypes
@@ -26,6 +26,7 @@ from tinygrad.uop.ops import UOp
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.format.part import (
   Arg,
+  Blob,
   BufferSpec,
   BufferView,
   Call,
@@ -34,6 +35,7 @@ from sunnypilot.modeld_v2.format.part import (
   InputSlot,
   Param,
   Part,
+  PartJSON,
   Program,
   Returned,
   Returns,
@@ -56,6 +58,13 @@ from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
   record_kernel_linear,
   watched_beam_search,
 )
+
+if TYPE_CHECKING:
+  from tinygrad.device import MultiBuffer
+
+  from sunnypilot.modeld_v2.runtime.tinygrad_internals import Jit
+
+JitInputs = Mapping[str, Tensor | Mapping[str, Tensor]]  # a capture's keyword inputs: Tensors, and dicts of Tensors such as output_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +109,11 @@ def beam_progress(level: int, log: Callable[[str], None]) -> Iterator[Callable[[
   with watched_beam_search(timed, searched), Context(BEAM=level): yield planned
 
 class Captured(NamedTuple):
-  jit: TinyJit
-  part: tuple[Part | dict, bytes]  # capture_part: a Part record; capture: its JSON
-  inputs: dict[str, Any]  # the capture call's inputs, as the part lays them out
+  jit: Jit
+  part: tuple[Part | PartJSON, bytes]  # capture_part: a Part record; capture: its JSON
+  inputs: JitInputs  # the capture call's inputs, as the part lays them out
 
-def capture_part(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
+def capture_part(fn: Callable, make_inputs: Callable[[], JitInputs], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
                  beam: int = 0, log: Callable[[str], None] = logger.info) -> Captured:
   """TinyJit-capture `fn` on fresh inputs from `make_inputs()` (call 0 runs eagerly and compiles, call 1 captures) into a part record,
   self-checked against the TinyJit replay. `null_holds_data`: inside `compile_session()` on NULL (see jit_part). `beam`: search each
@@ -118,23 +127,24 @@ def capture_part(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune:
     if len(recorded) != 1: raise ArtifactError(f"expected one captured kernel list, got {len(recorded)}")
     return Captured(jit, jit_part(jit, recorded[0], inputs, seed, recorded.onetime[0] if recorded.onetime else None, null_holds_data), inputs)
 
-def capture(fn: Callable, make_inputs: Callable[[], dict[str, Any]], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
+def capture(fn: Callable, make_inputs: Callable[[], JitInputs], prune: bool = True, seed: int = 0, null_holds_data: bool = False,
             beam: int = 0, log: Callable[[str], None] = logger.info) -> Captured:
   """capture_part with the part's header as JSON."""
   captured = capture_part(fn, make_inputs, prune, seed, null_holds_data, beam, log)
-  return captured._replace(part=(captured.part[0].to_json(), captured.part[1]))
+  assert isinstance(record := captured.part[0], Part), "capture_part makes a Part record"
+  return captured._replace(part=(record.to_json(), captured.part[1]))
 
-def input_layout(kwargs: dict[str, Any]) -> list[tuple[str, str | None, Tensor]]:
+def input_layout(kwargs: JitInputs) -> list[tuple[str, str | None, Tensor]]:
   """(name, key, tensor) per JIT input slot, in tinygrad's `_prepare_jit_inputs` order: named tensors sorted, then dict entries not seen yet."""
   if not all(isinstance(v, (Tensor, dict)) for v in kwargs.values()):
     raise InputError(f"inputs must be Tensors or dicts of Tensors, got {sorted((k, type(v).__name__) for k, v in kwargs.items())}")
-  layout = [(name, None, t) for name, t in sorted(kwargs.items()) if isinstance(t, Tensor)]
+  layout: list[tuple[str, str | None, Tensor]] = [(name, None, t) for name, t in sorted(kwargs.items()) if isinstance(t, Tensor)]
   for name, value in kwargs.items():
     if isinstance(value, dict):
       layout += [(name, key, t) for key, t in value.items() if isinstance(t, Tensor) and not any(t is y for _, _, y in layout)]
   return layout
 
-def _ret_tensors(ret: Any) -> tuple[Returns, list[Tensor]]:
+def _ret_tensors(ret: object) -> tuple[Returns, list[Tensor]]:
   """The kind of a JIT return (with a dict's keys) and its tensors in order; the Returns' tensors are filled in by the serializer."""
   if ret is None: return Returns("NoneType", ()), []
   if isinstance(ret, Tensor): return Returns("Tensor", ()), [ret]
@@ -164,7 +174,7 @@ class PartSerializer:
     self.ast_program: dict[UOp, int] = {}
     self.first_access: dict[tuple[int, int, int], str] = {}  # (buffer, offset, nbytes) -> "r" or "w"
 
-  def buffer_view(self, buf: Buffer) -> BufferView:
+  def buffer_view(self, buf: Buffer | MultiBuffer) -> BufferView:
     if isinstance(buf, list) or not isinstance(buf, Buffer): raise ArtifactError("multi-device buffers are not supported")
     base = buf.base
     if device_kind(base.device) != device_kind(self.device): raise ArtifactError(f"buffer on {base.device} in a part for {self.device}: one device per part")
@@ -204,7 +214,7 @@ class PartSerializer:
 
   def returned(self, t: Tensor) -> Returned:
     slot = next((i for i, (_, _, x) in enumerate(self.layout) if x.uop.base is t.uop.base), None)
-    return Returned(InputArg(slot) if slot is not None else self.buffer_view(t.uop.buffer), tuple(t.shape))
+    return Returned(InputArg(slot) if slot is not None else self.buffer_view(t.uop.buffer), tuple(int(d) for d in t.shape))
 
   def store_contents(self, returns: tuple[Returned, ...]) -> None:
     """Weights and constants: each buffer with a range the replay reads before writing carries its bytes (once). A returned buffer no call
@@ -218,9 +228,10 @@ class PartSerializer:
   def inputs(self, calls: list[Call]) -> list[InputSlot]:
     programs = tuple(self.builder.programs)
     written = {a.input for c in calls for i, a in enumerate(c.args) if isinstance(a, InputArg) and c.writes(i, programs)}
-    return [InputSlot(i, name, key, dtype_name(t.dtype), tuple(t.shape), t.device, i in written) for i, (name, key, t) in enumerate(self.layout)]
+    return [InputSlot(i, name, key, dtype_name(t.dtype), tuple(int(d) for d in t.shape), str(t.device), i in written)
+            for i, (name, key, t) in enumerate(self.layout)]
 
-def jit_part(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
+def jit_part(run: Jit, linear: UOp, check: JitInputs, seed: int = 0, onetime: UOp | None = None, null_holds_data: bool = False) \
     -> tuple[Part, bytes]:
   """Turn a captured TinyJit and its recorded kernel LINEAR into a part `(Part record, blob)`.
 
@@ -229,7 +240,7 @@ def jit_part(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, on
   `onetime` is the recorded one-time LINEAR of a prune=True capture: the loader runs those calls once, before the first replay.
   `null_holds_data`: captured on NULL inside `host_backed_null`, so what the host copied in (weights) is real and is stored.
   """
-  if getattr(run, "captured", None) is None: raise ArtifactError("the TinyJit has not captured yet: call it twice before serializing")
+  if (captured := getattr(run, "captured", None)) is None: raise ArtifactError("the TinyJit has not captured yet: call it twice before serializing")
   layout = input_layout(check)
   try:
     calls, onetime_calls = captured_calls(linear), captured_calls(onetime) if onetime is not None else []
@@ -237,7 +248,7 @@ def jit_part(run: TinyJit, linear: UOp, check: dict[str, Any], seed: int = 0, on
     header_onetime = [c for c in map(s.onetime_call, onetime_calls) if c is not None]  # first: what they write (prepared weights) needs no bytes
     header_calls = [s.call(c) for c in calls]
   except Unsupported as e: raise ArtifactError(str(e)) from None
-  returns, ret_tensors = _ret_tensors(run.captured.ret)
+  returns, ret_tensors = _ret_tensors(captured.ret)
   returns = dataclasses.replace(returns, tensors=tuple(s.returned(t) for t in ret_tensors))
   if device_kind(s.device) != "NULL" or null_holds_data: s.store_contents(returns.tensors)
   part, blob = s.builder.part(s.device, list(check), s.inputs(header_calls), header_calls, header_onetime, returns), bytes(s.builder.blob())
@@ -256,7 +267,7 @@ def check_values(inputs: tuple[InputSlot, ...], seed: int) -> list[np.ndarray]:
     else: out.append(rng.integers(0, 256, shape).astype(np_dt))
   return out
 
-def _outputs(ret: Any, layout: list, written: list[int]) -> dict[str, np.ndarray]:
+def _outputs(ret: object, layout: list, written: list[int]) -> dict[str, np.ndarray]:
   _, tensors = _ret_tensors(ret)
   out = {f"return[{i}]": t.numpy() for i, t in enumerate(tensors)}
   return out | {label(*layout[slot][:2]): layout[slot][2].numpy() for slot in written}
@@ -265,7 +276,7 @@ def _digests(outputs: dict[str, np.ndarray]) -> dict[str, str]: return {name: ha
 
 def _written(part: Part) -> list[int]: return [s.slot for s in part.inputs if s.written]
 
-def _self_check(run, part: Part, blob: bytes, check: dict, layout: list, seed: int) -> Check | None:
+def _self_check(run: Jit, part: Part, blob: bytes, check: JitInputs, layout: list, seed: int) -> Check | None:
   if device_kind(part.device) == "NULL": return None  # NULL buffers hold no data: nothing to compare
   values, results = check_values(part.inputs, seed), []
   for replay in (run, Replay(part, blob)):
@@ -275,16 +286,16 @@ def _self_check(run, part: Part, blob: bytes, check: dict, layout: list, seed: i
     if expected.tobytes() != results[1][name].tobytes(): raise ArtifactError(f"self-check failed: plain replay differs from the TinyJit replay in {name}")
   return Check(seed, _digests(results[0]))
 
-def verify_part(header: Part | dict, blob: Any, device: str | None = None) -> dict[str, bool]:
+def verify_part(header: Part | PartJSON, blob: Blob, device: str | None = None) -> dict[str, bool]:
   """Replay a part on its recorded check's seeded inputs: {output label: digest matches what the capture recorded}."""
   part = (replay := replay_part(header, blob, device)).part
   if part.check is None: raise ArtifactError("this part has no recorded check (built on NULL, or fused at load time)")
   values = check_values(part.inputs, part.check.seed)
   layout = [(s.name, s.key, Tensor(v, device=replay.input_device(s)).realize()) for s, v in zip(part.inputs, values)]
-  kwargs: dict[str, Any] = {name: {} for name in part.kwargs}
+  kwargs: dict[str, Tensor | dict[str, Tensor]] = {name: {} for name in part.kwargs}
   for name, key, t in layout:
     if key is None: kwargs[name] = t
-    elif isinstance(kwargs[name], dict): kwargs[name][key] = t
+    elif isinstance(entry := kwargs[name], dict): entry[key] = t
     else: raise ArtifactError(f"input {name} is both a tensor and a dict of tensors")
   try: outputs = replay(**kwargs)
   except InputError as e: raise ArtifactError(f"the part's recorded inputs do not fit it: {e}") from None

@@ -9,19 +9,24 @@ import functools
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+from tinygrad import Tensor
 from tinygrad.helpers import Context
 
 from sunnypilot.modeld_v2.common.cli import non_negative_int
 from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
-from sunnypilot.modeld_v2.compile.precision import FLOAT16, FLOAT32, check_precision, default_precision, onnx_runner
-from sunnypilot.modeld_v2.format.bundle import PRECISIONS, write_bundle
-from sunnypilot.modeld_v2.format.part import Part
+from sunnypilot.modeld_v2.compile.precision import FLOAT16, FLOAT32, OnnxRun, check_precision, default_precision, onnx_runner
+from sunnypilot.modeld_v2.format.bundle import PRECISIONS, Metadata, write_bundle
+from sunnypilot.modeld_v2.format.part import Part, PartJSON
 from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad, unsupported
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import onnx_ops, patched_onnx_ops
+
+if TYPE_CHECKING:
+  from sunnypilot.modeld_v2.compile.capture import Captured, JitInputs
 
 LAYER_OPS = ("Conv", "MatMul", "Gemm")
 
@@ -30,11 +35,13 @@ def layer_boundaries(on: bool = True) -> Iterator[None]:
   """Realize the output of every convolution and matrix product while ONNX runners trace. Left free, tinygrad 0.14.0's scheduler fuses a
   convolution into the next one and recomputes it for every tap of the second (supercombo's backbones) and nests the GRU's matrix
   products the same way; a boundary per layer computes each once."""
-  def realized(op):
+  def realized(op: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return functools.wraps(op)(lambda *args, **kwargs: op(*args, **kwargs).contiguous())
   with patched_onnx_ops({name: realized(onnx_ops()[name]) for name in LAYER_OPS if on}): yield
 
-def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+Specs = Mapping[str, tuple[tuple[int, ...], npt.DTypeLike]]  # what a compiler declares of a bundle's inputs or outputs: {name: (shape, numpy dtype)}
+
+def random_value(rng: np.random.Generator, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
   """A capture input: uint8 (camera planes) over 0-255, floats standard normal, other integers (indices, flags) 0 or 1."""
   dtype = np.dtype(dtype)
   if dtype == np.uint8: return rng.integers(0, 256, shape, dtype=np.uint8)
@@ -61,7 +68,7 @@ class BundleCompile:
     self.rng = np.random.default_rng(0)
     self.workdir: str | None = None  # a float16 compile's converted ONNX files, for the capture's duration
 
-  def onnx_runner(self, path: str) -> Callable[[dict], dict]:
+  def onnx_runner(self, path: str) -> OnnxRun:
     """tinygrad's ONNX runner of `path` in the compile's precision (inside `capture`'s make_step)."""
     if self.precision == FLOAT16 and self.workdir is None: self.workdir = tempfile.mkdtemp(prefix="compile-float16-")
     return onnx_runner(path, self.precision or FLOAT32, self.workdir or "")
@@ -71,12 +78,11 @@ class BundleCompile:
     """The build flags this compile sets itself: BEAM, and FLOAT16 when it has a precision."""
     return {"BEAM": self.level} | ({"FLOAT16": int(self.precision == FLOAT16)} if self.precision else {})
 
-  def random_inputs(self, specs: dict[str, tuple[tuple, Any]]) -> dict[str, Any]:
+  def random_inputs(self, specs: Specs) -> dict[str, Tensor]:
     """Fresh realized tensors for specs {name: (shape, numpy dtype)} on the compile's device."""
-    from tinygrad import Tensor
     return {k: Tensor(random_value(self.rng, shape, dtype), device=self.device).realize() for k, (shape, dtype) in specs.items()}
 
-  def capture(self, make_step: Callable[[], Callable], make_inputs: Callable[[], dict[str, Any]], fuse_layers: bool, log: Callable[[str], None]):
+  def capture(self, make_step: Callable[[], Callable], make_inputs: Callable[[], JitInputs], fuse_layers: bool, log: Callable[[str], None]) -> Captured:
     """capture.capture_part of the step `make_step()` builds (its ONNX runners load their weights inside the compile session: into host-backed
     buffers on NULL). `fuse_layers`: no realize point per layer (see layer_boundaries); a step without ONNX runners has no layers."""
     from sunnypilot.modeld_v2.compile.capture import capture_part, compile_session
@@ -91,13 +97,13 @@ class BundleCompile:
       if self.workdir is not None: shutil.rmtree(self.workdir, ignore_errors=True)
       self.workdir = None
 
-  def write(self, part: tuple[Part, bytes], input_specs: dict[str, tuple[tuple, Any]], output_specs: dict[str, tuple[tuple, Any]], metadata: dict) -> dict:
+  def write(self, part: tuple[Part | PartJSON, bytes], input_specs: Specs, output_specs: Specs, metadata: Metadata) -> dict:
     """Write the bundle of one part `run` with its specs {name: (shape, numpy dtype)} and metadata; a summary of it."""
     specs = lambda s: {k: (list(shape), np.dtype(dtype).str, self.device) for k, (shape, dtype) in s.items()}
     metadata = metadata | ({"precision": self.precision} if self.precision not in ("", FLOAT32) else {})
     size = write_bundle(self.output, {"run": part}, {"input_specs": specs(input_specs), "output_specs": specs(output_specs), "metadata": metadata},
                         flags=self.flags)
-    record = part[0]
+    record = Part.of(*part)
     return {"output": self.output, "kernels": sum(c.kind == "program" for c in record.calls), "calls": len(record.calls),
             "programs": len(record.programs), "onetime": len(record.onetime_calls),
             "weight_bytes": sum(b.init[1] - b.init[0] for b in record.buffers if b.init is not None), "bytes": size,

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,8 +25,13 @@ from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile.compile_job import BundleCompile, add_compile_flags
-from sunnypilot.modeld_v2.compile.onnx_model import ModelError, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
+from sunnypilot.modeld_v2.compile.onnx_model import ModelError, Spec, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
+from sunnypilot.modeld_v2.compile.precision import OnnxRun
 from sunnypilot.modeld_v2.format.part import dtype_name, np_dtype
+
+if TYPE_CHECKING:
+  from onnx import ModelProto
+  from tinygrad import Tensor
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +41,10 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     raise ModelError(f"--shape takes name=AxBxC with sizes of at least 1 (e.g. input=1x3x224x224), got {text!r}")
   return m[1], tuple(int(d) for d in m[2].split("x"))
 
-def plan_inputs(path: str, shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[Any, dict[str, tuple[tuple[int, ...], np.dtype]]]:
+def plan_inputs(path: str, shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[ModelProto, dict[str, Spec]]:
   """The ONNX model and its inputs {name: (shape, numpy dtype)}, every dimension fixed: by the ONNX, or by `shapes` (which must agree with
   the ONNX's fixed dimensions). Outputs need no declared shape: the capture finds them."""
-  model, shapes, inputs = read_onnx(path), shapes or {}, {}
+  model, shapes, inputs = read_onnx(path), shapes or {}, dict[str, Spec]()
   if unknown := sorted(set(shapes) - {v.name for v in graph_inputs(model)}):
     raise ModelError(f"{path}: --shape names {unknown}, which are not inputs of the model (inputs: {sorted(v.name for v in graph_inputs(model))})")
   for v in graph_inputs(model):
@@ -53,19 +58,19 @@ def plan_inputs(path: str, shapes: dict[str, tuple[int, ...]] | None = None) -> 
       raise ModelError(f"{path}: input {v.name} has a dynamic shape {_dims_text(dims)} (dimension{'s' * (len(dynamic) > 1)} "
                        f"{', '.join(map(str, dynamic))}): "
                        f"fix it with --shape {v.name}={'x'.join(str(d) if isinstance(d, int) else 'N' for d in dims)}")
-    inputs[v.name] = (tuple(dims), onnx_np_dtype(v))
+    inputs[v.name] = (tuple(int(d) for d in dims), onnx_np_dtype(v))  # every dimension fixed: ints
   return model, inputs
 
 def _dims_text(dims: tuple) -> str: return "(" + ", ".join(map(str, dims)) + ")"
 
-def fresh(t: Any) -> Any:
+def fresh(t: Tensor) -> Tensor:
   """An output as a buffer of its own, written by the captured kernels: a graph output that is an input, a view of one, or a constant
   realized before the capture would otherwise be no kernel at all, or the caller's own buffer."""
   return t.clone() if t.uop.base.is_realized else t.contiguous()
 
-def make_step(runner: Any, outputs: list[str]) -> Callable[..., dict[str, Any]]:
+def make_step(runner: OnnxRun, outputs: list[str]) -> Callable[..., dict[str, Tensor]]:
   """The function TinyJit captures: the ONNX inputs by name in, {output name: tensor} out."""
-  def step(**inputs):
+  def step(**inputs: Tensor) -> dict[str, Tensor]:
     out = runner(inputs)
     return {name: fresh(out[name]) for name in outputs}
   return step
@@ -85,6 +90,7 @@ def compile_onnx(output: str, onnx: str, shapes: dict[str, tuple[int, ...]] | No
     raise ModelError(f"{onnx}: tinygrad cannot run this model: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
   metadata = {"kind": "onnx", "source": os.path.basename(onnx), "layer_boundaries": not fuse_layers,
               "onnx_metadata": {p.key: p.value for p in model.metadata_props}}
+  assert jit.captured is not None, "job.capture captured it"
   returned = {k: (t.shape, np_dtype(dtype_name(t.dtype))) for k, t in jit.captured.ret.items()}
   summary = job.write(part, specs, returned, metadata) | {"jit": jit, "part": part}
   log(f"wrote {output}: {summary['kernels']} kernels per call (+{summary['onetime']} once at load), {summary['weight_bytes'] / 1e6:.2f} MB weights, "

@@ -19,13 +19,17 @@ InputQueues.step builds one frame's graph in this order.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from sunnypilot.modeld_v2.model.generations import Rules
+
+if TYPE_CHECKING:
+  from tinygrad import Tensor
 
 FRAME_PLANES = 6  # uint8 planes of one warped camera frame
 POLICY_INPUTS = ("img_q", "big_img_q", "desire_q", "feat_q", "curv_q")  # the queue states a queued bundle may keep, in this order
@@ -42,7 +46,7 @@ class Queue(NamedTuple):
   """One queue state: the ONNX input it feeds, and its shape and dtype in the bundle."""
   feeds: str
   shape: tuple[int, ...]
-  dtype: Any
+  dtype: npt.DTypeLike
 
 def is_history(shape: tuple[int, ...]) -> bool:
   """(1, L, N) with L > 1: a time series (sunnypilot's test for a temporal input)."""
@@ -58,14 +62,14 @@ def queue_role(name: str, shape: tuple[int, ...]) -> str | None:
   if name.startswith("prev_desired_curv"): return CURVATURE
   return None
 
-def check_frame_skip(value: Any, source: str) -> int:
+def check_frame_skip(value: str | int | float, source: str) -> int:
   """The one frame_skip rule: an integer of at least 1."""
   try: frame_skip = int(value)
   except (TypeError, ValueError): raise QueueError(f"{source} must be an integer, got {value!r}") from None
   if isinstance(value, float | bool) or frame_skip < 1: raise QueueError(f"{source} must be an integer of at least 1, got {value!r}")
   return frame_skip
 
-def derive_frame_skip(metadata: dict[str, str], input_shapes: dict[str, tuple]) -> int:
+def derive_frame_skip(metadata: Mapping[str, str | int], input_shapes: Mapping[str, tuple[int, ...]]) -> int:
   """The ONNX's own `frame_skip` if it says, else 1 when features_buffer holds a full-rate history (>= 99 entries), else 4."""
   if "frame_skip" in metadata: return check_frame_skip(metadata["frame_skip"], "frame_skip metadata")
   features = input_shapes.get("features_buffer")
@@ -74,7 +78,7 @@ def derive_frame_skip(metadata: dict[str, str], input_shapes: dict[str, tuple]) 
 def make_supercombo_input_queues(input_shapes: dict[str, tuple], frame_skip: int) -> dict[str, Queue]:
   """The queue states of a queued model's inputs {name: shape}: {state name: Queue}, in POLICY_INPUTS order."""
   check_frame_skip(frame_skip, "frame_skip")
-  queues = {}
+  queues: dict[str, Queue] = {}
   for name, shape in input_shapes.items():
     if (role := queue_role(name, shape)) is None: continue
     if (state := QUEUE_OF[role]) in queues: raise QueueError(f"two inputs are the {role.replace('_', ' ')}: {queues[state].feeds} and {name}")
@@ -90,21 +94,20 @@ def make_split_input_queues(vision_shapes: dict[str, tuple], policy_shapes: dict
 
 # *** in the graph ***
 
-def push(queue, item):
+def push(queue: Tensor, item: Tensor) -> Tensor:
   """Drop the oldest entry, append the newest."""
-  from tinygrad import Tensor
-  return Tensor.cat(queue[1:], item, dim=0)
+  return queue[1:].cat(item, dim=0)
 
-def every(queue, frame_skip: int):
+def every(queue: Tensor, frame_skip: int) -> Tensor:
   """Every frame_skip-th entry, the newest last, as one batch: (frame_skip*(L-1)+1, N) -> (1, L, N)."""
   return queue[::frame_skip].unsqueeze(0)
 
-def planes(queue, frame_skip: int):
+def planes(queue: Tensor, frame_skip: int) -> Tensor:
   """Every frame_skip-th frame of an image queue stacked on channels: (frame_skip*(n-1)+1, 6, H, W) -> (1, n*6, H, W)."""
   frames = queue[::frame_skip]
   return frames.reshape(1, frames.shape[0] * frames.shape[1], *frames.shape[2:])
 
-def pooled(queue, frame_skip: int):
+def pooled(queue: Tensor, frame_skip: int) -> Tensor:
   """The max of each frame_skip window of a desire queue: (frame_skip*L, D) -> (1, L, D)."""
   return queue.reshape(queue.shape[0] // frame_skip, frame_skip, -1).max(axis=1).unsqueeze(0)
 
@@ -122,7 +125,8 @@ class InputQueues:
     """The queues a prepare-only frame leaves as they were: all but the images, and the desire where the generation pushes it then."""
     return {"feat_q", "curv_q"} | (set() if self.rules.prepare_pushes_desire else {"desire_q"})
 
-  def step(self, state: dict[str, Any], new_img: Any, prepare_only: Any, values: dict[str, Any], runs: list[Callable[[dict], Any]]) -> tuple[Any, dict]:
+  def step(self, state: dict[str, Tensor], new_img: Tensor, prepare_only: Tensor, values: dict[str, Tensor],
+           runs: Sequence[Callable[[dict[str, Tensor]], Tensor]]) -> tuple[Tensor, dict[str, Tensor]]:
     """One frame in the graph. `state`: {state name: queue}; `values`: the host inputs and `desire` by name; `runs`: each model's run on
     its input values by ONNX name, in order (the first makes the features). Returns the outputs (the models' concatenated) and the next
     states {state name: queue}."""

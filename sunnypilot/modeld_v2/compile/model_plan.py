@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from sunnypilot.modeld_v2.compile.input_queues import (
   CURVATURE,
@@ -30,7 +31,7 @@ from sunnypilot.modeld_v2.compile.input_queues import (
   make_supercombo_input_queues,
   queue_role,
 )
-from sunnypilot.modeld_v2.compile.onnx_model import ModelError, load_onnx, main_output, merge_slices, model_slices
+from sunnypilot.modeld_v2.compile.onnx_model import ModelError, OnnxInfo, load_onnx, main_output, merge_slices, model_slices
 from sunnypilot.modeld_v2.format.bundle import check_output_slices, next_name, state_names, unpaired_state_outputs
 from sunnypilot.modeld_v2.model.generations import GENERATIONS, GenerationError, derive
 from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import check_dm_heads
@@ -50,7 +51,7 @@ RULES = ("images have 'img' in their name and shape (1, 6n, H, W), 'big' for the
 
 # *** roles ***
 
-def _native_roles(path: str, info: dict) -> dict[str, str]:
+def _native_roles(path: str, info: OnnxInfo) -> dict[str, str]:
   """new_img is the frames, X with an output next_X a state, anything else a host input; a next_X with no X is half a state pair."""
   inputs, outputs = info["inputs"], info["outputs"]
   if orphans := unpaired_state_outputs(inputs, outputs):
@@ -62,7 +63,7 @@ def _native_roles(path: str, info: dict) -> dict[str, str]:
       raise ModelError(f"{path}: state {name} {inputs[name]} and {next_name(name)} {outputs[next_name(name)]} differ in shape or dtype")
   return {name: FRAMES if name in (NATIVE_FRAMES, DM_FRAMES) else STATE if name in states else HOST for name in inputs}
 
-def _queued_roles(path: str, info: dict) -> dict[str, str]:
+def _queued_roles(path: str, info: OnnxInfo) -> dict[str, str]:
   roles = {}
   for name, (shape, _) in info["inputs"].items():
     role = queue_role(name, shape)
@@ -72,17 +73,19 @@ def _queued_roles(path: str, info: dict) -> dict[str, str]:
 
 # *** the plan: everything about a model but its weights ***
 
+PlanSpecs = dict[str, tuple[tuple[int, ...], npt.DTypeLike]]  # a bundle's inputs or outputs as a plan declares them: {name: (shape, numpy dtype)}
+
 @dataclass(frozen=True)
 class Plan:
   """A model's plan, for every layout. A native model's states are inputs with the role STATE; a queued model's plan is a QueuedPlan."""
   layout: str
   paths: dict[str, str]  # model ("model", or "vision", "policy", "off_policy", "on_policy") -> ONNX path
   roles: dict[str, dict[str, str]]  # model -> {ONNX input: role}
-  dtypes: dict[str, dict[str, Any]]  # model -> {ONNX input: numpy dtype}
+  dtypes: dict[str, dict[str, np.dtype]]  # model -> {ONNX input: numpy dtype}
   outputs: dict[str, str]  # model -> the output read
   slices: dict[str, list[int]]  # the bundle's output slices
-  specs: dict[str, tuple[tuple, Any]]  # the bundle's inputs {name: (shape, numpy dtype)}
-  out_specs: dict[str, tuple[tuple, Any]]
+  specs: PlanSpecs  # the bundle's inputs {name: (shape, numpy dtype)}
+  out_specs: PlanSpecs
   input_roles: dict[str, str]  # bundle input -> FRAMES, DESIRE, HOST, STATE, QUEUE or GATE
   metadata: dict[str, str]  # the ONNX metadata_props, merged
   input_shapes: dict[str, tuple]  # every ONNX input
@@ -116,7 +119,7 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
   widths = {k: infos[k]["outputs"][outputs[k]][0][-1] for k in infos}
   heads = check_dm_heads if layout == DMONITORING else check_head_sizes
   for k in infos:  # the loader's own check of a bundle's output_slices, per file: a head a daemon cannot parse fails here, not in the car
-    try: check_output_slices(own_slices[k], widths[k]), heads(own_slices[k])
+    try: check_output_slices(own_slices[k], widths[k]); heads(own_slices[k])
     except ValueError as e: raise ModelError(f"{paths[k]}: output_slices: {e}") from None
   slices = merge_slices({k: (own_slices[k], widths[k]) for k in infos})
   dtypes = {k: {n: d for n, (_, d) in info["inputs"].items()} for k, info in infos.items()}
@@ -135,17 +138,17 @@ def plan_model(onnx: str | None = None, vision: str | None = None, policy: str |
     return _plan_queued(infos, own_slices, frame_skip, **common)
   except QueueError as e: raise ModelError(f"{', '.join(paths.values())}: {e}") from None
 
-def _plan_native(infos: dict, **common) -> Plan:
+def _plan_native(infos: dict[str, OnnxInfo], **common: Any) -> Plan:
   (path,), info = common["paths"].values(), infos["model"]
   if "outputs" not in info["outputs"]:  # the fused part and the daemons read `outputs`; states are the other outputs
     raise ModelError(f"{path}: a {common['layout']} model's output vector must be named 'outputs' (it has {sorted(info['outputs'])})")
   roles = _native_roles(path, info)
   states = {next_name(n): n for n, role in roles.items() if role == STATE}
-  specs = {n: (s, np.uint8 if roles[n] == FRAMES else d if roles[n] == STATE else np.float32) for n, (s, d) in info["inputs"].items()}
-  out_specs = {n: (s, d if n in states else np.float32) for n, (s, d) in info["outputs"].items()}
+  specs: PlanSpecs = {n: (s, np.uint8 if roles[n] == FRAMES else d if roles[n] == STATE else np.float32) for n, (s, d) in info["inputs"].items()}
+  out_specs: PlanSpecs = {n: (s, d if n in states else np.float32) for n, (s, d) in info["outputs"].items()}
   return Plan(roles={"model": roles}, specs=specs, out_specs=out_specs, input_roles=roles, **common)
 
-def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common) -> QueuedPlan:
+def _plan_queued(infos: dict[str, OnnxInfo], own_slices: dict[str, dict[str, list[int]]], frame_skip: int | None, **common: Any) -> QueuedPlan:
   paths, slices = common["paths"], common["slices"]
   roles, shapes = {k: _queued_roles(paths[k], info) for k, info in infos.items()}, common["input_shapes"]
   found = {role: name for model_roles in roles.values() for name, role in model_roles.items() if role != HOST}
@@ -162,7 +165,7 @@ def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common
   feedback = _feedback(paths[first], own_slices[first], slices, found, shapes)
   host = {name: shapes[name] for model_roles in roles.values() for name, role in model_roles.items() if role == HOST}
   _, planes_h, planes_w = queues["img_q"].shape[1:]
-  specs: dict[str, tuple[tuple, Any]] = {"new_img": ((2, FRAME_PLANES, planes_h, planes_w), np.uint8)}
+  specs: PlanSpecs = {"new_img": ((2, FRAME_PLANES, planes_h, planes_w), np.uint8)}
   if "desire_q" in queues: specs["desire"] = ((1, queues["desire_q"].shape[1]), np.float32)
   if clash := sorted(set(host) & (set(specs) | set(queues) | {PREPARE_ONLY})): raise ModelError(f"host inputs {clash} clash with the bundle's own inputs")
   specs |= {name: (shape, np.float32) for name, shape in host.items()} | {PREPARE_ONLY: ((1, 1), np.float32)} | \
@@ -174,7 +177,7 @@ def _plan_queued(infos: dict, own_slices: dict, frame_skip: int | None, **common
   return QueuedPlan(roles=roles, specs=specs, out_specs=out_specs, input_roles=input_roles, **common,
                     queues=InputQueues(queues, frame_skip, feedback, GENERATIONS[common["generation"]]))
 
-def _frame_skip(paths: dict[str, str], infos: dict, shapes: dict[str, tuple]) -> int:
+def _frame_skip(paths: dict[str, str], infos: dict[str, OnnxInfo], shapes: dict[str, tuple]) -> int:
   """The models' own frame_skip (they must agree), else the rule of derive_frame_skip."""
   said = {paths[k]: check_frame_skip(info["metadata"]["frame_skip"], f"{paths[k]}: frame_skip metadata")
           for k, info in infos.items() if "frame_skip" in info["metadata"]}

@@ -16,7 +16,7 @@ plan's positions (its picked hypothesis), the values derived from them (plan_t, 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
@@ -37,7 +37,7 @@ def safe_exp(x: Tensor, clip: float = EXP_CLIP) -> Tensor:
   x = x.minimum(clip)
   n = (x * (1 / math.log(2)) + 0.5).floor()
   r = (x - n * LN2_HI) - n * LN2_LO
-  poly = TAYLOR[-1]
+  poly: Tensor | float = TAYLOR[-1]
   for c in reversed(TAYLOR[:-1]): poly = poly * r + c
   scale = ((n.maximum(EXP_MIN / math.log(2) - 1).cast(dtypes.int32) + 127) * (1 << 23)).bitcast(dtypes.float32)
   return (x < EXP_MIN).where(0.0, poly * scale)
@@ -48,9 +48,11 @@ def last_argmax(logits: list[Tensor]) -> Tensor:
   """Per element, the index of the largest of `logits`, the last of equal ones (openpilot's descending sort of the softmax weights,
   stable): elementwise over the few hypotheses."""
   assert len(logits) > 1, "one hypothesis has nothing to pick"
-  best, pick = logits[0], 0
+  best = logits[0]
+  pick: Tensor | int = 0
   for h, logit in enumerate(logits[1:], start=1):
     pick, best = (logit >= best).where(h, pick), best.maximum(logit)
+  assert isinstance(pick, Tensor)
   return pick
 
 def plan_t(px: Tensor) -> Tensor:
@@ -60,10 +62,13 @@ def plan_t(px: Tensor) -> Tensor:
   p t[k+1] + (1 - p) t[k]."""
   x, before = Tensor(np.array(X_IDXS, np.float32)), Tensor(np.array([-math.inf, *X_IDXS[:-1]], np.float32))
   points = [px[j:j + 1] for j in range(IDX_N)]
-  k, x0, x1 = IDX_N - 1, 0.0, 0.0  # k = IDX_N - 1: no plan point reaches the distance
+  k: Tensor | int = IDX_N - 1  # no plan point reaches the distance
+  x0: Tensor | float = 0.0
+  x1: Tensor | float = 0.0
   for j in reversed(range(1, IDX_N)):  # the first successor that reaches it wins
     reaches = points[j] >= x
     k, x0, x1 = reaches.where(j - 1, k), reaches.where(points[j - 1], x0), reaches.where(points[j], x1)
+  assert isinstance(k, Tensor) and isinstance(x0, Tensor) and isinstance(x1, Tensor), "a plan of more than one point"
   # differences of halves: exactly the halved differences, which for plan points near float32's limit stay finite, as openpilot's in float64
   step, span = T_IDXS[-1] / (IDX_N - 1) ** 2, x1 * 0.5 - x0 * 0.5
   inside = (span.abs() > 0.5e-9).where(k * k * step + (x * 0.5 - x0 * 0.5) / span * ((2 * k + 1) * step), math.nan)
@@ -75,7 +80,7 @@ def plan_t(px: Tensor) -> Tensor:
 def poly_path(position: Tensor, wide: DType | None = None) -> Tensor:
   """The plan's (33, 3) position as degree-4 polynomials of time (the host's POLY_FIT product, unrolled), in `wide`: by default float64
   where the device has it (not QCOM), as float32 rounds a near-zero coefficient's sum of large terms far from the host's float64."""
-  if wide is None: wide = dtypes.float64 if dtypes.float64 in Device[position.device].renderer.supported_dtypes() else dtypes.float32
+  if wide is None: wide = dtypes.float64 if dtypes.float64 in Device[str(position.device)].renderer.supported_dtypes() else dtypes.float32
   weights, position = Tensor(POLY_FIT.astype(wide.fmt)), position.cast(wide)
   total = weights[:, 0:1] * position[0:1]
   for k in range(1, IDX_N): total = total + weights[:, k:k + 1] * position[k:k + 1]
@@ -103,7 +108,7 @@ class _Sources:
             if part.start <= s < part.stop:  # hypothesis 0's row; the picked one is `stride` on per hypothesis
               selection, col = divmod(s - part.start, h.rows.shape[1])
               self.index[i], self.stride[i], self.hypotheses[i], self.logit[i] = h.rows[0, col] + shift, h.stride, len(h.rows), h.logits[0, selection]
-        if plus is not None and plan.start <= s < plan.stop: self.plus[i] = parser.gather[plus.start + s - plan.start]
+        if plus is not None and plan is not None and plan.start <= s < plan.stop: self.plus[i] = parser.gather[plus.start + s - plan.start]
     self.max_hypotheses = max([len(h.rows) for h in parser.hypotheses], default=1)
 
   def derive(self, vec: Tensor) -> Tensor:
@@ -125,7 +130,7 @@ class _Sources:
 
   def block(self, vec: Tensor) -> Tensor:
     """Each float from its output (its picked hypothesis' row, computed here per float), its softmax row, or a derived value."""
-    const, last = Tensor, vec.numel() - 1
+    const, last = Tensor, int(vec.numel()) - 1
     kind, index = const(self.kind), const(self.index)
     raw = vec[index]
     if self.max_hypotheses > 1:  # the picked hypothesis' row, at fixed indices per hypothesis (a computed index costs a kernel of its own)
@@ -140,10 +145,11 @@ class _Sources:
     if (self.kind == SOFTMAX).any():  # 1 / sum_k exp(x_k - x), clipped where the value is under 1e-38 anyway
       row = [finite(vec[const(np.minimum(self.row + k, last))]) for k in range(DESIRE_LEN)]
       total = sum(safe_exp(x - raw, clip=88.0) for x in row)
+      assert isinstance(total, Tensor)
       value = (kind == SOFTMAX).where(total.reciprocal(), value)
     if (self.kind == DERIVED).any(): value = (kind == DERIVED).where(self.derive(vec)[const(self.derived)], value)
     return value
 
-def message_floats(outputs: Tensor, slices: dict[str, Sequence[int]], layout: FloatLayout) -> Tensor:
+def message_floats(outputs: Tensor, slices: Mapping[str, Sequence[int]], layout: FloatLayout) -> Tensor:
   """The float block of `layout` (published_floats.trace of these `slices`) from the model's (1, N) float32 outputs."""
   return _Sources(OutputParser(slices), layout.sources).block(outputs.reshape(-1))

@@ -13,15 +13,22 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-from tinygrad import dtypes
+import numpy.typing as npt
+from tinygrad import Tensor, dtypes
 from tinygrad.dtype import to_dtype
 from tinygrad.helpers import FLOAT16 as FLOAT16_FLAG
 from tinygrad.nn.onnx import OnnxRunner
 
 from sunnypilot.modeld_v2.format.bundle import PRECISIONS
+
+if TYPE_CHECKING:  # onnx is an optional extra, imported where a model is read
+  from onnx import GraphProto, ModelProto, TensorProto, ValueInfoProto
+
+OnnxRun = Callable[[dict[str, Tensor]], dict[str, Tensor]]  # an ONNX model in the graph: {input name: Tensor} -> {output name: Tensor}
 
 FLOAT32, FLOAT16 = PRECISIONS
 HALF_MAX = 65504.0  # the largest finite float16: a weight beyond it is clipped, not made infinite
@@ -36,7 +43,7 @@ def check_precision(precision: str) -> str:
   if precision not in PRECISIONS: raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
   return precision
 
-def as_dtype(t: Any, dtype: Any) -> Any:
+def as_dtype(t: Tensor, dtype: npt.DTypeLike) -> Tensor:
   """`t` in a numpy dtype's tinygrad equivalent, cast in the graph only if it differs."""
   target = to_dtype(np.dtype(dtype).name)
   if t.dtype == target: return t
@@ -45,7 +52,7 @@ def as_dtype(t: Any, dtype: Any) -> Any:
 
 # *** the ONNX in half ***
 
-def to_float16(model: Any) -> Any:
+def to_float16(model: ModelProto) -> ModelProto:
   """A copy of an ONNX ModelProto that computes in float16 (subgraphs too); metadata, names and shapes unchanged."""
   import onnx
   half = onnx.ModelProto()
@@ -57,11 +64,11 @@ def _floats() -> tuple[int, ...]:
   from onnx import TensorProto
   return (TensorProto.FLOAT, TensorProto.DOUBLE)
 
-def _half_tensor(t: Any) -> Any:
+def _half_tensor(t: TensorProto) -> TensorProto:
   from onnx import numpy_helper
   return numpy_helper.from_array(np.clip(numpy_helper.to_array(t), -HALF_MAX, HALF_MAX).astype(np.float16), t.name)
 
-def _graph_to_float16(g: Any) -> None:
+def _graph_to_float16(g: GraphProto) -> None:
   from onnx import AttributeProto, TensorProto, helper
   floats = _floats()
   keep = {n.input[i] for n in g.node for i in FLOAT32_INPUTS.get(n.op_type, ()) if i < len(n.input)}
@@ -87,7 +94,7 @@ def write_float16(path: str, out: str) -> str:
   onnx.save(to_float16(onnx.load(path)), out)
   return out
 
-def declared_dtypes(values: Any) -> dict[str, np.dtype]:
+def declared_dtypes(values: Iterable[ValueInfoProto]) -> dict[str, np.dtype]:
   from onnx import helper
   return {v.name: np.dtype(helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)) for v in values}
 
@@ -103,11 +110,11 @@ class HalfRunner:
     self.output_dtypes = declared_dtypes(original.graph.output)
     self.runner = OnnxRunner(half_path)
 
-  def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+  def __call__(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     out = self.runner({k: as_dtype(v, self.input_dtypes[k]) if k in self.input_dtypes else v for k, v in inputs.items()})
     return {k: as_dtype(v, self.output_dtypes[k]) if k in self.output_dtypes else v for k, v in out.items()}
 
-def onnx_runner(path: str, precision: str, workdir: str) -> Any:
+def onnx_runner(path: str, precision: str, workdir: str) -> OnnxRun:
   """What runs the ONNX at `path` in a compile: tinygrad's OnnxRunner (float32), or a HalfRunner on its float16 copy written in `workdir`
   (which must outlive the capture: the runner reads its weights from that file when it first runs)."""
   if check_precision(precision) == FLOAT32: return OnnxRunner(path)
