@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sunnypilot.modeld_v2.format.bundle import check_output_slices, register_metadata_check
+from sunnypilot.modeld_v2.format.bundle import ExtrasJSON, Metadata, check_output_slices, register_metadata_check
 from sunnypilot.modeld_v2.format.part import expect, ints
 from sunnypilot.modeld_v2.format.warp_inputs import DRIVER_FRAMES, PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, parse_frame, parse_size
@@ -12,7 +12,7 @@ from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import check_dm_heads
 from sunnypilot.modeld_v2.model.parse_model_outputs import check_head_sizes
 from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, check_recorded
 
-def warp_geometry(meta: dict) -> tuple[NV12Frame, tuple[int, int]]:
+def warp_geometry(meta: Metadata) -> tuple[NV12Frame, tuple[int, int]]:
   """A warp's frame, a camera layout, and its model size, even and positive."""
   frame_spec, size = expect(meta.get("frame"), str, "warp frame"), ints(meta.get("model_size"), "warp model_size")
   try: frame = parse_frame(frame_spec)
@@ -20,7 +20,7 @@ def warp_geometry(meta: dict) -> tuple[NV12Frame, tuple[int, int]]:
   try: return frame, parse_size("x".join(map(str, size)))
   except ValueError as e: raise ValueError(f"warp model_size: {e}") from None
 
-def check_warp(extras: dict) -> None:
+def check_warp(extras: ExtrasJSON) -> None:
   """A warp's geometry (warp_geometry) and frame inputs that hold its frame (what compile_warp declares)."""
   meta, inputs = extras["metadata"], extras.get("input_specs", {})
   frame, _ = warp_geometry(meta)
@@ -29,7 +29,7 @@ def check_warp(extras: dict) -> None:
   if (got := {name: inputs[name][0] if name in inputs else None for name in frames}) != frames:
     raise ValueError(f"the warp's frame inputs {got} do not hold {frame.spec} frames")
 
-def check_model(extras: dict) -> None:
+def check_model(extras: ExtrasJSON) -> None:
   """A model's output_slices name each openpilot head with a size openpilot's parse reads; the float block its graph parses into, where it
   has one, is a layout its output holds."""
   if "output_slices" in (meta := extras["metadata"]):
@@ -37,7 +37,7 @@ def check_model(extras: dict) -> None:
     except ValueError as e: raise ValueError(f"output_slices: {e}") from None
   if meta.get(FLOAT_BLOCK) is not None: check_recorded(meta[FLOAT_BLOCK], extras.get("output_specs", {}).get(FLOAT_BLOCK, [None])[0])
 
-def check_dm_warp(extras: dict) -> None:
+def check_dm_warp(extras: ExtrasJSON) -> None:
   """A driver-monitoring warp (compile_dm_warp): its geometry, a border fill (a pixel value, or null: clamped), one frame input that holds
   its frame, a (3, 3) transform, and the model input it makes, (1, W*H)."""
   meta, inputs, outputs = extras["metadata"], extras.get("input_specs", {}), extras.get("output_specs", {})
@@ -49,14 +49,14 @@ def check_dm_warp(extras: dict) -> None:
     raise ValueError(f"the driver-monitoring warp's inputs {got} are not {want} ({frame.spec} frames)")
   if (made := outputs.get("warped", [None])[0]) != [1, w * h]: raise ValueError(f"the driver-monitoring warp makes {made}, not [1, {w * h}] ({w}x{h})")
 
-def check_dmonitoring_model(extras: dict) -> None:
+def check_dmonitoring_model(extras: ExtrasJSON) -> None:
   """A driver-monitoring model (compile_modeld of openpilot's DM ONNX): output_slices into its `outputs`, with every head of one of
   openpilot's layouts as long as the parse reads it."""
   meta = extras["metadata"]
   if "output_slices" not in meta: raise ValueError("a driver-monitoring model needs output_slices: the heads dmonitoringmodeld parses")
   outputs = extras.get("output_specs", {}).get("outputs")
   if outputs is None or not outputs[0]: raise ValueError("a driver-monitoring model needs an `outputs` output spec")
-  try: check_output_slices(meta["output_slices"], int(np.prod(outputs[0], dtype=object))), check_dm_heads(meta["output_slices"])
+  try: check_output_slices(meta["output_slices"], int(np.prod(outputs[0], dtype=object))); check_dm_heads(meta["output_slices"])
   except ValueError as e: raise ValueError(f"output_slices: {e}") from None
 
 def register() -> None:

@@ -23,6 +23,7 @@ A bundle is reused only when it records the same sources (each ONNX's sha256, wh
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -67,7 +68,7 @@ def why_rebuild(path: str, want: dict[str, Any]) -> str | None:
   short = lambda v: {k: x[:12] for k, x in v.items()} if isinstance(v, dict) else v[:12] if isinstance(v, str) and len(v) == 64 else v  # sha256s
   return next((f"it records {k} {short(have[k])}, this run builds {short(need[k])}" for k in need if have[k] != need[k]), None)
 
-def build_model(bundle: str, sources: dict[str, str], write_stand_in: Callable[[], None] | None, what: str, log) -> None:
+def build_model(bundle: str, sources: dict[str, str], write_stand_in: Callable[[], None] | None, what: str, log: Callable[[str], None]) -> None:
   """`bundle` compiled from `sources` (compile_model's ONNX keywords) for this device unless the one there records the same sources (by
   content) and settings (why_rebuild); `write_stand_in` writes the stand-in `sources` name (None: they are the user's files). A rebuild
   says why in one line."""
@@ -81,9 +82,9 @@ def build_model(bundle: str, sources: dict[str, str], write_stand_in: Callable[[
   if os.path.exists(bundle): log(f"rebuilding {bundle}: {why}")
   if write_stand_in: write_stand_in()
   log(f"compiling the {what} ...")
-  compile_model(bundle, **sources, log=lambda s: log(f"  {s}"))
+  compile_model(bundle, **cast(dict[str, Any], sources), log=lambda s: log(f"  {s}"))  # its ONNX path keywords, nothing else
 
-def build_warp(path: str, want: dict[str, Any], compile_it: Callable[[], Any], what: str, log) -> None:
+def build_warp(path: str, want: dict[str, Any], compile_it: Callable[[], Any], what: str, log: Callable[[str], None]) -> None:
   """The warp at `path` compiled by `compile_it` unless the one there records `want` in its metadata and this run's settings (why_rebuild)."""
   if why := why_rebuild(path, want):
     if os.path.exists(path): log(f"rebuilding {path}: {why}")
@@ -91,7 +92,7 @@ def build_warp(path: str, want: dict[str, Any], compile_it: Callable[[], Any], w
     compile_it()
   else: log(f"reusing {path}")
 
-def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size: str, models: dict[str, str], log) -> str:
+def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size: str, models: dict[str, str], log: Callable[[str], None]) -> str:
   """model.bin (from `models`, compile_model's ONNX keywords, else the generation's stand-in, written beside it) and the camera's
   --split-frames warp in `folder`, each rebuilt only when build_model's and build_warp's rule says so. Returns the warp's path."""
   from sunnypilot.modeld_v2 import compile_warp
@@ -110,7 +111,7 @@ def build_artifacts(folder: str, camera: tuple[int, int], generation: str, size:
              lambda: compile_warp.compile_warp(frame.spec, WARP_TO, warp, split_frames=True), f"the camera warp for {camera[0]}x{camera[1]}", log)
   return warp
 
-def build_dm_artifacts(folder: str, camera: tuple[int, int], size: str, dm_onnx: str | None, log) -> str:
+def build_dm_artifacts(folder: str, camera: tuple[int, int], size: str, dm_onnx: str | None, log: Callable[[str], None]) -> str:
   """dmonitoring_model.bin (from `dm_onnx`, else the driver-monitoring stand-in of `size`, written beside it) and the driver camera's
   dm_warp for `camera` in `folder`, by the same rebuild rule as the driving model's. Returns the ONNX the model is built from."""
   from sunnypilot.modeld_v2 import compile_dm_warp
@@ -212,7 +213,7 @@ def route_cameras(path: str) -> tuple[tuple[int, int], bool]:
   except RouteError as e: raise ValueError(str(e)) from None
   return (segment.frame.width, segment.frame.height), segment.driver_video is not None
 
-def replay_route(args, folder: str, models: dict[str, str], dm_onnx: str | None) -> int:
+def replay_route(args: argparse.Namespace, folder: str, models: dict[str, str], dm_onnx: str | None) -> int:
   """route_replay on args.route with the demo's artifacts, into OUT/demo_replay, checked against the ONNX they were built from (the
   stand-ins' when there; `dm_onnx`: the driver-monitoring model's, when dmonitoringmodeld runs)."""
   from sunnypilot.modeld_v2.replay import route_replay

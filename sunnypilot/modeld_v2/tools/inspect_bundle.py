@@ -16,14 +16,19 @@ import collections
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible, non_negative_int, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError, read_output_slices
-from sunnypilot.modeld_v2.format.bundle import BundleFile
+from sunnypilot.modeld_v2.format.bundle import BundleFile, Metadata
 from sunnypilot.modeld_v2.format.manifest import MANIFEST_NAME, Manifest, read_manifest
+from sunnypilot.modeld_v2.format.part import Part
 from sunnypilot.modeld_v2.format.signature import read_signatures, sig_path
+
+if TYPE_CHECKING:
+  from sunnypilot.modeld_v2.daemon.model_sets import Trust
 
 # line by line, or too long for the metadata line
 LONG_METADATA = ("output_slices", "input_shapes", "output_shapes", "input_roles", "onnx_roles", "message_floats", "onnx_metadata")
@@ -48,16 +53,16 @@ def onnx_metadata_lines(props: dict) -> list[str]:
 def parse_line(floats: dict | None) -> str:
   """Where a model bundle's output parse runs: in its graph (the float block's size per service), or on the host."""
   if not floats: return "on the host (built before the parse was in the graph, or with --host-parse)"
-  per = collections.Counter()
+  per: collections.Counter[str] = collections.Counter()
   for service, _, n in floats["fields"]: per[service] += n
   tail = len(floats["sources"]) - floats["published"]
   return (f"in the graph: message_floats holds {', '.join(f'{s} {n}' for s, n in per.items())} floats"
           + (f", and {tail} the host reads alone" if tail else "") + f" (layout version {floats['version']})")
 
-def precision_line(meta: dict, parts: dict) -> str:
+def precision_line(meta: Metadata, parts: dict[str, Part]) -> str:
   """What a bundle computes in, and the bytes its initial buffers hold per dtype (a float16 model's weights are half)."""
   from sunnypilot.modeld_v2.format.bundle import precision_of
-  held = collections.Counter()
+  held: collections.Counter[str] = collections.Counter()
   for h in parts.values():
     for b in h.buffers:
       if b.init is not None: held[b.dtype.removeprefix("dtypes.")] += b.init[1] - b.init[0]
@@ -86,8 +91,8 @@ def describe(path: str) -> str:
     lines.append(f"  output parse: {parse_line(meta.get('message_floats'))}")
   for model, roles in meta.get("onnx_roles", {}).items(): lines.append(f"  onnx {model}: {', '.join(f'{n} ({r})' for n, r in roles.items())}")
   roles = meta.get("input_roles", {})
-  for kind in ("input_specs", "output_specs"):
-    for name, (shape, dtype, device) in extras.get(kind, {}).items():
+  for kind, specs in (("input_specs", extras.get("input_specs", {})), ("output_specs", extras.get("output_specs", {}))):
+    for name, (shape, dtype, device) in specs.items():
       role = roles.get(name, "") if kind == "input_specs" else ""
       lines.append(f"  {kind[:-6]:6s} {name:24s} {str(tuple(shape)):20s} {dtype} {device:6s} {role}".rstrip())
   lines += [f"  {line}" for line in signature_lines(path)]
@@ -184,7 +189,7 @@ def is_manifest(path: str) -> bool:
     with open_regular(path) as f: return f.read(len(MAGIC)) != MAGIC
   except ArtifactError: return False
 
-def verify_signature(path: str, trust) -> bool:
+def verify_signature(path: str, trust: Trust) -> bool:
   """A PASS or FAIL line: whether a bundle is vouched for as modeld decides it with these keys (model_sets.Trust; its own signature, or
   its folder's signed manifest naming it)."""
   from sunnypilot.modeld_v2.daemon.model_sets import vouch_for
@@ -194,7 +199,7 @@ def verify_signature(path: str, trust) -> bool:
     return False
   return True
 
-def verify_manifest(path: str, trust) -> bool:
+def verify_manifest(path: str, trust: Trust | None) -> bool:
   """PASS or FAIL lines for a set's manifest: its signature with these keys (model_sets.Trust, when given), then its folder holding
   exactly its bundles, each read whole against the content hash it names."""
   from sunnypilot.modeld_v2.tools.sign_bundle import statement

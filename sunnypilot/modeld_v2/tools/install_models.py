@@ -38,7 +38,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from typing import BinaryIO
+from io import BufferedReader
+from typing import BinaryIO, Literal, overload
 
 from sunnypilot.modeld_v2.common.cli import finite_float, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
@@ -84,7 +85,7 @@ class Deadline:
 
   @contextlib.contextmanager
   def armed(self, what: str) -> Iterator[None]:
-    def passed(*_) -> None: raise DeadlinePassed(f"{what}: the install took longer than its deadline of {self}: stopped, nothing of the set kept")
+    def passed(*_: object) -> None: raise DeadlinePassed(f"{what}: the install took longer than its deadline of {self}: stopped, nothing of the set kept")
     if (left := self.start + self.limit() - time.monotonic()) <= 0: passed()
     previous = signal.signal(signal.SIGALRM, passed)
     signal.setitimer(signal.ITIMER_REAL, left)
@@ -105,7 +106,7 @@ class DownloadProgress:
     self.thread.start()
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, *exc: object) -> None:
     self.stop.set()
     self.thread.join()
 
@@ -132,7 +133,7 @@ def sig_source(source: str) -> str:
   url = urllib.parse.urlparse(source)
   return urllib.parse.urlunparse(url._replace(path=sig_path(url.path)))
 
-def open_source(source: str, offset: int = 0) -> tuple[BinaryIO, int | None, bool]:
+def open_source(source: str, offset: int = 0) -> tuple[BufferedReader | http.client.HTTPResponse, int | None, bool]:
   """(stream from `offset`, total bytes if known, whether it resumes at `offset`): a regular file (a FIFO or device is refused: it would
   block or never end), or an HTTP GET with a Range header (a server that ignores it sends the whole file: not resumed). Missing when there
   is nothing at `source`; Resumable for a server error or a connection that fails."""
@@ -152,6 +153,10 @@ def open_source(source: str, offset: int = 0) -> tuple[BinaryIO, int | None, boo
   length = response.headers.get("Content-Length")
   return response, (int(length) + (offset if resumed else 0)) if length is not None else None, resumed
 
+@overload
+def fetch_small(source: str, deadline: Deadline, optional: Literal[False] = False, limit: int = MAX_MANIFEST_BYTES) -> bytes: ...
+@overload
+def fetch_small(source: str, deadline: Deadline, optional: bool, limit: int = MAX_MANIFEST_BYTES) -> bytes | None: ...
 def fetch_small(source: str, deadline: Deadline, optional: bool = False, limit: int = MAX_MANIFEST_BYTES) -> bytes | None:
   """A small file's bytes (the manifest, its signature); None when there is none and it is `optional`, else Missing."""
   with deadline.armed(source):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 import sys
 import zlib
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +53,7 @@ def layout(h2: int, w2: int) -> dict[str, tuple[int, int, int, int]]:
   boxes["size"] = (0, 0, TITLE + 3 * h2 + CAPTION, 4 * w2 + GAP)
   return boxes
 
-def _font(size: int):
+def _font(size: int) -> Any:
   """PIL's default font at `size` pixels (FreeType's when present, else its bitmap font); None without PIL: the strips stay blank."""
   try:
     from PIL import ImageFont
@@ -83,7 +85,7 @@ def labeled_image(planes: np.ndarray, captions: dict[str, str]) -> np.ndarray:
       if plane == "V": draw.line([(c, r - CAPTION), (c, r - 1)], fill=INK)
   return np.asarray(picture)
 
-def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def preview(warp_path: str, output: str, rpy: Sequence[float] = (0.0, 0.0, 0.0), frames: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
   """Warp (road, wide) frames with the calibration's M_inv and write the labeled preview PNG (see `layout`); returns the warped
   (2, 6, H/2, W/2) planes."""
   from tinygrad import Device, Tensor
@@ -99,7 +101,8 @@ def preview(warp_path: str, output: str, rpy=(0.0, 0.0, 0.0), frames: tuple[np.n
   frame = parse_frame(meta["frame"])
   sensor = sensor_for_size(frame.width, frame.height)
   synthetic = frames is None
-  if frames is None: frames = tuple(road_scene(frame, cam.focal_length) for cam in SENSOR_CAMERAS[sensor])
+  road, wide = SENSOR_CAMERAS[sensor]
+  if frames is None: frames = (road_scene(frame, road.focal_length), road_scene(frame, wide.focal_length))
   if short := [f"{name} has {len(f):,} bytes" for name, f in zip(("road", "wide"), frames) if len(f) < frame.size]:
     raise ValueError(f"{', '.join(short)}; the warp reads {frame.size:,}-byte NV12 buffers ({meta['frame']})")
   m_inv = Tensor(warp_matrices(SENSOR_CAMERAS[sensor], rpy), device=Device.DEFAULT).realize()

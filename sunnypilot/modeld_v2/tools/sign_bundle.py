@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from sunnypilot.modeld_v2.common.cli import interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
+
+if TYPE_CHECKING:
+  from sunnypilot.modeld_v2.format.signature import Signed
 
 def role_arg(text: str) -> tuple[str, str]:
   import argparse
@@ -25,7 +29,7 @@ def role_arg(text: str) -> tuple[str, str]:
   if not sep or not name or not role: raise argparse.ArgumentTypeError(f"expected FILE=ROLE, got {text!r}")
   return name, role
 
-def statement(path: str):
+def statement(path: str) -> Signed:
   """What a signature of `path` states, after checking it: a bundle whose content matches its hash, or a manifest whose folder holds
   exactly its bundles, each matching the hash it names."""
   from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular

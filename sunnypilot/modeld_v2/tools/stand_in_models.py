@@ -33,15 +33,20 @@ import base64
 import os
 import pickle
 import sys
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from sunnypilot.modeld_v2.common.cli import interruptible, non_negative_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.model.calibration import DM_INPUT_SIZE
 from sunnypilot.modeld_v2.model.constants import CURRENT_POLICY_SLICES, CURRENT_VISION_SLICES, FEATURE_LEN, POLICY_SLICES, VISION_SLICES, slices_of
 from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import DM_LAYOUTS, DRIVER_SIDES, dm_heads
+
+if TYPE_CHECKING:  # onnx is an optional extra, imported where a stand-in is built
+  from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto
 
 OPSET = 17
 IR_VERSION = 8  # what opset 17 needs; newer onnx writes newer IR versions that older onnxruntimes refuse
@@ -61,10 +66,10 @@ class ModelSpec(NamedTuple):
   """One ONNX of a generation: openpilot's input names and shapes, the dtype of its float inputs, its output heads {name: size}."""
   heads: dict[str, int]
   images: tuple[str, str] | None = None  # road, wide: (1, 12, 128, 256) each
-  image_dtype: Any = np.uint8
+  image_dtype: npt.DTypeLike = np.uint8
   histories: dict[str, tuple[int, int, int]] = {}  # the queued inputs: desire history, features_buffer, prev_desired_curv
-  host: dict[str, tuple[int, ...]] = {}
-  dtype: Any = np.float32  # of the float inputs but the fed-back ones (FED_BACK)
+  host: Mapping[str, tuple[int, ...]] = {}
+  dtype: npt.DTypeLike = np.float32  # of the float inputs but the fed-back ones (FED_BACK)
 
 OLD_IMAGES, IMAGES = ("input_imgs", "big_input_imgs"), ("img", "big_img")
 TRAFFIC, LATERAL, ACTION_T = {"traffic_convention": (1, 2)}, {"lateral_control_params": (1, 2)}, {"action_t": (1, 2)}
@@ -106,14 +111,18 @@ class _Graph:
   def __init__(self, name: str, seed: int):
     from onnx import TensorProto, helper, numpy_helper
     self.helper, self.numpy_helper, self.tp = helper, numpy_helper, TensorProto
-    self.name, self.rng, self.nodes, self.inits, self.inputs, self.outputs, self.count = name, np.random.default_rng(seed), [], [], [], [], 0
+    self.name, self.rng, self.count = name, np.random.default_rng(seed), 0
+    self.nodes: list[NodeProto] = []
+    self.inits: list[TensorProto] = []
+    self.inputs: list[ValueInfoProto] = []
+    self.outputs: list[ValueInfoProto] = []
     self.flops = self.params = 0
 
-  def input(self, name: str, shape: tuple, dtype=np.float32) -> str:
+  def input(self, name: str, shape: tuple, dtype: npt.DTypeLike = np.float32) -> str:
     self.inputs.append(self.helper.make_tensor_value_info(name, self.helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), shape))
     return name
 
-  def floats(self, name: str, shape: tuple, dtype=np.float32) -> str:
+  def floats(self, name: str, shape: tuple, dtype: npt.DTypeLike = np.float32) -> str:
     """A float input of `dtype`, as float32 inside the graph (comma's float16 models cast their inputs the same way)."""
     value = self.input(name, shape, dtype)
     return value if np.dtype(dtype) == np.float32 else self.op("Cast", value, to=self.tp.FLOAT)
@@ -122,7 +131,7 @@ class _Graph:
     self.nodes.append(self.helper.make_node("Identity", [value], [name]))
     self.outputs.append(self.helper.make_tensor_value_info(name, self.tp.FLOAT, shape))
 
-  def const(self, array: np.ndarray, trainable: bool = False) -> str:
+  def const(self, array: np.ndarray | np.generic, trainable: bool = False) -> str:
     self.count += 1
     name = f"{'w' if trainable else 'c'}{self.count}"
     self.inits.append(self.numpy_helper.from_array(np.asarray(array), name))
@@ -132,7 +141,7 @@ class _Graph:
   def weight(self, shape: tuple, fan_in: int) -> str:
     return self.const((self.rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), trainable=True)
 
-  def op(self, op_type: str, *inputs: str, **attrs) -> str:
+  def op(self, op_type: str, *inputs: str, **attrs: Any) -> str:
     self.count += 1
     out = f"{op_type.lower()}{self.count}"
     self.nodes.append(self.helper.make_node(op_type, list(inputs), [out], **attrs))
@@ -155,7 +164,7 @@ class _Graph:
       channels = out_c
     return self.op("Flatten", self.op("GlobalAveragePool", x)), channels
 
-  def model(self, metadata: dict[str, str]):
+  def model(self, metadata: dict[str, str]) -> ModelProto:
     graph = self.helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.inits)
     model = self.helper.make_model(graph, opset_imports=[self.helper.make_opsetid("", OPSET)], producer_name="sunnypilot-modeld-v2 stand-in",
                                    ir_version=IR_VERSION)
@@ -200,7 +209,7 @@ def _context(g: _Graph, features_buffer: str, n_feat: int) -> tuple[str, str]:
               g.const(np.array([1])))
   return last, g.op("ReduceMean", features_buffer, axes=[1], keepdims=0)
 
-def build_native(size: str = "tiny", seed: int = 0, host: dict[str, tuple[int, ...]] = NATIVE_HOST):
+def build_native(size: str = "tiny", seed: int = 0, host: Mapping[str, tuple[int, ...]] = NATIVE_HOST) -> tuple[ModelProto, dict]:
   """The native stand-in: new_img, the `host` inputs (float32) and state_feat_q -> outputs + next_state_feat_q. ModelProto and stats."""
   g, t = _Graph(f"native_{size}_stand_in", seed), NATIVE_HISTORY[size]
   img = g.input("new_img", (2, 6, MODEL_H, MODEL_W), np.uint8)
@@ -218,7 +227,7 @@ def build_native(size: str = "tiny", seed: int = 0, host: dict[str, tuple[int, .
   return g.model({"output_slices": output_slices_prop(sizes), "stand_in": "random weights: outputs mean nothing", "size": size, "generation": "native"}), \
     {"flops": g.flops, "params": g.params}
 
-def build_model(spec: ModelSpec, name: str, size: str = "tiny", seed: int = 0):
+def build_model(spec: ModelSpec, name: str, size: str = "tiny", seed: int = 0) -> tuple[ModelProto, dict]:
   """One model of a queued generation: its images through a conv backbone, its histories and host inputs into a recurrent cell fed by the
   features_buffer (or one tanh layer where it has none), then the heads. ModelProto and stats."""
   g = _Graph(f"{name}_{size}_stand_in", seed)
@@ -227,7 +236,7 @@ def build_model(spec: ModelSpec, name: str, size: str = "tiny", seed: int = 0):
     vis, n_in = _vision(g, size, 12, *(g.input(image, (1, 12, MODEL_H, MODEL_W), spec.image_dtype) for image in spec.images))
     values.append(vis)
   features = None
-  for input_name, shape in (spec.histories | spec.host).items():
+  for input_name, shape in {**spec.histories, **spec.host}.items():
     value = g.floats(input_name, shape, np.float32 if input_name in FED_BACK else spec.dtype)
     if input_name == "features_buffer": features = value
     else: values, n_in = values + [g.op("Flatten", value)], n_in + int(np.prod(shape[1:]))
@@ -245,7 +254,7 @@ def dm_output_sizes(layout: str = "current") -> dict[str, int]:
   heads = dm_heads(layout)
   return {name: n for side in DRIVER_SIDES for name, n in heads.items() if name.endswith(f"_{side}")} | {"wheel_on_right": 1, "features": DM_FEATURE_LEN}
 
-def build_dmonitoring(size: str = "tiny", seed: int = 0, layout: str = "current"):
+def build_dmonitoring(size: str = "tiny", seed: int = 0, layout: str = "current") -> tuple[ModelProto, dict]:
   """The driver-monitoring stand-in: input_img's Y plane through a conv backbone, with calib, into one tanh layer (the features), then the
   heads of `layout` (parse_dmonitoring_outputs.DM_LAYOUTS); outputs is the heads followed by the features, as openpilot's DM model lays
   them out, with output_slices. ModelProto and stats."""
@@ -267,7 +276,7 @@ def files(generation: str, path: str) -> dict[str, str]:
   """{compile_model keyword: path} of the files `write(generation, ..., path)` writes, without writing them."""
   return {key: model_path(path, key) for key in (GENERATIONS[generation] if generation in GENERATIONS else ("onnx",))}
 
-def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple[Any, dict]]:
+def build(generation: str, size: str = "tiny", seed: int = 0) -> dict[str, tuple[ModelProto, dict]]:
   """{compile_model keyword ("onnx", "vision", "policy", "off_policy", "on_policy"): (ModelProto, stats)} of a generation's stand-in."""
   if generation not in NAMES + OTHER_MODELS or size not in BACKBONES:
     raise StandInError(f"generation must be one of {NAMES + OTHER_MODELS} and size {'|'.join(BACKBONES)}, got {generation!r}, {size!r}")
