@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -49,7 +49,8 @@ from sunnypilot.modeld_v2.model.fill_driver_state import driver_state_fields
 from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import DMOutputParser
 
 SERVICE = "driverStateV2"
-SUBSCRIBED = (TOPICS.calibration,)  # by role (daemon/topics.py): extrinsicsCalibration today, liveCalibration before
+# by role (daemon/topics.py): extrinsicsCalibration today, liveCalibration before; never None here (a required topic: no start without it)
+SUBSCRIBED: tuple[str, ...] = (cast(str, TOPICS.calibration),)
 DEVICE_CORE, REALTIME_PRIORITY = 7, 5  # openpilot's dmonitoringmodeld: config_realtime_process(7, 5)
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class DMParse:
 
 class DMonitoringModelD:
   """dmonitoringmodeld's spec (daemon/frame_daemon.DaemonSpec): the driver camera, calib from the bus, driverStateV2 out."""
+  services: tuple[str, ...]
   name, services, subscribed, bundles = "dmonitoringmodeld", (SERVICE,), SUBSCRIBED, DRIVER_MONITORING
   device_core, realtime_priority, last_ran, camera_name = DEVICE_CORE, REALTIME_PRIORITY, LAST_RAN_DM_FILE, "driver camera: "
   fresh, warm_up_runs = "a DM model keeps nothing from one frame to the next", 1

@@ -28,7 +28,7 @@ from sunnypilot.modeld_v2.daemon.model_sets import (
   folder_role,
   open_set,
 )
-from sunnypilot.modeld_v2.format.bundle import BundleFile, check_metadata, check_provenance, read_bundle, read_header
+from sunnypilot.modeld_v2.format.bundle import BundleFile, BundleHead, check_metadata, check_provenance, read_bundle, read_header
 from sunnypilot.modeld_v2.model.calibration import DM_INPUT_SIZE
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, camerad_frame, parse_frame
 from sunnypilot.modeld_v2.runtime.frame_fusion import frames_input
@@ -108,7 +108,7 @@ def warp_bundles(artifacts: str, device: str | None = None, report: Callable[[st
       report(f"skipping {path}: unusable header ({type(e).__name__}: {str(e)[:160]})")
   return out
 
-def model_planes(head: dict) -> list | None:
+def model_planes(head: BundleHead) -> list | None:
   """The shape of a model bundle's frames input (new_img; input_img for driver monitoring) in its header: what a warp must make for it."""
   extras = head["extras"]
   return spec_shape(extras.get("input_specs", {}).get(frames_input(extras.get("metadata", {}))))

@@ -111,7 +111,7 @@ class BusInputs:
     """The calibration's rpyCalib: three finite angles within RPY_LIMITS; else the last good calibration (DEFAULT_RPY before one, and
     `calibrated` stays False: a refused calibration is not one)."""
     topic = TOPICS.calibration
-    if not sm.seen.get(topic) or (rpy := self._floats(sm, topic, "rpyCalib", 4)) is None: return self.rpy  # 4: more than 3 is refused
+    if topic is None or not sm.seen.get(topic) or (rpy := self._floats(sm, topic, "rpyCalib", 4)) is None: return self.rpy  # 4: more than 3 is refused
     good = len(rpy) == 3 and all(math.isfinite(a) and lo <= a <= hi for a, (lo, hi) in zip(rpy, RPY_LIMITS, strict=True))
     if self._checked(f"{topic}.rpyCalib", good, list(rpy), list(self.rpy)): self.rpy, self.calibrated = rpy, True
     return self.rpy
@@ -119,7 +119,7 @@ class BusInputs:
   def camera_height(self, sm: Any) -> float:
     """The calibration's height[0] (metres) within HEIGHT_LIMITS; else the last good one (CALIBRATION_HEIGHT before one)."""
     topic = TOPICS.calibration
-    if not sm.seen.get(topic) or not (heights := self._floats(sm, topic, "height", 1)): return self.height
+    if topic is None or not sm.seen.get(topic) or not (heights := self._floats(sm, topic, "height", 1)): return self.height
     height = heights[0]
     if self._checked(f"{topic}.height", math.isfinite(height) and HEIGHT_LIMITS[0] <= height <= HEIGHT_LIMITS[1], height, self.height):
       self.height = height

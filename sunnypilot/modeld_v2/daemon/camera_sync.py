@@ -180,14 +180,14 @@ class CameraSync(CameraLink):
     if (got := self.recv_from(self.client_main, "main")) is None: return None
     (buf_main, meta_main), skipped = got, 0
     while not self.after(meta_main, self.meta_extra):
-      if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, self.meta_extra)
+      if self.exit.is_set() or skipped == SYNC_MAX_SKIP: self.sync_lost(meta_main, self.meta_extra); return None
       if (got := self.recv_from(self.client_main, "main")) is None: return None
       (buf_main, meta_main), skipped = got, skipped + 1
     buf_extra, meta_extra = buf_main, meta_main
     if self.use_extra:
       skipped = 0
       while True:
-        if self.exit.is_set() or skipped == SYNC_MAX_SKIP: return self.sync_lost(meta_main, meta_extra)
+        if self.exit.is_set() or skipped == SYNC_MAX_SKIP: self.sync_lost(meta_main, meta_extra); return None
         if (got := self.recv_from(self.client_extra, "extra")) is None: return None
         (buf_extra, meta_extra), skipped = got, skipped + 1
         if self.frozen and meta_extra.frame_id >= meta_main.frame_id: break

@@ -89,5 +89,5 @@ def daemon_main(parser: argparse.ArgumentParser, argv: list[str] | None, make_sp
   try: code = daemon.run(args.max_frames, args.core, device)
   except msgq.MultiplePublishersError: fail(f"another process took over publishing {', '.join(spec.services)} on {bus}: exiting")
   finally: claim.close()
-  if args.timings: write_timings(args.timings, daemon.timings)
+  if args.timings: write_timings(args.timings, daemon.timings or [])
   return exit_code(stopped_by, code)  # Ctrl-C: the shell's convention, 130

@@ -39,7 +39,7 @@ class DeviceParams:
   does not list (common/params @084747c: sunnypilot's ModelManager_ActiveBundle and CameraOffset are not there), so a key this openpilot
   does not know, or any error reading one, is "unset" (None), and a write that fails is dropped; each said once per key."""
   def __init__(self, params: Any, report: Callable[[str], None]):
-    self.params, self.report, self.failed = params, report, set()
+    self.params, self.report, self.failed = params, report, set[str]()
 
   def _failed(self, key: str, what: str, e: Exception) -> None:
     if key not in self.failed:

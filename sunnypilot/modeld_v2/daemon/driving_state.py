@@ -48,6 +48,7 @@ class DrivingState:
       self.lat_planner_state[2:4] = [np.interp(DT_MDL, T_AXIS64, reads.lat_planner[0]), np.interp(DT_MDL, T_AXIS64, reads.lat_planner[1])]
     hard_brake, confidence = False, "green"
     if reads.hard_brake_5 is not None:  # .item: a Python float of the float32 value, no numpy scalar
+      assert reads.hard_brake_3 is not None and reads.gas is not None and reads.brake is not None and reads.steer is not None, "one meta layout"
       hard_brake = self.hard_brake.update(reads.hard_brake_5.item(0), reads.hard_brake_3.item(0))
       confidence = self.confidence.update(frame.frame_id, reads.gas, reads.brake, reads.steer)
     state = reads.desire_state  # DesireHelper sees the lane-change probability just published (0 without a desire_state head)

@@ -108,6 +108,7 @@ class FrameInputs:
     m_inv = self.transforms(self.bus.calibration(sm))
     if sm.updated.get(TOPICS.calibration): self.camera_offset = 0.9 * self.camera_offset + 0.1 * self.camera_offset_target
     if self.camera_offset == 0: return m_inv
+    assert self.cameras is not None, "use_cameras first"
     if self.offset_key != (key := (self.cameras, self.rpy, self.bus.camera_height(sm), self.camera_offset)):
       self.offset_key, self.offset_m_inv = key, np.stack([apply_camera_offset(m, camera.intrinsics, key[2], self.camera_offset)
                                                           for m, camera in zip(m_inv, self.cameras, strict=True)])

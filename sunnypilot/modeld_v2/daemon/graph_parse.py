@@ -7,13 +7,16 @@ the parse in its graph is: that builds the templates, so both ways publish the s
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sunnypilot.modeld_v2.daemon.message_bytes import BlockWriter, MessageBytes
 from sunnypilot.modeld_v2.model.fill_model_msg import SERVICES
 from sunnypilot.modeld_v2.model.published_floats import FLOAT_BLOCK, FloatLayout, trace
+
+if TYPE_CHECKING:
+  from sunnypilot.modeld_v2.runtime.model_adapter import ModelAdapter
 
 def bundle_layout(metadata: dict, slices: dict[str, list[int]], report: Callable[[str], None]) -> FloatLayout | None:
   """The float block a model bundle's graph writes, when this build publishes it the same way: its recorded layout is the one this build
@@ -33,7 +36,7 @@ def bundle_layout(metadata: dict, slices: dict[str, list[int]], report: Callable
   report(f"the output parse runs in the model's graph: each frame's {len(layout.sources)} floats are copied into the messages")
   return layout
 
-def graph_parse_of(adapter: Any, report: Callable[[str], None]) -> GraphParse | None:
+def graph_parse_of(adapter: ModelAdapter, report: Callable[[str], None]) -> GraphParse | None:
   """The in-graph parse modeld publishes for a loaded model (a ModelRunner: its metadata, output_slices and output_array), or None when
   its outputs are parsed on the host (bundle_layout says why)."""
   layout = bundle_layout(adapter.metadata, adapter.output_slices, report)
@@ -63,11 +66,12 @@ class GraphParse:
     """After a frame published through the fill functions: block writers on the templates it built, for these host fields (a frame's
     host_fields); False (said by message_bytes) when a template cannot take the block: then the host parse goes on."""
     writers = {service: message_bytes.block_writer(service, self.floats[service], host[service]) for service in SERVICES}
-    self.writers = writers if all(w is not None for w in writers.values()) else None
+    self.writers = {s: w for s, w in writers.items() if w is not None} if all(w is not None for w in writers.values()) else None
     return self.writers is not None
 
   def bytes_of(self, service: str, host: dict[str, Any], valid: bool, log_mono_time: int) -> bytes:
     """`service`'s Event bytes: this frame's block floats and host fields (its host_fields, the keys the writer was bound with)."""
+    assert self.writers is not None, "bound"
     writer = self.writers[service]
     if tuple(host) != writer.keys: raise ValueError(f"{service}: host fields {tuple(host)} for a writer of {writer.keys}")
     return writer.bytes_of(list(host.values()), self.views[service], valid, log_mono_time)

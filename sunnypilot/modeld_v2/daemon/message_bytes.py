@@ -168,7 +168,7 @@ class BlockWriter:
     index = {path: i for i, path in enumerate(template.keys)}
     if absent := [p for p, _ in floats if p not in index] + [p for p in host if p not in index]:
       raise Unsupported(f"the template has no field {', '.join(absent[:3])}")
-    dest, src, at = [], [], 0
+    dest, src, at = list[int](), list[int](), 0
     for path, n in floats:
       if (leaf := template.leaves[index[path]]) is not None:  # None: this schema lacks it, as the template skips it
         if leaf[0] != "float32" or leaf[2] != n: raise Unsupported(f"{path}: {leaf[2]} {leaf[0]} in the template, {n} floats in the block")
@@ -203,7 +203,7 @@ class MessageBytes:
   a new one, and a message the template cannot place is built by pycapnp every frame. `report` is told, once per path, the fields this
   schema lacks (openpilot's cereal and the bundled one differ)."""
   def __init__(self, report: Callable[[str], None] = lambda line: None):
-    self.report, self.templates, self.unsupported = report, {}, {}
+    self.report, self.templates, self.unsupported = report, dict[str, Template](), dict[str, tuple[str, ...]]()
 
   def block_writer(self, service: str, floats: Sequence[tuple[str, int]], host: dict[str, Any]) -> BlockWriter | None:
     """A writer of `service`'s messages from the in-graph parse's floats and these host fields, on the template the last to_bytes of it

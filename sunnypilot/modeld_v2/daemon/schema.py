@@ -58,5 +58,6 @@ def find_schema(device: bool) -> tuple[Schema | None, str]:
   except Exception as e: return None, f"no cereal schema: {'; '.join(tried)}; openpilot_logging ({type(e).__name__}: {e})"
 
 SCHEMA, problem = find_schema(on_device())
-log = SCHEMA.log if SCHEMA is not None else None
-car = SCHEMA.car if SCHEMA is not None else None
+# capnp schema modules (open shapes), None without a schema: whoever uses them checks `problem` first
+log: Any = SCHEMA.log if SCHEMA is not None else None
+car: Any = SCHEMA.car if SCHEMA is not None else None
