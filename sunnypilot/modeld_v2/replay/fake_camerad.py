@@ -104,6 +104,7 @@ class FakeCamerad:
   def send_calibration(self) -> None:
     from sunnypilot.modeld_v2.daemon.messaging import new_message
     msg = new_message("liveCalibration")
+    assert self.rpy is not None, "sent only with a calibration"
     msg.liveCalibration.calStatus, msg.liveCalibration.rpyCalib = "calibrated", list(self.rpy)
     self.pm.send("liveCalibration", msg)
 

@@ -14,6 +14,8 @@ after the vision model, prev_desired_curv after the policy; @00731a68: the 20 Hz
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from sunnypilot.modeld_v2.compile.model_plan import MODEL_FILES
@@ -122,7 +124,9 @@ class OnnxReference:
       self.states = {k: out[next_name(k)] for k in self.states}
       return out[names[0]].astype(np.float32)
     self.warped = [*self.warped[-(self.keep - 1):], new_img] if self.keep > 1 else [new_img]
-    feeds = dict(host) | {self.images[False]: self._stacked_images(0, self.images[False]), self.images[True]: self._stacked_images(1, self.images[True])}
+    road_img, wide_img = self.images[False], self.images[True]
+    assert road_img is not None and wide_img is not None, "a queued model takes a road and a wide image"
+    feeds = dict(host) | {road_img: self._stacked_images(0, road_img), wide_img: self._stacked_images(1, wide_img)}
     if self.desire_name:
       self._push(self.desire_name, desire)
       n = self.inputs[self.desire_name][0][1]
@@ -155,7 +159,7 @@ class DMOnnxReference:
     self.inputs = {i.name: (tuple(i.shape), ORT_DTYPES[i.type]) for i in self.session.get_inputs()}
     if set(self.inputs) != {"input_img", "calib"}: raise ValueError(f"{path}: not a driver-monitoring model (inputs {', '.join(self.inputs)}, "
                                                                    "openpilot's takes input_img and calib)")
-    self.model_size, self.border_fill = tuple(model_size), border_fill
+    self.model_size, self.border_fill = cast(tuple[int, int], tuple(model_size)), border_fill  # a list of two is taken too
     outputs = {o.name: o.type for o in self.session.get_outputs()}
     self.output = "outputs" if "outputs" in outputs else next(iter(outputs))
     self.output_dtype = np.dtype(ORT_DTYPES[outputs[self.output]])

@@ -19,7 +19,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -211,8 +211,9 @@ class FrameDecoder:
   def _run(self) -> None:
     s = self.segment
     video = s.driver_video if self.driver else s.road_video
+    pairs: Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]  # driver frames one by one, road frames in (road, wide) pairs
     try:
-      if self.driver: pairs = _decode(video, s.frame)
+      if self.driver: pairs = _decode(cast(str, video), s.frame)  # checked in __init__: the segment has a driver video
       elif s.wide_video: pairs = zip(_decode(s.road_video, s.frame), _decode(s.wide_video, s.frame))
       else: pairs = ((b, b) for b in _decode(s.road_video, s.frame))
       decoded = 0
