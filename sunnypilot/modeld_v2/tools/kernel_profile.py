@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,13 +18,19 @@ from sunnypilot.modeld_v2.format.bundle import next_name, state_names
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
 
-def random_inputs(specs: dict, device: str, seed: int = 0) -> dict:
+if TYPE_CHECKING:
+  from tinygrad import Tensor
+
+  from sunnypilot.modeld_v2.format.bundle import TensorSpec
+  from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
+
+def random_inputs(specs: dict[str, TensorSpec], device: str, seed: int = 0) -> dict[str, Tensor]:
   """Realized tensors of random values for a bundle's input specs, drawn as the compilers draw capture inputs: never time on zeros."""
   from tinygrad import Tensor
   rng = np.random.default_rng(seed)
   return {k: Tensor(random_value(rng, s.shape, s.dtype), device=device).realize() for k, s in specs.items()}
 
-def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str]:
+def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Replay, str]:
   """A bundle's replay after one call on random inputs: the model alone, or with the warp fused in front (camera frames uploaded). And what
   was loaded, in words."""
   from tinygrad import Device, Tensor
@@ -48,7 +54,7 @@ def bound_calls(model_path: str, warp_path: str | None = None) -> tuple[Any, str
   adapter.output_array()
   return adapter.replay, "the warp fused in front of the model (frames uploaded)"
 
-def profile(replay: Any, rounds: int = 20, peak_flops: float | None = None, peak_bytes: float | None = None) -> dict:
+def profile(replay: Replay, rounds: int = 20, peak_flops: float | None = None, peak_bytes: float | None = None) -> dict:
   """Per call: name, launch sizes, FLOPs, bytes, median time, achieved FLOP/s and B/s, share of the calls' summed time, roofline bound;
   and the whole part's measured floor (its calls launched back to back as the replay runs them)."""
   from tinygrad import Device
