@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class StubModel:
     self.numpy_inputs = {name: np.zeros(np.size(value), np.float32) for name, value in values.items()}
     self.camera_buffers, self.in_place, self.warp_frame_size = CAMERA_BUFFERS, True, 0  # its frames are never read
 
-  def copy_frames(self, frames: dict) -> None: pass
+  def copy_frames(self, bufs: Mapping[str, object]) -> None: pass
   def run(self) -> None: self.runs += 1
   def output_array(self, name: str = "outputs") -> np.ndarray:
     if name == "outputs": return self.outputs[self.runs % len(self.outputs)]
