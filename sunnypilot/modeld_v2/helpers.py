@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tinygrad.uop.ops import UOp
 
@@ -23,9 +23,7 @@ from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, frame_part, 
 from sunnypilot.modeld_v2.runtime.kernel_replay import Replay
 from sunnypilot.modeld_v2.runtime.loader import LoadedBundle, load_bundle, load_fused
 from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
-
-if TYPE_CHECKING:
-  from sunnypilot.modeld_v2.runtime.tinygrad_internals import Jit
+from sunnypilot.modeld_v2.runtime.tinygrad_internals import Jit
 
 __all__ = ["SPLIT_FRAMES", "NativeTinygradAdapter", "PlainJit", "SeedBundle", "_Jit", "frame_part", "load_model", "pack_layout", "serialize_jit"]
 

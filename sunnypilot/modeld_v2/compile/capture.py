@@ -49,6 +49,7 @@ from sunnypilot.modeld_v2.format.part_builder import PartBuilder
 from sunnypilot.modeld_v2.runtime.kernel_replay import InputError, Replay, replay_part, write_tensor
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
   CapturedCall,
+  Jit,
   KernelFields,
   Unsupported,
   captured_calls,
@@ -61,8 +62,6 @@ from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
 
 if TYPE_CHECKING:
   from tinygrad.device import MultiBuffer
-
-  from sunnypilot.modeld_v2.runtime.tinygrad_internals import Jit
 
 JitInputs = Mapping[str, Tensor | Mapping[str, Tensor]]  # a capture's keyword inputs: Tensors, and dicts of Tensors such as output_buffers
 

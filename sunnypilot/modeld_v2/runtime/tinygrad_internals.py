@@ -60,7 +60,7 @@ import contextlib
 import ctypes
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import numpy as np
 from tinygrad import Device, Tensor
@@ -71,9 +71,14 @@ from tinygrad.runtime.support.elf import jit_loader
 from tinygrad.uop.ops import AddrSpace, KernelInfo, Ops, ProgramInfo, UOp
 
 if TYPE_CHECKING:
-  from tinygrad.engine.jit import _TinyJit
+  from tinygrad.engine.jit import CapturedJit
   from tinygrad.runtime.ops_cpu import CPUProgram
-  Jit = _TinyJit[Any]  # what TinyJit(fn) makes (0.14.0's TinyJit is a function returning this class): its `captured` holds the capture
+
+class Jit(Protocol):
+  """What TinyJit(fn) makes, as the capture reads it (0.14.0's TinyJit is a function returning a class of its own): called as `fn` is,
+  `captured` holds the capture once it has run twice."""
+  captured: CapturedJit | None
+  def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 _identified: list[Callable[[], str]] = []  # how to learn the imported tinygrad's version: told once, by runtime/__init__.py
 
