@@ -91,7 +91,7 @@ def interruptible(prog: str) -> Callable[[Callable[..., int]], Callable[..., int
     return run
   return wrap
 
-def interrupted(*_) -> None:
+def interrupted(*_: object) -> None:
   """SIGINT or SIGTERM: stop, once. Signals after the first are ignored, so the clean-up they interrupt (stopping a daemon, removing a
   msgq namespace) runs to its end: a Ctrl-C at the terminal reaches a parallel replay's children, and its parent then tells them too."""
   for sig in (signal.SIGINT, signal.SIGTERM): signal.signal(sig, lambda *_: None)  # not SIG_IGN: a signal already pending then raises OSError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -15,12 +15,15 @@ from sunnypilot.modeld_v2.daemon.artifacts import DaemonBundles
 from sunnypilot.modeld_v2.daemon.camera_sync import CameraLink, Frames
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
 
+if TYPE_CHECKING:  # the runtime is imported when a model is loaded, not at start
+  from sunnypilot.modeld_v2.runtime.model_adapter import ModelAdapter
+
 P = TypeVar("P")
 
 @dataclass(frozen=True)
 class Loaded(Generic[P]):
   """A set's model fused with the warp for one camera geometry, loaded and warmed up: what frames run on (a model switch's handle)."""
-  adapter: Any  # a runtime.model_runner.ModelRunner (benchmarks stub it)
+  adapter: ModelAdapter  # a runtime.model_runner.ModelRunner (benchmarks stub it)
   host: HostInputs  # its host inputs, written each frame
   sensor: str  # the camera sensor of the geometry it was loaded for
   warp: str
@@ -69,7 +72,7 @@ class DaemonSpec(Protocol[P]):
 
   def camera(self, exit_event: threading.Event, episodes: Episodes) -> CameraLink: ...
   def start(self, params: Any, stop: threading.Event) -> None: ...
-  def own(self, adapter: Any, sensor: str, warp: str, report: Callable[[str], None]) -> P: ...
+  def own(self, adapter: ModelAdapter, sensor: str, warp: str, report: Callable[[str], None]) -> P: ...
   def warm_up_inputs(self, loaded: Loaded[P], camera: Any) -> None: ...
   def use(self, loaded: Loaded[P], camera: Any, fresh: bool) -> None: ...
   def inputs(self, sm: Any, frame: Frame, loaded: Loaded[P]) -> Any: ...

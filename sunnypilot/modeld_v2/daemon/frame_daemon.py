@@ -185,6 +185,7 @@ class FrameDaemon(Generic[P]):
     self.big = None
     if self.spec.bundles is DRIVING and has_big_model(candidate.model_set):
       model_set, geometry = candidate.model_set, self.geometry
+      assert geometry is not None, "a set is used for the cameras it was loaded for"
       self.big = BigModel(model_set.name, lambda: self.prepare(model_set, geometry, BIG_DRIVING), self.discard, self.params, self.big_model_timeout_s)
 
   def discard(self, loaded: Loaded[P]) -> None:
@@ -344,6 +345,7 @@ class FrameDaemon(Generic[P]):
       self.big.fail(f"a device error at run time: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
       self.drive_big()
       loaded = self.driving
+      assert loaded is not None, "the small one drives again"
       outputs, clock, stamps = self.run_model(loaded, frame, inputs)
     finite = self.outputs_finite(loaded, outputs, frame.frames.meta.frame_id)
     if not finite and loaded.big and self.big is not None: self.big.fail(f"non-finite outputs on frame {frame.frames.meta.frame_id}")

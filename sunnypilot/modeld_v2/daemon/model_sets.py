@@ -123,7 +123,7 @@ def folder_role(name: str) -> str:
   return DM_WARP if name.startswith(DM_WARP_PREFIX) else WARP
 
 # a bundle's metadata kind -> the roles it may play (compile_modeld, compile_warp, compile_modeld of the DM model, compile_dm_warp)
-KIND_ROLES = {"model": (DRIVING_MODEL, BIG_DRIVING_MODEL), "warp": (WARP,), "dmonitoring_model": (DM_MODEL,), "dm_warp": (DM_WARP,)}
+KIND_ROLES: dict[str, tuple[str, ...]] = {"model": (DRIVING_MODEL, BIG_DRIVING_MODEL), "warp": (WARP,), "dmonitoring_model": (DM_MODEL,), "dm_warp": (DM_WARP,)}
 
 def folder_roles(folder: str, given: dict[str, str] | None = None) -> dict[str, str]:
   """{file name: role} of every bundle in `folder`, for a manifest: `given` where given, else by folder_role, checked against what the
@@ -134,7 +134,7 @@ def folder_roles(folder: str, given: dict[str, str] | None = None) -> dict[str, 
     kind = read_header(path)["extras"].get("metadata", {}).get("kind")
     role = (given or {}).get(name) or folder_role(name)
     if role not in ROLES: raise ArtifactError(f"{path}: role {role!r} is none of {', '.join(ROLES)}")
-    if role not in KIND_ROLES.get(kind, ()) and name not in (given or {}):
+    if role not in KIND_ROLES.get(kind or "", ()) and name not in (given or {}):
       raise ArtifactError(f"{path}: a {kind or 'plain'} bundle cannot be the {role} by its name: give its role (--role {name}=ROLE)")
     roles[name] = role
   if unknown := sorted(set(given or {}) - set(roles)): raise ArtifactError(f"{os.path.join(folder, unknown[0])}: no such bundle")

@@ -54,7 +54,8 @@ def run_jobs(folders: list[str], flags: list[str], jobs: int, run: str, report: 
   """Each segment in a process of its own, `jobs` at a time, their output passed on as it comes; True when interrupted. Each process ends
   what is left of its namespace when it ends (end_namespaces). Interrupted, the replays running are told to stop (each stops its modeld
   and says what it wrote) and waited for, those that finished are reported, and no segment starts after that."""
-  attempts, pending, running = Attempts(report.add, log.info), list(folders), {}
+  attempts, pending = Attempts(report.add, log.info), list(folders)
+  running: dict[subprocess.Popen, tuple[str, str, float, str]] = {}
   env = child_env()  # each replay's OpenMP/BLAS threads sized to its share of the cores, as Ray sizes a task's: left at every core, N
   env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))  # replays on N cores ran 15-20% slower (2 cores, N = 2)
   def ended(proc: subprocess.Popen) -> dict:

@@ -52,7 +52,7 @@ class Published:
         time.sleep(0.0005)
     return True
 
-def lockstep_wait(published: Published, modeld: Modeld, frame_id: int, service: str = "modelV2", resend: Callable[[], None] | None = None) -> None:
+def lockstep_wait(published: Published, modeld: Modeld, frame_id: int, service: str = "modelV2", resend: Callable[[], object] | None = None) -> None:
   """Until `service` (modeld's modelV2, dmonitoringmodeld's driverStateV2) for frame_id arrived. With `resend`, a frame not answered in
   RESEND_S is sent again, then after twice as long, and so on (a few times in FRAME_TIMEOUT_S, far fewer than camerad's buffers)."""
   deadline, wait = time.monotonic() + FRAME_TIMEOUT_S, RESEND_S if resend is not None else FRAME_TIMEOUT_S

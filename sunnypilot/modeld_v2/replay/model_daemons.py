@@ -45,6 +45,7 @@ class Modeld:
     self.thread.start()
 
   def _read(self) -> None:
+    assert self.proc.stderr is not None, "stderr=PIPE"
     for line in iter(self.proc.stderr.readline, ""):
       self.lines.append(line)
       if self.echo and not any(quiet in line for quiet in ECHO_QUIET): sys.stderr.write(line)  # what it could not use (a host input with no source, ...)

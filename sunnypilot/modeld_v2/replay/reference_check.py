@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import queue
 import threading
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -61,7 +61,7 @@ class OutputCheck:
   what is compared (compare)."""
   def __init__(self, slices: dict, relative: bool = False):
     self.slices, self.relative = slices, relative  # relative: differences measured relative to the value above 1 (a float16 bundle)
-    self.heads = {name: {"max": 0.0, "sum": 0.0, "frame": None} for name in slices}
+    self.heads: dict[str, dict[str, Any]] = {name: {"max": 0.0, "sum": 0.0, "frame": None} for name in slices}
     self.fields: dict[str, dict] = {}
     self.frames = 0
     self.pending: dict[int, tuple[np.ndarray, dict]] = {}  # frame id -> (reference outputs, {service: flat fields}) until the daemon's arrive
@@ -236,7 +236,8 @@ def checked_report(check: ReferenceCheck | None, driver_check: DriverCheck | Non
                           (driver_check, driver_ids, drivers.get)):
     if c is None: continue
     c.finish()
-    for frame_id in ids: c.compare(frame_id, compare(frame_id))
+    assert tolerance is not None, "a check has a tolerance"
+    for frame_id in ids: c.compare(frame_id, cast(Any, compare(frame_id)))  # each check with its own reader of what was published
     reports.append(c.report(tolerance))
   if not reports: return None
   ran = {"modeld": check is not None, **({"dmonitoringmodeld": driver_check is not None} if driver_ids else {})}
