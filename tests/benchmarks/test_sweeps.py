@@ -80,3 +80,18 @@ def test_the_reference_is_strict_float32_and_the_goal_counts_checked_paths_only(
           "torch graph": row(3.0, True, False, "graph")}
   (g,) = goals(bench_driving_sweep.DRIVING, rows)
   assert g["best"] == "checked" and g["ratio"] == 8.4 and g["met"] and g["goal"] == 8.0
+
+def test_roofline_profiles_frames_side_by_side_and_skips_one_it_cannot(tmp_path, capsys):
+  """A sweep variant's folder profiles as its fused frame (the model and its warp); the frame's bound is the sum of its calls' bounds,
+  each max(FLOPs / peak, bytes / bandwidth); a folder that holds no build is one line and the others go on."""
+  from benchmarks import bench_roofline
+  assert bench_dm_sweep.main(["--model", "tiny", "--variants", "f32", "--frames", "2", "--torch-modes", "none", "--workdir", str(tmp_path)]) == 0
+  out = str(tmp_path / "roofline.json")
+  assert bench_roofline.main([f"dm={tmp_path}/f32", f"gone={tmp_path}/nothing", "--rounds", "1", "--peak-tflops", "0.5", "--peak-tbs", "0.05",
+                              "--json", out]) == 0
+  captured = capsys.readouterr()
+  assert "gone: cannot profile" in captured.err and "| dm | " in captured.out
+  (dm,) = json.load(open(out)).values()
+  assert dm["warp"].endswith("dm_warp_1928x1208.bin") and any(c["name"].startswith("E_") for c in dm["calls"])
+  bounds = [max((c["ops"] or 0) / 0.5e12, c["bytes"] / 0.05e12) for c in dm["calls"]]
+  assert dm["bound_s"] == pytest.approx(sum(bounds), rel=1e-12)
