@@ -40,7 +40,7 @@ def transform(size: tuple[int, int]) -> np.ndarray:
   from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size, warp_matrices
   return warp_matrices(SENSOR_CAMERAS[sensor_for_size(*size)])
 
-DRIVING = FrameKind("driving", DRIVING_VARIANTS, sources, load, torch_peer, synthetic_buffers, set_inputs, transform, compile_s=120.0, goal=8.0,
+DRIVING = FrameKind("driving", DRIVING_VARIANTS, sources, load, torch_peer, synthetic_buffers, set_inputs, transform, compile_s=90.0, goal=8.0,
                     goal_on="alone")
 
 def main(argv: list[str] | None = None) -> int: return sweep_main(DRIVING, "benchmarks.bench_driving_sweep", __doc__, DRIVING_DEFAULT, argv)

@@ -209,11 +209,13 @@ def table(group: dict) -> str:
   return "\n".join(lines)
 
 def build_all(kind: FrameKind, variants: list[Variant], sources: dict[str, str], cameras: list[tuple[int, int]], workdir: str, budget: Budget,
-              reserve_s: float, rebuild: bool, log: Callable[[str], None]) -> tuple[dict[str, dict], dict[str, str]]:
-  """Each variant built (or its earlier build reused) in order, while its estimate fits the budget with reserve_s kept for the timing;
-  (records by name, one line per variant that failed or was dropped)."""
+              table_s: float, rebuild: bool, log: Callable[[str], None]) -> tuple[dict[str, dict], dict[str, str]]:
+  """Each variant built (or its earlier build reused) in order, while its estimate fits the budget with the time kept for the tables it
+  and the variants built before it need (table_s per precision: its peers and its timing); (records by name, one line per variant that
+  failed or was dropped)."""
   records, missing = {}, {}
   for v in variants:
+    reserve_s = table_s * len({variants_by_name(variants)[n].precision for n in records} | {v.precision})
     if v.builds_as: continue  # loads another variant's bundles
     if not rebuild and (record := reusable(kind.name, v, sources, cameras, workdir)) is not None:
       log(f"{v.name}: reusing its build in {os.path.join(workdir, v.name)} ({record['build_s']:.0f} s when built)")
@@ -230,6 +232,8 @@ def build_all(kind: FrameKind, variants: list[Variant], sources: dict[str, str],
     else: records[v.name] = record
   return records, missing
 
+def variants_by_name(variants: list[Variant]) -> dict[str, Variant]: return {v.name: v for v in variants}
+
 def run_sweep(kind: FrameKind, variants: list[Variant], model: str, cameras: list[tuple[int, int]], frames: int, torch_modes: list[str],
               budget: Budget, workdir: str, json_path: str | None, rebuild: bool, log: Callable[[str], None]) -> dict:
   """Build, then time per camera size and precision (variants in the order given); the results, written to json_path as they come."""
@@ -242,11 +246,10 @@ def run_sweep(kind: FrameKind, variants: list[Variant], model: str, cameras: lis
   os.makedirs(workdir, exist_ok=True)
   sources = kind.sources(model, workdir)
   precisions = list(dict.fromkeys(v.precision for v in variants))
-  if torch_modes and not torch_here(log): torch_modes, reserve = [], 0.0
-  else: reserve = len(precisions) * len(cameras) * sum(kind.compile_s if m.startswith("compile") else TORCH_BUILD_S[m.removesuffix("-strict")]
-                                                       for m in torch_modes)
-  reserve += 20.0 * len(precisions) * len(cameras)  # about 20 s of timing per table
-  records, missing = build_all(kind, variants, sources, cameras, workdir, budget, reserve, rebuild, log)
+  if torch_modes and not torch_here(log): torch_modes = []
+  # per precision: its peers' builds and about 20 s of timing per camera size
+  table_s = len(cameras) * (20.0 + sum(kind.compile_s if m.startswith("compile") else TORCH_BUILD_S[m.removesuffix("-strict")] for m in torch_modes))
+  records, missing = build_all(kind, variants, sources, cameras, workdir, budget, table_s, rebuild, log)
   out = {"frame": kind.name, "model": model, "device": Device.DEFAULT, "tinygrad": str(imported_tinygrad()), "frames": frames, "torch": torch_version(),
          "variants": {v.name: v.spec() | {"runtime": v.runtime, "builds_as": v.builds_as, "about": v.about} |
                       ({"build": {k: records[v.builds_as or v.name].get(k) for k in ("build_s", "compile_s", "kernels", "tensor_core_kernels", "reused")}}
@@ -331,6 +334,7 @@ def sweep_main(kind: FrameKind, prog: str, doc: str, default_variants: tuple[str
 
   from benchmarks.bench import check_outputs
   from benchmarks.sweep_variants import listing, resolve
+  from sunnypilot.modeld_v2.common.cli import interrupts_handled
   from sunnypilot.modeld_v2.common.cli import parser as cli_parser
   from sunnypilot.modeld_v2.model.calibration import sensor_for_size
   parser = cli_parser(prog, doc)
@@ -365,6 +369,11 @@ def sweep_main(kind: FrameKind, prog: str, doc: str, default_variants: tuple[str
   if args.budget_s is not None and args.budget_s <= 0: parser.error("--budget-s must be positive")
   if args.model not in ("tiny", "full") and not os.path.isfile(args.model): parser.error(f"--model {args.model}: not tiny, full or an ONNX file")
   log = lambda s: print(f"{prog}: {s}", file=sys.stderr, flush=True)
-  out = run_sweep(kind, variants, args.model, cameras, args.frames, modes, Budget(args.budget_s, log), args.workdir, args.json, args.rebuild, log)
+  try:
+    with interrupts_handled():  # SIGTERM (a `timeout` around the sweep) too: a build running stops with its BEAM workers (its process group)
+      out = run_sweep(kind, variants, args.model, cameras, args.frames, modes, Budget(args.budget_s, log), args.workdir, args.json, args.rebuild, log)
+  except KeyboardInterrupt:
+    log(f"interrupted: the tables done so far are in {args.json or 'the output above'}")
+    return 130
   print(summary(out))
   return 0

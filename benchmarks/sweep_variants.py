@@ -61,31 +61,31 @@ WIDE = {"BEAM_UOPS_MAX": "10000", "BEAM_PADTO": "1", "BEAM_ESTIMATE": "0"}
 # the driver-monitoring frame: the dm_warp fused with the DM stand-in (8 conv layers over the 1440x960 Y plane, 35 GFLOP)
 DM_VARIANTS = _variants(
   Variant("f32", "float32", about="hand-coded opts, float32: no tensor cores (TC_OPT=0 tries them only on one-reduce-axis kernels)"),
-  Variant("f32_b2", "float32", 2, est_s=240, about="BEAM=2, float32 (the measured baseline): CUDA cores only, ALLOW_TF32=0 keeps TC actions out"),
-  Variant("f32_b4", "float32", 4, est_s=480, about="BEAM=4, float32: a wider search over the same actions"),
+  Variant("f32_b2", "float32", 2, est_s=150, about="BEAM=2, float32 (the measured baseline): CUDA cores only, ALLOW_TF32=0 keeps TC actions out"),
+  Variant("f32_b4", "float32", 4, est_s=300, about="BEAM=4, float32: a wider search over the same actions"),
   Variant("tf32_tc", "float32", 0, TF32 | TC2, est_s=30, about="hand-coded TF32 tensor cores on every conv (TC_OPT=2 pads 360/180/90/60 wide maps)"),
-  Variant("tf32_b2", "float32", 2, TF32, est_s=260, about="BEAM=2 with TF32 tensor-core actions (torch's convs are TF32 by default)"),
+  Variant("tf32_b2", "float32", 2, TF32, est_s=170, about="BEAM=2 with TF32 tensor-core actions (torch's convs are TF32 by default)"),
   Variant("f16", "float16", about="hand-coded opts, float16: no tensor cores (three reduce axes per conv, TC_OPT=0)"),
   Variant("f16_tc", "float16", 0, TC2, est_s=30, about="hand-coded fp16 tensor cores on every conv (mma m16n8k16, f32 accumulate; TC_OPT=2 pads)"),
-  Variant("f16_b2", "float16", 2, est_s=260, about="BEAM=2, float16: TC actions with padding are in BEAM's set (search.py: TC_OPT 2)"),
-  Variant("f16_b4", "float16", 4, est_s=520, about="BEAM=4, float16: TC survives the first round more often at width 4"),
-  Variant("f16_b2_wide", "float16", 2, WIDE, est_s=330, about="BEAM=2, float16, bigger TC tiles allowed (BEAM_UOPS_MAX 10000), PADTO actions, "
+  Variant("f16_b2", "float16", 2, est_s=170, about="BEAM=2, float16: TC actions with padding are in BEAM's set (search.py: TC_OPT 2)"),
+  Variant("f16_b4", "float16", 4, est_s=340, about="BEAM=4, float16: TC survives the first round more often at width 4"),
+  Variant("f16_b2_wide", "float16", 2, WIDE, est_s=230, about="BEAM=2, float16, bigger TC tiles allowed (BEAM_UOPS_MAX 10000), PADTO actions, "
           "full-size timing (BEAM_ESTIMATE=0)"),
 )
 DM_DEFAULT = ("f16_tc", "f16_b2", "tf32_tc", "tf32_b2", "f32_b2")
 # the driving frame: the split warp of both road cameras fused with the native stand-in (launch-bound: ~30 small kernels)
 DRIVING_VARIANTS = _variants(
   Variant("f32", "float32", about="hand-coded opts, float32"),
-  Variant("f32_b2", "float32", 2, est_s=240, about="BEAM=2, float32 (the measured baseline)"),
+  Variant("f32_b2", "float32", 2, est_s=180, about="BEAM=2, float32 (the measured baseline)"),
   Variant("f32_b2_1graph", "float32", 2, runtime={"JIT_BATCH_SIZE": 0}, builds_as="f32_b2", est_s=0,
           about="f32_b2's bundles replayed as one CUDA graph (JIT_BATCH_SIZE=0: 0.14.0 batches 32, then 64, ...)"),
-  Variant("f32_b2_fused", "float32", 2, fuse_layers=True, est_s=220, about="BEAM=2, float32, no layer boundaries: 18 kernels instead of 27, the "
+  Variant("f32_b2_fused", "float32", 2, fuse_layers=True, est_s=150, about="BEAM=2, float32, no layer boundaries: 18 kernels instead of 27, the "
           "last conv recomputed in the pool and the GRU's products nested"),
-  Variant("f32_b4", "float32", 4, est_s=480, about="BEAM=4, float32"),
+  Variant("f32_b4", "float32", 4, est_s=360, about="BEAM=4, float32"),
   Variant("f16", "float16", about="hand-coded opts, float16"),
-  Variant("f16_b2", "float16", 2, est_s=200, about="BEAM=2, float16 (the warps' searches shared with f32_b2)"),
+  Variant("f16_b2", "float16", 2, est_s=180, about="BEAM=2, float16 (the warps' searches shared with f32_b2)"),
   Variant("f16_b2_1graph", "float16", 2, runtime={"JIT_BATCH_SIZE": 0}, builds_as="f16_b2", est_s=0, about="f16_b2 as one CUDA graph"),
-  Variant("f16_b4", "float16", 4, est_s=440, about="BEAM=4, float16"),
+  Variant("f16_b4", "float16", 4, est_s=360, about="BEAM=4, float16"),
 )
 DRIVING_DEFAULT = ("f32_b2", "f32_b2_1graph", "f16_b2", "f16_b2_1graph")
 VARIANTS = {"dm": DM_VARIANTS, "driving": DRIVING_VARIANTS}
