@@ -64,17 +64,19 @@ def torch_uses_tf32(torch: Any) -> bool:
 
 @contextlib.contextmanager
 def torch_tf32(torch: Any, allow: bool) -> Iterator[None]:
-  """TF32 on or off for torch's convolutions and matrix products within the block (torch >= 2.9's fp32_precision where it exists, else the
-  allow_tf32 flags), put back after."""
-  conv = getattr(torch.backends.cudnn, "conv", None)
-  if conv is not None and hasattr(conv, "fp32_precision"):
-    switches = [(conv, "fp32_precision", "tf32" if allow else "ieee"), (torch.backends.cuda.matmul, "fp32_precision", "tf32" if allow else "ieee")]
-  else: switches = [(torch.backends.cudnn, "allow_tf32", allow), (torch.backends.cuda.matmul, "allow_tf32", allow)]
-  old = [getattr(obj, name) for obj, name, _ in switches]
-  for obj, name, value in switches: setattr(obj, name, value)
+  """TF32 on or off for torch's convolutions and matrix products within the block, put back after. Through the allow_tf32 flags only, the
+  API torch_uses_tf32 reads and Inductor reads when it compiles (torch >= 2.9 maps them onto fp32_precision, and refuses a mix of the two)."""
+  import warnings
+  switches = ((torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32"))
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    old = [getattr(obj, name) for obj, name in switches]
+    for obj, name in switches: setattr(obj, name, allow)
   try: yield
   finally:
-    for (obj, name, _), value in zip(switches, old): setattr(obj, name, value)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      for (obj, name), value in zip(switches, old): setattr(obj, name, value)
 
 class StrictFloat32:
   """A float32 torch peer built and run with TF32 off: strict float32 convolutions (cuDNN's, Triton's) and matrix products."""
