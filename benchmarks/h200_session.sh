@@ -9,7 +9,7 @@
 #
 # What each answers (the goals):
 #   call 1  goal 1, float16: is the fused DM frame at least as fast as torch.compile max-autotune (float16 ONNX, model.half()), outputs within
-#           twice float16_bound? f16_tc: every conv on mma.sync m16n8k16 (hand-coded opts, TC_OPT=2 pads the 360/180/90/60-wide maps);
+#           twice float16_bound? f16_tc: every conv on mma.sync m16n8k16 (hand-coded opts, TC_OPT=2 pads the 360/180/90-wide maps);
 #           f16_b2: what BEAM=2 picks when TC actions compete with upcasts/locals. Then their rooflines (H200 datasheet peaks by kernel arithmetic).
 #   call 2  goal 1, float32: torch's float32 convs are TF32 by default (cudnn.allow_tf32): tf32_tc / tf32_b2 round to TF32 the same way
 #           (checked with float16's tolerance), f32_b2 is the strict float32 baseline (2.587 ms earlier); the strict torch CUDA graph says

@@ -63,7 +63,7 @@ DM_VARIANTS = _variants(
   Variant("f32", "float32", about="hand-coded opts, float32: no tensor cores (TC_OPT=0 tries them only on one-reduce-axis kernels)"),
   Variant("f32_b2", "float32", 2, est_s=150, about="BEAM=2, float32 (the measured baseline): CUDA cores only, ALLOW_TF32=0 keeps TC actions out"),
   Variant("f32_b4", "float32", 4, est_s=300, about="BEAM=4, float32: a wider search over the same actions"),
-  Variant("tf32_tc", "float32", 0, TF32 | TC2, est_s=30, about="hand-coded TF32 tensor cores on every conv (TC_OPT=2 pads 360/180/90/60 wide maps)"),
+  Variant("tf32_tc", "float32", 0, TF32 | TC2, est_s=30, about="hand-coded TF32 tensor cores on every conv (TC_OPT=2 pads 360/180/90 wide maps)"),
   Variant("tf32_b2", "float32", 2, TF32, est_s=170, about="BEAM=2 with TF32 tensor-core actions (torch's convs are TF32 by default)"),
   Variant("f16", "float16", about="hand-coded opts, float16: no tensor cores (three reduce axes per conv, TC_OPT=0)"),
   Variant("f16_tc", "float16", 0, TC2, est_s=30, about="hand-coded fp16 tensor cores on every conv (mma m16n8k16, f32 accumulate; TC_OPT=2 pads)"),
