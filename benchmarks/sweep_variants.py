@@ -171,12 +171,10 @@ def build_variant(frame: str, v: Variant, sources: dict[str, str], cameras: list
   reader.start()
   try: rc = proc.wait(timeout=timeout_s)
   except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    stop(proc)
     return {"error": f"{v.name}: the build ran past {timeout_s:.0f} s and was stopped"}
-  except BaseException:  # Ctrl-C: the build goes with the sweep
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+  except BaseException:  # Ctrl-C, SIGTERM: the build goes with the sweep
+    stop(proc)
     raise
   reader.join(timeout=5)
   if rc != 0: return {"error": f"{v.name}: the build failed (exit {rc}): {last[0]}"}
@@ -187,6 +185,16 @@ def build_variant(frame: str, v: Variant, sources: dict[str, str], cameras: list
   with open(path, "w") as f: json.dump(record, f, indent=2)
   log(f"{v.name}: built in {record['build_s']:.0f} s: {record['kernels']} model kernels, {record['tensor_core_kernels']} programs with tensor cores")
   return record
+
+def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+  """End a build and every process of its group: SIGTERM first (multiprocessing's resource tracker ignores it and, once the pool's owner is
+  gone, unlinks the pool's named semaphores in /dev/shm: a SIGKILL to the group would leave them), SIGKILL to what is left after grace_s."""
+  try: os.killpg(proc.pid, signal.SIGTERM)
+  except ProcessLookupError: return
+  try: proc.wait(timeout=grace_s)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 def tensor_core_kernels(path: str) -> int:
   """How many of a bundle's programs issue tensor-core instructions (kernel_profile.arithmetic on each binary)."""

@@ -99,12 +99,15 @@ def test_roofline_profiles_frames_side_by_side_and_skips_one_it_cannot(tmp_path,
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the build's processes in /proc")
 def test_sigterm_stops_the_sweep_and_the_build_it_runs(tmp_path):
   """`timeout` ends a sweep with SIGTERM: the sweep exits 130 and the variant's build (its own process group: the compile and BEAM's
-  worker processes) is gone with it, not left searching on the device."""
+  worker processes) is gone with it, not left searching on the device. Its worker pool's named semaphores go too: a SIGKILL to the group
+  killed multiprocessing's resource tracker with it and left six /dev/shm/sem.mp-* per build behind."""
   import signal
   import subprocess
   import sys
   import time
   cmd = [sys.executable, "-m", "benchmarks.bench_dm_sweep", "--model", "tiny", "--variants", "f32_b2", "--torch-modes", "none", "--workdir", str(tmp_path)]
+  sems = lambda: {n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")} if os.path.isdir("/dev/shm") else set()
+  before = sems()
   proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), stderr=subprocess.PIPE, text=True)
   for line in proc.stderr:  # the build is searching once its child captures
     if "f32_b2: capturing" in line: break
@@ -114,9 +117,13 @@ def test_sigterm_stops_the_sweep_and_the_build_it_runs(tmp_path):
     except OSError: return b""  # gone meanwhile
   builds = lambda: [pid for pid in os.listdir("/proc") if pid.isdigit() and int(pid) != proc.pid and str(tmp_path).encode() in cmdline(pid)]
   assert builds(), "the build runs in a process of its own"
+  time.sleep(1)  # the search's worker pool is up
+  pool = sems() - before  # (a process of another test run may add its own meanwhile: only names that appeared during this build count)
   proc.send_signal(signal.SIGTERM)
   assert proc.wait(timeout=60) == 130
   deadline = time.monotonic() + 10
   while builds() and time.monotonic() < deadline: time.sleep(0.1)
   assert not builds(), "the build outlived the sweep"
+  while pool & sems() and time.monotonic() < deadline + 10: time.sleep(0.1)
+  assert not pool & sems(), f"the build's semaphores were left in /dev/shm: {sorted(pool & sems())}"
   proc.stderr.close()
