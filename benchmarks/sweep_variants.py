@@ -186,7 +186,7 @@ def build_variant(frame: str, v: Variant, sources: dict[str, str], cameras: list
   log(f"{v.name}: built in {record['build_s']:.0f} s: {record['kernels']} model kernels, {record['tensor_core_kernels']} programs with tensor cores")
   return record
 
-def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+def stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
   """End a build and every process of its group: SIGTERM first (multiprocessing's resource tracker ignores it and, once the pool's owner is
   gone, unlinks the pool's named semaphores in /dev/shm: a SIGKILL to the group would leave them), SIGKILL to what is left after grace_s."""
   try: os.killpg(proc.pid, signal.SIGTERM)
