@@ -1,4 +1,7 @@
 import os
+from types import SimpleNamespace
+
+import pytest
 
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.format.bundle import write_bundle
@@ -158,3 +161,51 @@ def test_inspect_shows_the_precision_and_verify_replays_a_float16_bundle(native_
   write_bundle(odd := str(tmp_path / "odd.bin"), {k: (h, bytes(b)) for k, (h, b) in parts.items()},
                extras | {"metadata": extras["metadata"] | {"precision": "bfloat16"}}, check=False)
   assert main(["inspect", odd]) == 2 and "precision 'bfloat16' is none of ('float32', 'float16')" in capsys.readouterr().err
+
+def test_profile_runs_the_driver_monitoring_frame(dm_artifacts, tmp_path, capsys):
+  """`profile dmonitoring_model.bin --warp dm_warp.bin` fed the road cameras' pair to a pair that reads the driver camera alone, and raised
+  'copy_frames() has not been given its camera frame yet'. Now every call of the fused frame is timed: the warp's kernels, then the model's."""
+  import json
+
+  from sunnypilot.modeld_v2.format.bundle import read_parts
+  out = str(tmp_path / "dm_profile.json")
+  model, warp = f"{dm_artifacts}/dmonitoring_model.bin", f"{dm_artifacts}/dm_warp_1344x760.bin"
+  assert main(["profile", model, "--warp", warp, "--rounds", "1", "--json", out]) == 0
+  result = json.load(open(out))
+  names = [c["name"] for c in result["calls"] if c["name"] != "copy"]
+  expected = [h.programs[c.program].name for path in (warp, model) for h, _ in read_parts(path)[0].values() for c in h.calls if c.kind == "program"]
+  assert sorted(names) == sorted(expected) and result["what"] == "the warp fused in front of the model (frames uploaded)"
+  assert "dmonitoring_model.bin" in capsys.readouterr().err
+
+def test_peaks_preset_picks_each_kernels_rate_by_its_arithmetic(dm_artifacts, tmp_path, capsys):
+  """--peaks h200: a float16 bundle's kernels that read or write half are bounded by the H200's dense FP16 tensor-core rate (1,979 TFLOP/s
+  with sparsity: 989.5 dense), the float32 ones (the warp's coordinates) by its 67 TFLOP/s FP32; bytes by 4.8 TB/s."""
+  import json
+
+  from sunnypilot.modeld_v2.compile_modeld import compile_model
+  half = str(tmp_path / "dm16.bin")
+  compile_model(half, onnx=f"{dm_artifacts}/dmonitoring_model.onnx", log=lambda s: None, precision="float16")
+  out = str(tmp_path / "p.json")
+  assert main(["profile", half, "--warp", f"{dm_artifacts}/dm_warp_1344x760.bin", "--rounds", "1", "--peaks", "h200", "--json", out]) == 0
+  calls = [c for c in json.load(open(out))["calls"] if c["name"] != "copy"]
+  kinds = {c["arithmetic"] for c in calls}
+  assert kinds == {"fp16", "fp32"}, kinds  # the conv layers in half; the warp (uint8 in and out, float32 coordinates) and casts in float
+  for c in calls:
+    assert c["peak_flops"] == (989.5e12 if c["arithmetic"] == "fp16" else 67e12)
+    assert c["bound_s"] == max(c["ops"] / c["peak_flops"], c["bytes"] / 4.8e12)
+  assert "NVIDIA H200 Tensor Core GPU datasheet" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as e: main(["profile", half, "--peaks", "h200", "--peak-tflops", "67"])
+  assert e.value.code == 2 and "--peaks sets the peaks" in capsys.readouterr().err
+
+def test_tensor_cores_are_read_from_a_cuda_kernels_ptx():
+  """tinygrad 0.14.0's CUDA tensor-core kernels issue these instructions (as rendered for sm_90 with TC_OPT=1, and ALLOW_TF32=1 for float)."""
+  from sunnypilot.modeld_v2.format.part import Param
+  from sunnypilot.modeld_v2.tools.kernel_profile import PEAKS, arithmetic
+  half, single = (SimpleNamespace(signature=(Param("data0", 0, dt, (4,)), Param("data1", 1, dt, (4,)))) for dt in ("dtypes.half", "dtypes.float"))
+  fp16_mma = b'asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, ...")'
+  tf32_mma = b'asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, ...")'
+  assert arithmetic(half, fp16_mma) == ("fp16", "fp16") and arithmetic(half, b"ld.global.b16") == ("fp16", None)
+  assert arithmetic(single, tf32_mma) == ("fp32", "tf32") and arithmetic(single, b"fma.rn.f32") == ("fp32", None)
+  h200 = PEAKS["h200"]
+  assert arithmetic(single, tf32_mma).peak(h200) == 494.5e12 and arithmetic(single, b"").peak(h200) == 67e12
+  assert arithmetic(half, b"").peak(h200) == arithmetic(half, fp16_mma).peak(h200) == 989.5e12

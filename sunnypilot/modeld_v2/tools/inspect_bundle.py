@@ -7,11 +7,13 @@
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin    # replay the recorded check here; exit 1 on any mismatch
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify model.bin --trusted-keys keys/   # its signature first, as modeld checks it
   python -m sunnypilot.modeld_v2.tools.inspect_bundle verify manifest.json --trusted-keys keys/   # a set: signature, folder, every hash
-  python -m sunnypilot.modeld_v2.tools.inspect_bundle profile model.bin [--warp warp.bin] [--peak-tflops 67 --peak-tbs 4.8] [--json out.json]
-      # time each kernel alone here: FLOPs and bytes (tinygrad's estimates), GFLOP/s, GB/s, share, and the roofline lower bound
+  python -m sunnypilot.modeld_v2.tools.inspect_bundle profile model.bin [--warp warp.bin] [--peak-tflops 67 --peak-tbs 4.8 | --peaks h200] [--json out.json]
+      # time each kernel alone here: FLOPs and bytes (tinygrad's estimates), GFLOP/s, GB/s, share, and the roofline lower bound;
+      # --peaks h200: the H200 datasheet's peaks, each kernel's FLOP rate by its arithmetic (fp32, fp16, tensor cores in its binary)
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import logging
 import os
@@ -214,6 +216,22 @@ def verify_manifest(path: str, trust: Trust | None) -> bool:
     return False
   return True
 
+def run_profile(args: argparse.Namespace) -> int:
+  """The profile command: each call of the bundle (the warp fused in front with --warp) timed alone against the roofline of the peaks given."""
+  import json
+
+  from sunnypilot.modeld_v2.common.files import replaced_atomically
+  from sunnypilot.modeld_v2.tools.kernel_profile import PEAKS, bound_calls, profile, table
+  replay, what = bound_calls(args.bundle, args.warp)
+  logging.getLogger(__name__).info(f"profiling {args.bundle}: {what}, {args.rounds} runs per call ...")
+  result = profile(replay, args.rounds, args.peak_tflops and args.peak_tflops * 1e12, args.peak_tbs and args.peak_tbs * 1e12,
+                   PEAKS[args.peaks] if args.peaks else None)
+  print(table(result, args.top))
+  if args.json:
+    with replaced_atomically(args.json) as (tmp,), open(tmp, "w") as f:
+      json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
+  return 0
+
 @interruptible("inspect_bundle")
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("inspect_bundle", __doc__)
@@ -224,13 +242,17 @@ def main(argv: list[str] | None = None) -> int:
   peak = finite_float(0, 1e6, low_open=True)
   parser.add_argument("--peak-tflops", type=peak, help="profile: the device's peak FLOP rate for the roofline, in TFLOP/s (say where it comes from)")
   parser.add_argument("--peak-tbs", type=peak, help="profile: the device's peak memory bandwidth for the roofline, in TB/s")
+  from sunnypilot.modeld_v2.tools.kernel_profile import PEAKS
+  parser.add_argument("--peaks", choices=tuple(PEAKS), help="profile: a device's datasheet peaks instead of --peak-tflops/--peak-tbs, each kernel's "
+                      "FLOP rate picked by its arithmetic: " + "; ".join(f"{n}: {p.source}" for n, p in PEAKS.items()))
   parser.add_argument("--top", type=non_negative_int, default=0, help="profile: print only the N slowest calls (0: all)")
   parser.add_argument("--json", help="profile: also write the results as JSON here")
   parser.add_argument("--trusted-keys", help="verify: a folder of trusted public keys (*.pem): the bundle or manifest must be signed as modeld "
                       "requires with these keys")
   args = parser.parse_args(argv)
   if args.trusted_keys and args.command != "verify": parser.error("--trusted-keys goes with verify")
-  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path, replaced_atomically
+  if args.peaks and (args.peak_tflops or args.peak_tbs): parser.error("--peaks sets the peaks: give it or --peak-tflops/--peak-tbs, not both")
+  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
   from sunnypilot.modeld_v2.format.bundle import read_parts
   if args.json:
     try: check_output_path(args.json, inputs=(args.bundle, args.warp))
@@ -251,18 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "inspect":
       print(describe(args.bundle))
       return 0
-    if args.command == "profile":
-      import json
-
-      from sunnypilot.modeld_v2.tools.kernel_profile import bound_calls, profile, table
-      replay, what = bound_calls(args.bundle, args.warp)
-      logging.getLogger(__name__).info(f"profiling {args.bundle}: {what}, {args.rounds} runs per call ...")
-      result = profile(replay, args.rounds, args.peak_tflops and args.peak_tflops * 1e12, args.peak_tbs and args.peak_tbs * 1e12)
-      print(table(result, args.top))
-      if args.json:
-        with replaced_atomically(args.json) as (tmp,), open(tmp, "w") as f:
-          json.dump(result | {"bundle": args.bundle, "warp": args.warp, "what": what}, f, indent=2)
-      return 0
+    if args.command == "profile": return run_profile(args)
     if trust is not None and not verify_signature(args.bundle, trust):  # kernels nobody trusted vouched for are never run, not even to check them
       print(f"{args.bundle}: NOT SIGNED as the trusted keys require: its kernels were not run")
       return 1
