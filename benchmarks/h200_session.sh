@@ -2,8 +2,9 @@
 # The H200 session: three calls of at most 9 minutes, each its own: run from the repo root on the device
 #
 #   bash benchmarks/h200_session.sh 1    # the DM frame in float16: tensor cores by hand (TC_OPT=2) and by BEAM=2, against torch's float16 peers
-#   bash benchmarks/h200_session.sh 2    # the DM frame in float32: TF32 tensor cores (ALLOW_TF32=1) by hand and by BEAM=2, strict float32 BEAM=2,
-#                                        #   against torch.compile in float32 (TF32 convolutions, torch's default) and torch's strict float32 CUDA graph
+#   bash benchmarks/h200_session.sh 2    # the DM frame in float32: TF32 tensor cores (ALLOW_TF32=1) by hand and by BEAM=2, against torch.compile
+#                                        #   in float32 (TF32 convolutions, torch's default) and torch's strict float32 CUDA graph; then a model
+#                                        #   switch's warm-up in the shadow at 20 Hz (benchmarks/bench_shadow, full stand-ins)
 #   bash benchmarks/h200_session.sh 3    # the driving frame at float16 and float32 (BEAM=2, and as one CUDA graph) against torch.compile alone;
 #                                        #   the roofline of every frame built so far; then DEV=CUDA pytest tests/runtime/test_cuda.py if time is left
 #
@@ -95,9 +96,11 @@ case $CALL in
       --json "$OUT/roofline_dm_f16.json"
     ;;
   2)
-    sweep dm_f32 480 bench_dm_sweep --variants tf32_tc,tf32_b2,f32_b2 --frames 60 --torch-modes graph-strict,compile --workdir out/dm_sweep
-    step roofline_dm_f32 60 $PY -m benchmarks.bench_roofline dm_tf32_tc=out/dm_sweep/tf32_tc dm_tf32_b2=out/dm_sweep/tf32_b2 dm_f32_b2=out/dm_sweep/f32_b2 \
+    sweep dm_f32 330 bench_dm_sweep --variants tf32_tc,tf32_b2 --frames 60 --torch-modes graph-strict,compile --workdir out/dm_sweep
+    step roofline_dm_f32 40 $PY -m benchmarks.bench_roofline dm_tf32_tc=out/dm_sweep/tf32_tc dm_tf32_b2=out/dm_sweep/tf32_b2 \
       --peaks h200 --top 10 --json "$OUT/roofline_dm_f32.json"
+    # a model switch's warm-up in the shadow at 20 Hz with full stand-ins (issue: a model change never hands the car a model without its past)
+    step shadow 150 $PY -m benchmarks.bench_shadow --model full --before 60 --after 40 --runs 1 --json "$OUT/shadow.json"
     ;;
   3)
     sweep driving 450 bench_driving_sweep --variants f16_b2,f16_b2_1graph,f32_b2,f32_b2_1graph --frames 200 --torch-modes compile \
