@@ -64,6 +64,8 @@ setup() {
   if [ ! -x "$PY" ]; then
     python3.12 -m venv --system-site-packages out/venv-h200 || return 1  # torch, onnx, onnxruntime stay visible
     out/venv-h200/bin/pip install --no-index --no-deps --disable-pip-version-check -q wheels/*.whl || return 1
+    # openpilot-logging (the schema the daemons speak on a PC) comes as its source archive
+    out/venv-h200/bin/pip install --no-index --no-deps --no-build-isolation --disable-pip-version-check -q wheels/openpilot_logging-*.tar.gz || return 1
   fi
   # tinygrad compiles CUDA kernels with NVRTC: where the system has none, the one torch's wheels ship
   if ! $PY -c "from tinygrad import Tensor; assert (Tensor([1.0]) + 1).tolist() == [2.0]" >/dev/null 2>&1; then
