@@ -32,7 +32,7 @@
 # to finish what it dropped: on the same (warm) machine the variants built are reused (out/*_sweep/<variant>/built.json), tinygrad's BEAM
 # caches (out/*_sweep/cache/) and torch's Inductor cache (out/torchinductor) too.
 #
-# Needs: python3.12 with torch, onnx and onnxruntime; wheels/ at the repo root holding tinygrad==0.14.0, msgq-ipc, pycapnp and zstandard
+# Needs: python3 (3.12) with torch, onnx, onnxruntime and pytest; wheels/ at the repo root holding tinygrad==0.14.0, msgq-ipc, pycapnp and zstandard
 # (and pytest, pluggy, iniconfig, packaging for the last step; carry wheels/ if git ignores it there); $OUT, the folder that comes back.
 set -u
 cd "$(dirname "$0")/.."
@@ -40,9 +40,10 @@ CALL=${1:?"usage: bash benchmarks/h200_session.sh 1|2|3"}
 OUT=${OUT:?"OUT: the folder whose files come back"}
 LIMIT=${H200_CALL_S:-530}  # seconds this call may take: 9 minutes less a margin for the machine's own start and transfers
 START=$SECONDS
-PY=${H200_PY:-out/venv-h200/bin/python}
+PY=${H200_PY:-python3}
+SITE=out/site-h200
 export DEV=${H200_DEV:-CUDA}  # H200_DEV=CPU with H200_PY: a dry run of the script's steps elsewhere
-export PYTHONPATH=$PWD TORCHINDUCTOR_CACHE_DIR=$PWD/out/torchinductor
+export PYTHONPATH=$PWD:$PWD/out/site-h200 TORCHINDUCTOR_CACHE_DIR=$PWD/out/torchinductor
 mkdir -p "$OUT" out
 
 say() { echo "== $*" | tee -a "$OUT/session.txt"; }
@@ -61,15 +62,16 @@ step() {
 }
 
 setup() {
-  if [ ! -x "$PY" ]; then
-    python3.12 -m venv --system-site-packages out/venv-h200 || return 1  # torch, onnx, onnxruntime stay visible
-    out/venv-h200/bin/pip install --no-index --no-deps --disable-pip-version-check -q wheels/*.whl || return 1
+  # the machine's python3 holds torch, onnx and onnxruntime (a venv of its own): the missing packages go beside it into a folder on the path
+  if [ ! -d "$SITE/tinygrad" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check --target "$SITE" wheels/tinygrad-*.whl \
+      wheels/msgq_ipc-*.whl wheels/pycapnp-*.whl wheels/zstandard-*.whl wheels/cryptography-*.whl wheels/cffi-*.whl wheels/pycparser-*.whl || return 1
     # openpilot-logging (the schema the daemons speak on a PC) comes as its source archive
-    out/venv-h200/bin/pip install --no-index --no-deps --no-build-isolation --disable-pip-version-check -q wheels/openpilot_logging-*.tar.gz || return 1
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --disable-pip-version-check --target "$SITE" wheels/openpilot_logging-*.tar.gz || return 1
   fi
   # tinygrad compiles CUDA kernels with NVRTC: where the system has none, the one torch's wheels ship
   if ! $PY -c "from tinygrad import Tensor; assert (Tensor([1.0]) + 1).tolist() == [2.0]" >/dev/null 2>&1; then
-    NVRTC_PATH=$($PY -c "import glob, os, nvidia.cuda_nvrtc as m; print(sorted(glob.glob(os.path.join(list(m.__path__)[0], 'lib', 'libnvrtc.so.*')))[0])" 2>/dev/null)
+    NVRTC_PATH=$($PY -c "import glob, os, nvidia; print(sorted(f for d in nvidia.__path__ for f in glob.glob(os.path.join(d, '**', 'libnvrtc.so*'), recursive=True))[-1])" 2>/dev/null)
     export NVRTC_PATH
     $PY -c "from tinygrad import Tensor; assert (Tensor([1.0]) + 1).tolist() == [2.0]" || { say "tinygrad cannot run on CUDA here (NVRTC_PATH=$NVRTC_PATH)"; return 1; }
   fi
