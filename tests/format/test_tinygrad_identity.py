@@ -1,7 +1,8 @@
 """Which tinygrad is imported, read from the package itself (format/tinygrad_identity), and which bundles it replays: PyPI's 0.14.0 as
 installed here; openpilot's 138fb4a as a comma device imports it (a symlinked checkout, no pip metadata), and beside a stale 0.14.0
 dist-info; a tinygrad that is neither. Each runs the way a user meets it: a fresh process, the inspect_bundle CLI, one line on stderr.
-The 138fb4a cases need its archive (../shared/upstream/tinygrad-138fb4a.tar.gz, tinygrad/tinygrad at 138fb4a) and skip without it."""
+The 138fb4a cases need that commit's source archive (tinygrad/tinygrad at 138fb4a, ARCHIVE below, where the workplace keeps it) and skip
+without it."""
 import hashlib
 import importlib.metadata
 import json
