@@ -176,6 +176,10 @@ class OrtPeer:
     run = lambda key, feeds: dict(zip((o.name for o in sessions[key].get_outputs()), sessions[key].run(None, feeds)))
     self.peer = PeerStep(files, frame, NumpyOps(), run, lambda buf, m: numpy_warp(buf, frame, m))
 
+  def reset(self) -> None:
+    from benchmarks.peer_step import clear
+    clear(self.peer)
+
   def step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
     self.peer.frames[0], self.peer.frames[1] = road[:self.peer.frames.shape[1]], wide[:self.peer.frames.shape[1]]
     self.peer.m_inv[:] = host[HOST_TRANSFORM]
@@ -189,6 +193,8 @@ class PeerAdapter:
   def __init__(self, peer, cameras: tuple[str, ...] = CAMERA_BUFFERS, transform: tuple[int, ...] = (2, 3, 3)):
     self.peer, self.cameras = peer, cameras
     self.numpy_inputs = {HOST_TRANSFORM: np.zeros(transform, np.float32)} | {k: np.zeros(tuple(v.shape), np.float32) for k, v in peer.peer.host.items()}
+
+  def reset_states(self) -> None: self.peer.reset()
 
   def copy_frames(self, bufs: dict) -> None: self.bufs = bufs
 

@@ -86,6 +86,10 @@ class OrtDMPeer:
     run = lambda key, feeds: dict(zip((o.name for o in session.get_outputs()), session.run(None, feeds)))
     self.peer = DMPeerStep(path, frame, NumpyOps(), run, lambda buf, m: dm_input(buf, frame, m, size, border_fill))
 
+  def reset(self) -> None:
+    from benchmarks.peer_step import clear
+    clear(self.peer)
+
   def step(self, buf: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
     self.peer.frames[0] = buf[:self.peer.frames.shape[1]]
     self.peer.m_inv[0] = host[HOST_TRANSFORM]

@@ -26,6 +26,12 @@ class NumpyOps:
   def assign(self, dst, src) -> None: dst[...] = src
   def cast(self, x, dtype) -> np.ndarray: return x.astype(dtype, copy=False)
 
+def clear(step: Any) -> None:
+  """Zero a step's queues, states and host inputs in place (a CUDA graph keeps their addresses): the next frame starts from nothing, as
+  a freshly loaded bundle does."""
+  for buffers in (step.images, step.queues, step.states, step.host):
+    for v in buffers.values(): step.ops.assign(v, step.ops.zeros(tuple(v.shape), v.dtype))
+
 class PeerStep:
   """`step()` runs one frame: warp `frames` (2, size) uint8 with `m_inv` (2, 3, 3), feed the queues and the host inputs (`host`, by the ONNX's
   names), run the model(s), return (1, N) float32 outputs, models concatenated in the bundle's order. `run_model(key, feeds)` runs one ONNX

@@ -88,6 +88,8 @@ class StrictFloat32:
   def step(self, *frames_and_host: Any) -> np.ndarray:
     with torch_tf32(self.torch, False): return self.inner.step(*frames_and_host)
 
+  def reset(self) -> None: self.inner.reset()
+
 def torch_peers(kind: FrameKind, files: dict[str, str], frame: Any, precision: str, modes: list[str], budget: Budget,
                 log: Callable[[str], None]) -> list[TimedPath]:
   """The torch peers of `modes` (eager, graph, compile; `-strict`: float32 with TF32 off), each one that fits the budget; a peer that cannot
@@ -119,8 +121,9 @@ def percentiles(t: list[float]) -> dict[str, float]:
 
 def time_interleaved(paths: list[TimedPath], bufs: list[dict], kind: FrameKind, m_inv: np.ndarray, frames: int, tolerance: Callable,
                      log: Callable[[str], None]) -> dict[str, dict]:
-  """Every path on the same frames, frame by frame, each frame starting at the next path; each path's outputs against paths[0]'s (the
-  reference; the next path becomes it if it fails) on every frame. A path that raises is dropped with one line."""
+  """Every path on the same frames from zeroed states, frame by frame, each frame starting at the next path; each path's outputs against
+  paths[0]'s (the reference; the next path becomes it if it fails) on every frame. A path that raises is dropped with one line."""
+  for p in paths: p.adapter.reset_states()  # every path from zeroed states: an earlier group's frames must not linger in a recurrent model
   times: dict[str, list[float]] = {p.label: [] for p in paths}
   diffs = dict.fromkeys(times, 0.0)
   live = list(paths)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from benchmarks.peer_step import DMPeerStep, PeerStep
+from benchmarks.peer_step import DMPeerStep, PeerStep, clear
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 
 MODES = ("eager", "graph", "compile")
@@ -169,9 +169,8 @@ class TorchPeer:
 
   def reset(self) -> None:
     """Zero every queue and state in place (the CUDA graph keeps their addresses): the next step starts where the other paths start."""
-    for buffers in (self.peer.images, self.peer.queues, self.peer.states, self.peer.host):
-      for v in buffers.values(): v.zero_()
-    self.torch.cuda.synchronize()
+    clear(self.peer)
+    if self.device == "cuda": self.torch.cuda.synchronize()
 
   def _primary_context(self) -> Any:
     """tinygrad runs CUDA in a context of its own and leaves it current; torch expects the device's primary context. Returns the context

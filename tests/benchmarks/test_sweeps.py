@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 import pytest
 
 from benchmarks import bench_dm_sweep, bench_driving_sweep
@@ -127,3 +128,22 @@ def test_sigterm_stops_the_sweep_and_the_build_it_runs(tmp_path):
   while pool & sems() and time.monotonic() < deadline + 10: time.sleep(0.1)
   assert not pool & sems(), f"the build's semaphores were left in /dev/shm: {sorted(pool & sems())}"
   proc.stderr.close()
+
+def test_a_later_group_starts_every_path_from_zeroed_states(native_artifacts):
+  # the sweep times a precision group, then again with torch.compile's fresh peer beside the same tinygrad paths: a recurrent model's
+  # states (native: its hidden state) must not carry the first group's frames into the second, or the fresh peer looks wrong
+  from benchmarks.bench import OrtPeer, PeerAdapter, synthetic_buffers
+  from benchmarks.sweep_timing import time_interleaved
+  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
+  from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
+  frame = camerad_frame(1344, 760)
+  kind = bench_driving_sweep.DRIVING
+  bufs, m_inv = synthetic_buffers(frame, 3), np.stack([np.array([[2, 0, 40], [0, 2, 60], [0, 0, 1]], np.float32)] * 2)
+  ours = TimedPath("tinygrad", ModelRunner(f"{native_artifacts}/model.bin", f"{native_artifacts}/warp_split.bin"), "float32", False, True)
+  tolerance = lambda p, ref: (1e-3, False)
+  try:
+    time_interleaved([ours], bufs, kind, m_inv, 4, tolerance, print)
+    peer = TimedPath("onnxruntime", PeerAdapter(OrtPeer({"onnx": f"{native_artifacts}/native.onnx"}, frame)), "float32", False, False)
+    rows = time_interleaved([ours, peer], bufs, kind, m_inv, 4, tolerance, print)
+    assert rows["onnxruntime"]["max_diff_vs_reference"] <= 1e-4 and rows["onnxruntime"]["within_tolerance"], rows
+  finally: ours.adapter.close()
