@@ -7,6 +7,7 @@
 #                                        #   switch's warm-up in the shadow at 20 Hz (benchmarks/bench_shadow, full stand-ins)
 #   bash benchmarks/h200_session.sh 3    # the driving frame at float16 and float32 (BEAM=2, and as one CUDA graph) against torch.compile alone;
 #                                        #   the roofline of every frame built so far; then DEV=CUDA pytest tests/runtime/test_cuda.py if time is left
+#   bash benchmarks/h200_session.sh 4    # a short check of outputs: the driving frame (float16, no search) against torch's float16 graph and compile
 #
 # What each answers (the goals):
 #   call 1  goal 1, float16: is the fused DM frame at least as fast as torch.compile max-autotune (float16 ONNX, model.half()), outputs within
@@ -36,7 +37,7 @@
 # (and pytest, pluggy, iniconfig, packaging for the last step; carry wheels/ if git ignores it there); $OUT, the folder that comes back.
 set -u
 cd "$(dirname "$0")/.."
-CALL=${1:?"usage: bash benchmarks/h200_session.sh 1|2|3"}
+CALL=${1:?"usage: bash benchmarks/h200_session.sh 1|2|3|4"}
 OUT=${OUT:?"OUT: the folder whose files come back"}
 LIMIT=${H200_CALL_S:-530}  # seconds this call may take: 9 minutes less a margin for the machine's own start and transfers
 START=$SECONDS
@@ -117,7 +118,11 @@ case $CALL in
     if $PY -c "import pytest" 2>/dev/null; then step test_cuda 120 $PY -m pytest tests/runtime/test_cuda.py -q -p no:cacheprovider
     else say "test_cuda: skipped: pytest is not installed (its wheels in wheels/: pytest, pluggy, iniconfig, packaging)"; fi
     ;;
-  *) echo "usage: bash benchmarks/h200_session.sh 1|2|3" >&2; exit 2 ;;
+  4)
+    # outputs only (no goal): the driving frame against torch.compile's float16 peer over 20 frames, each path from zeroed states
+    sweep check 300 bench_driving_sweep --variants f16 --frames 20 --torch-modes graph,compile --workdir out/driving_sweep
+    ;;
+  *) echo "usage: bash benchmarks/h200_session.sh 1|2|3|4" >&2; exit 2 ;;
 esac
 say "call $CALL done in $((SECONDS - START))s; goals:"
 grep -h -E "goal [0-9.]+x|dropping|cannot|failed|skipping" --exclude='env_*' --exclude=session.txt "$OUT"/*.txt 2>/dev/null | grep -v "^== " | sort -u \
