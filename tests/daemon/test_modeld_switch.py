@@ -451,6 +451,42 @@ def init_(self, model_path, *args, **kwargs):
 model_runner.ModelRunner.__init__ = init_
 sys.exit(modeld.main())""")
 
+# a sunnypilot device's Params (common/params @084747c raises UnknownKeyName for a key it does not list): only the Chestnut slot holds a
+# bundle, as sunnypilot's model manager writes it (JSON, the set in internalName); every other key is unknown, so no CarParams either
+CHESTNUT_PICK = ("-c", """import json, os, sys
+from sunnypilot.modeld_v2 import modeld
+from sunnypilot.modeld_v2.daemon import daemon_main, device_params
+class UnknownKeyName(Exception): pass
+class Params:
+  def get(self, key):
+    if key == "ModelManager_ActiveBundleChestnut": return json.dumps({"internalName": os.environ["PICK"], "ref": "0" * 40}).encode()
+    raise UnknownKeyName(key)
+  def put_bool(self, key, value): raise UnknownKeyName(key)
+daemon_main.device_params = lambda report: device_params.DeviceParams(Params(), report)
+sys.exit(modeld.main())""")
+
+def test_sunnypilots_chestnut_pick_is_the_big_model(artifacts, root, sets, openpilot_prefix):
+  """sunnypilot's second model slot: the set its model manager picked for the Chestnut loads as the big model beside the running set
+  (which names none), warms in its shadow and takes over; the small one's outputs are its own until then."""
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)), env={"PICK": "b"}, command=CHESTNUT_PICK)
+  end = exchange_until(daemon, "big model takes over from the small one", 0)
+  daemon.exchange(range(end, end + 5))
+  assert daemon.stop() == 0 and daemon.published == list(range(end + 5))
+  assert any("set b's big model loaded" in line for line in daemon.lines), daemon.lines
+  sent = list(range(end + 5))
+  first_big = next(int(m[1]) for line in daemon.lines if (m := re.search(r"frame (\d+): the first on set default \(model \w+, the big one\)", line)))
+  warm = next(int(m[1]) for line in daemon.lines if (m := re.search(r"frame (\d+): the first of the big model in the shadow", line)))
+  assert [daemon.raw(i) for i in sent[:first_big]] == reference(artifacts, sent[:first_big]), "the small one, untouched by the big one"
+  assert [daemon.raw(i) for i in sent[first_big:]] == reference(str(sets / "b"), sent[warm:])[first_big - warm:], "set b's model, with its past"
+
+def test_a_chestnut_pick_that_is_not_installed_is_one_line(artifacts, root, openpilot_prefix):
+  daemon = Daemon(artifacts, args=("--model-sets", str(root)), env={"PICK": "nope"}, command=CHESTNUT_PICK)
+  daemon.exchange(range(10))
+  assert daemon.stop() == 0 and daemon.published == list(range(10))
+  said = [line for line in daemon.lines if "Chestnut pick" in line]
+  assert len(said) == 1 and "the Chestnut pick (set nope) is not used as the big model: no set nope in" in said[0], daemon.lines
+  assert not any("big model" in line for line in daemon.lines if line not in said), "no big model without a pick that opens"
+
 def test_what_runs_is_listed_and_watched(artifacts, root, openpilot_prefix):
   """install_models --list: the installed sets, the one asked for, the last that ran per daemon, and what modeld runs now (its model's
   identity and since which frame); modeld_watch shows the same line live; once modeld exits its record goes with it."""

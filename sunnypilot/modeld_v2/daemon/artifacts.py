@@ -51,11 +51,15 @@ class DaemonBundles:
   what: str  # the model, in words
   build_model: str
   build_warp: str
+  big: bool = False  # loaded as the big one of openpilot's big/small pair (modelV2.big)
 
 DRIVING = DaemonBundles(DRIVING_MODEL, MODEL_NAME, "model", WARP, "warp", "driving model", "compile_modeld",
                         "python -m sunnypilot.modeld_v2.compile_warp --frame {frame} --warp-to 512x256 --split-frames")
 BIG_DRIVING = DaemonBundles(BIG_DRIVING_MODEL, BIG_MODEL_NAME, "model", WARP, "warp", "big driving model", "compile_modeld",
-                           DRIVING.build_warp)  # the big one of a set's pair: the driving model's warps, its own device's
+                           DRIVING.build_warp, big=True)  # the big one of a set's pair: the driving model's warps, its own device's
+# the big one sunnypilot's model manager picks for its Chestnut slot: another set's driving model, loaded as the big one
+CHESTNUT_DRIVING = DaemonBundles(DRIVING_MODEL, MODEL_NAME, "model", WARP, "warp", "big driving model (the Chestnut pick)", "compile_modeld",
+                                 DRIVING.build_warp, big=True)
 DRIVER_MONITORING = DaemonBundles(DM_MODEL, DM_MODEL_NAME, "dmonitoring_model", DM_WARP, "dm_warp", "driver-monitoring model",
                                   "compile_modeld --onnx dmonitoring_model.onnx", "python -m sunnypilot.modeld_v2.compile_dm_warp --frame {frame}")
 

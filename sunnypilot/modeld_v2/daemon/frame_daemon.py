@@ -20,14 +20,14 @@ import numpy as np
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.common.logs import Episodes
-from sunnypilot.modeld_v2.daemon.artifacts import BIG_DRIVING, DRIVING, DaemonBundles, NoWarp, check_set, has_big_model, load_pair, model_file
+from sunnypilot.modeld_v2.daemon.artifacts import BIG_DRIVING, CHESTNUT_DRIVING, DRIVING, DaemonBundles, NoWarp, check_set, has_big_model, load_pair, model_file
 from sunnypilot.modeld_v2.daemon.big_model import BIG_MODEL_TIMEOUT_S, BigModel
 from sunnypilot.modeld_v2.daemon.camera_sync import Geometry
 from sunnypilot.modeld_v2.daemon.daemon_spec import Clock, DaemonSpec, Frame, Loaded
 from sunnypilot.modeld_v2.daemon.frame_inputs import HostInputs
 from sunnypilot.modeld_v2.daemon.messaging import pub_master, sub_master
 from sunnypilot.modeld_v2.daemon.model_sets import DEFAULT_SET, ModelSet, ModelSets, Trust
-from sunnypilot.modeld_v2.daemon.model_switch import Candidate, ModelSwitch, trigger_for
+from sunnypilot.modeld_v2.daemon.model_switch import CHESTNUT_KEY, ActiveSetParam, Candidate, ModelSwitch, trigger_for
 from sunnypilot.modeld_v2.daemon.process import config_background, config_realtime
 from sunnypilot.modeld_v2.daemon.run_state import RunState, state_of
 from sunnypilot.modeld_v2.daemon.schema import SCHEMA
@@ -149,7 +149,7 @@ class FrameDaemon(Generic[P]):
       adapter = ModelRunner(model, warp, verify=verify)
       try:
         loaded = Loaded(adapter, HostInputs(adapter.numpy_inputs, report), sensor, warp, digests[model], planes,
-                        self.spec.own(adapter, sensor, warp, report), kind is BIG_DRIVING)
+                        self.spec.own(adapter, sensor, warp, report), kind.big)
         self.warm_up(loaded)
       except ValueError as e:  # a model whose outputs this daemon cannot read: the set's problem, one line
         adapter.close()
@@ -178,15 +178,23 @@ class FrameDaemon(Generic[P]):
 
   def use(self, candidate: Candidate[Loaded[P]], fresh: bool) -> None:
     """Frames run on `candidate`'s model from the next one (the spec's part; `fresh`: its recurrent state starts from zero), and that
-    frame's line names it; its set's big model, if it names one, starts loading beside it (daemon/big_model.py)."""
+    frame's line names it; its big model (big_pick), if there is one, starts loading beside it (daemon/big_model.py)."""
     self.spec.use(candidate.handle, self.camera, fresh)
     self.first_frame, self.since, self.driving = True, (time.time(), None), candidate.handle
     if self.big is not None: self.big.end()
     self.big = None
-    if self.spec.bundles is DRIVING and has_big_model(candidate.model_set):
-      model_set, geometry = candidate.model_set, self.geometry
+    if self.spec.bundles is DRIVING and (pick := self.big_pick(candidate.model_set)) is not None:
+      (model_set, kind), geometry = pick, self.geometry
       assert geometry is not None, "a set is used for the cameras it was loaded for"
-      self.big = BigModel(model_set.name, lambda: self.prepare(model_set, geometry, BIG_DRIVING), self.discard, self.params, self.big_model_timeout_s)
+      self.big = BigModel(model_set.name, lambda: self.prepare(model_set, geometry, kind), self.discard, self.params, self.big_model_timeout_s)
+
+  def big_pick(self, running: ModelSet) -> tuple[ModelSet, DaemonBundles] | None:
+    """The big model beside `running`, read each time a set takes over: on a sunnypilot device, the driving model of the set its model
+    manager picked for the Chestnut (CHESTNUT_KEY), when that set opens here; else `running`'s own big model, if it names one."""
+    if self.params is not None and (name := ActiveSetParam(self.params, CHESTNUT_KEY).requested()[0]):
+      try: return self.sets.open(name), CHESTNUT_DRIVING
+      except ArtifactError as e: self.episodes.once(f"the Chestnut pick (set {name}) is not used as the big model: {e}")
+    return (running, BIG_DRIVING) if has_big_model(running) else None
 
   def discard(self, loaded: Loaded[P]) -> None:
     """A loaded set no frame runs on any more: the switch closes it, on its thread while frames run."""

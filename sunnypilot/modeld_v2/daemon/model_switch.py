@@ -54,18 +54,22 @@ class ActiveSetParam:
   its `ref`): install_models names a set's folder after its manifest's name, which a model manager sets to the same."""
   KEY = "ModelManager_ActiveBundle"
 
-  def __init__(self, params: Any):
-    self.params = params
+  def __init__(self, params: Any, key: str = KEY):
+    self.params, self.key = params, key
 
   def requested(self) -> tuple[str, Any]:
-    raw = self.params.get(self.KEY)
+    raw = self.params.get(self.key)
     if not raw: return "", None
     try: bundle = raw if isinstance(raw, dict) else json.loads(raw)
     except (TypeError, ValueError): return "", raw  # bytes of another era's encoding: no set of ours
     name = bundle.get("internalName") or bundle.get("ref") if isinstance(bundle, dict) else None
     return (name if isinstance(name, str) else ""), json.dumps(bundle, sort_keys=True, default=str)
 
-  def __str__(self) -> str: return f"the parameter {self.KEY}"
+  def __str__(self) -> str: return f"the parameter {self.key}"
+
+# sunnypilot's second slot: the bundle its model manager picked for the Chestnut, the external accelerator that runs the big model
+# (sunnypilot/models/helpers.py ACTIVE_BUNDLE_KEYS["chestnut"]; written and read as the first slot is)
+CHESTNUT_KEY = "ModelManager_ActiveBundleChestnut"
 
 def trigger_for(sets: ModelSets, params: Any) -> ActiveSetFile | ActiveSetParam:
   """A daemon's request: openpilot's Params on a comma device (daemon/device_params.device_params), else (None) the flag file."""
