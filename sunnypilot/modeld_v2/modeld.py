@@ -2,22 +2,17 @@
 
   python -m sunnypilot.modeld_v2.modeld --artifacts out/artifacts/cpu_native_tiny [--max-frames N] [--rhd]   # the demo's folder on a CPU
 
-`--artifacts` holds `model.bin` (compile_modeld) and warp bundles (compile_warp) for the camera geometries it may meet; the daemon
-picks the warp whose frame layout matches the live camera buffers (a --split-frames warp first: it reads them in place). When camerad
-comes back with another geometry, the daemon switches to that geometry's warp and intrinsics, or waits, publishing nothing, until one is built.
-
-The model bundle's generation (recorded by compile_modeld; derived from what an older bundle records) decides the rules in generations.py:
-where the action's curvature comes from, what prev_desired_curv sees, the smoothing and low-speed hold, and the frame after a drop: today's
-generations run and publish it as any other (openpilot's modeld publishes every frame); older ones run it once with the graph's
-`prepare_only` gate on and publish nothing, as the openpilot of their day did.
-Delays: on a device CarParams (read from openpilot's Params at start, waiting for it as openpilot's modeld does) give the longitudinal
-actuator delay and the lateral one until liveDelay publishes; on a PC --lat-delay and --long-delay stand in.
+`--artifacts` holds `model.bin` (compile_modeld) and warp bundles (compile_warp); the daemon picks the warp whose frame layout matches the
+live camera buffers (a --split-frames warp first: it reads them in place), another when camerad comes back with another geometry, or none,
+publishing nothing, until one is built. The bundle's generation (model/generations.py) decides the action's rules and the frame after a drop:
+today's publish it as any other (openpilot's modeld publishes every frame), older ones run it with the graph's `prepare_only` gate on and
+publish nothing, as the openpilot of their day did. Delays: CarParams on a device (waited for at start, as openpilot's modeld does) until
+liveDelay publishes; --lat-delay and --long-delay on a PC.
 
 Model sets (daemon/model_sets.py): --artifacts is the default set; with --model-sets ROOT the set asked for (ROOT/active on a PC,
-sunnypilot's ModelManager_ActiveBundle parameter on a device) is loaded and warmed up by a thread beside the frames and takes over between
-two frames (daemon/model_switch.py); a set whose first 20 frames give non-finite outputs is dropped for the previous one; at start a set
+sunnypilot's ModelManager_ActiveBundle parameter on a device) loads beside the frames, warms up in the shadow of the running one and takes
+over between two frames (daemon/model_switch.py); one whose first 20 frames are not finite is dropped for the previous one, and at start one
 that fails falls back to the last that ran, then the default. With --trusted-keys every bundle must be signed (format/signature.py).
-
 This file says what modeld reads, how a frame becomes its model's inputs (daemon/frame_inputs.py) and how the outputs become its three
 messages; the frame loop, the cameras, loading and switching sets are the skeleton's (daemon/frame_daemon.py).
 """
