@@ -6,25 +6,28 @@ while modeld starts and loads a big bundle from a cold page cache.
 
 The neighbour (its own process, this file's `neighbour`) ticks on a fixed 20 Hz schedule: each tick a fixed job (a chain of small numpy
 matrix-vector products and a Python loop: about 3 ms on the 2-core dev VM) and a carControl message published over msgq, as controlsd does;
-per tick it stamps the schedule, its start and its end (CLOCK_MONOTONIC, the same clock in every process). A run is --seconds of ticks;
-in a loaded run this process starts modeld --start-at seconds in (camerad's stand-in serving the camera geometry, so that modeld loads at
-once), and the load window is from modeld's start to its "running:" line (the import, the device, the streamed load: what openpilot's
-modeld does at start). Runs alternate alone, loaded, alone, loaded (--reps pairs); before every run the page cache is made cold
-(--cold drop: sync, then /proc/sys/vm/drop_caches = 1, root only; fadvise: posix_fadvise(POSIX_FADV_DONTNEED) on the bundle files only,
-where dropping is not permitted; what was used is printed). The stand-in is bench_load's split_current of --model (`big`: 823 MB of
-weights, the size of openpilot's big model) with the 1928x1208 split warp, built once into --workdir.
+per tick it stamps the schedule, its start and its end (CLOCK_MONOTONIC, the same clock in every process). A run is --seconds of ticks; in a
+loaded run this process starts modeld --start-at seconds in (camerad's stand-in serving the camera geometry, so that modeld loads at once),
+and the load window is from modeld's start to its "running:" line, split at modeld's first line into the interpreter's start and imports,
+and the daemon's start and streamed load (what openpilot's modeld does at start). Runs alternate alone, loaded, alone, loaded (--reps
+pairs); before every run the page cache is made cold (--cold drop: sync, then /proc/sys/vm/drop_caches = 1, root only; fadvise:
+posix_fadvise(POSIX_FADV_DONTNEED) on the bundle files only, and where dropping is not permitted; what was used is printed). The stand-in is
+bench_load's split_current of --model (`big`: 823 MB of weights, the size of openpilot's big model) with the 1928x1208 split warp, built
+once into --workdir. --modeld-core pins this process (which starts modeld and serves the camera) and so modeld from its first instruction,
+and passes modeld --core; --neighbour-core pins the neighbour (default: every core).
 
-Per run: the neighbour's tick time (start -> end: its job and publish) and lateness (start - schedule), p50 / p99 / max ms, over the whole
-run after a 1 s warm-up and over the window (a loaded run's load; its alone partner's same span from the same offset). The verdict pools
-the windows: the loaded p99 tick time over the alone p99, against 1.5x (the bound of openpilot issue 39001); the same ratio of lateness
-and of completion (end - schedule, what a reader of the neighbour's messages sees) are printed beside it.
+Per run: the neighbour's tick time (start -> end: its job and publish), lateness (start - schedule) and completion (end - schedule), p50 /
+p99 / max ms, over the whole run after a 1 s warm-up and over the window (a loaded run's load; its alone partner's same span from the same
+offset). The verdict pools the windows: the loaded p99 tick time over the alone p99, against 1.5x (the bound of openpilot issue 39001); the
+same ratio of lateness and of completion (what a reader of the neighbour's messages sees) are printed beside it, and the loaded windows' two
+phases apart.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -104,7 +107,7 @@ def make_cold(mode: str, files: list[str]) -> str:
     return "fadvise"
   return "none"
 
-def run_once(artifacts: str, files: list[str], loaded: bool, args, log) -> dict:
+def run_once(artifacts: str, files: list[str], loaded: bool, args) -> dict:
   """One run of the neighbour for args.seconds, with modeld started args.start_at seconds in when `loaded`."""
   from sunnypilot.modeld_v2.replay.model_daemons import Modeld
   cold = make_cold(args.cold, files)
@@ -217,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
       for loaded in (False, True):
         log(f"pair {rep + 1}/{args.reps}: {'loaded' if loaded else 'alone'} ...")
-        runs.append(run_once(os.path.dirname(model), [model, warp], loaded, args, log))
+        runs.append(run_once(os.path.dirname(model), [model, warp], loaded, args))
   finally:
     camerad.close()
-    with contextlib.suppress(OSError): __import__("shutil").rmtree(f"/dev/shm/msgq_{prefix}")
+    shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
     if previous is None: os.environ.pop("OPENPILOT_PREFIX", None)
     else: os.environ["OPENPILOT_PREFIX"] = previous
   summary = summarize(runs, args)

@@ -2,27 +2,30 @@
 goes, the slope of each after a warm-up, and whether the pycapnp the daemons run leaks with the garbage collector off.
 
   python -m benchmarks.bench_soak [--model tiny|full] [--frames 72000] [--rate 20] [--sample-every N] [--warmup-fraction 0.2]
-                                  [--gc-frames 5000] [--json out/bench_soak.json]
+                                  [--gc-frames 20000] [--pycapnp DIR] [--json out/bench_soak.json]
 
 The soak: a split_current stand-in (modeld) and the driver-monitoring stand-in (dmonitoringmodeld) of --model in one artifacts folder
 (--workdir, reused while it holds the same build), camerad's stand-in (FakeCamerad) in this process serving the road, wide and driver
 cameras, the car's messages (car_bus) before each frame, both daemons their own processes as on a device. --frames at --rate Hz (0:
-lockstep, each frame once both daemons published the last one; 72,000 frames at 20 Hz is an hour of driving). Every --sample-every
-frames, per daemon, from /proc/<pid>: VmRSS, RssAnon (the heap: what a leak of Python objects grows), RssShmem, open file descriptors
-(fd/), and shared-memory mappings (distinct /dev/shm and memfd files in maps); and the run's own /dev/shm entries (msgq_<prefix>: the bus
-and VisionIPC sockets). The slope of each metric is the least-squares line through the samples after the first --warmup-fraction of the
-frames (the camera buffers' first bindings, the message templates, allocator arenas growing to their working size), per 1000 frames;
-the verdict projects it over an hour (72,000 frames): memory is flat when that stays under 8 MiB, counts when it stays under one.
-On exit each daemon says how many objects its frame loop left in reference cycles (it runs with the collector off): that count, and
-whether what the daemons and this process left in /dev/shm is gone afterwards, close the report.
+lockstep, each frame once both daemons published the last one; 72,000 frames at 20 Hz is an hour of driving). Every --sample-every frames,
+per daemon, from /proc/<pid>: VmRSS, RssAnon (the heap: what a leak of Python objects grows), RssShmem, the bytes of msgq's rings and of
+VisionIPC's camera buffers resident (smaps), open file descriptors (fd/), and the shared-memory mappings (distinct /dev/shm and memfd files
+in maps, and the bytes they span); and the run's own /dev/shm entries and bytes (msgq_<prefix>: the bus's rings and VisionIPC's sockets).
+The slope of each metric is the least-squares line through the samples after the first --warmup-fraction of the frames (the camera buffers'
+first bindings, the message templates, allocator arenas growing to their working size), per 1000 frames; the verdict projects it over an
+hour (72,000 frames): memory is flat when that stays under 8 MiB, counts when they stay under one. A daemon leaks when RssAnon, its mappings
+(count or bytes) or its fds grow; RssShmem also grows, without a leak, while msgq's rings are written around for the first time (a shared
+page counts once touched), which its line tells apart. On exit each daemon says how many objects its frame loop left in reference cycles (it
+runs with the collector off): that count, and whether anything of the run is left in /dev/shm, close the report.
 
-The pycapnp question (openpilot pins pycapnp 2.1.0: 2.2 leaks through cyclic references; here 2.2 runs with the collector off while
-frames run, daemon/process.py config_realtime): --gc-frames frames in fresh processes of this interpreter, with the collector off as the
-daemons run and on, of two paths: modeld's own frame loop (ModelD.run, camera and model stubbed: benchmarks/stubbed_loop.py), which reads
-the car's messages through pycapnp readers and writes its messages into byte templates, and the pycapnp path openpilot's daemons take
-(each frame's three messages built with new_message and set_fields and serialized, the car's messages read with from_bytes and kept, as
-a SubMaster keeps them). Per row: objects left in reference cycles per frame (gc.collect() at the end), tracked objects, RSS and RssAnon
-slopes per 1000 frames. --pycapnp DIR runs those processes with another pycapnp first on the path (pip install --target DIR pycapnp==X).
+The pycapnp question (openpilot pins pycapnp 2.1.0: 2.2 leaks through cyclic references; here 2.2 runs with the collector off while frames
+run, daemon/process.py config_realtime): --gc-frames frames in fresh processes of this interpreter, with the collector off as the daemons
+run and on, of two paths: modeld's own frame loop (ModelD.run, camera and model stubbed: benchmarks/stubbed_loop.py), which reads the car's
+messages through pycapnp readers and writes its messages into byte templates, and the pycapnp path openpilot's daemons take (each frame's
+three messages built with new_message and set_fields and serialized, the car's messages read with from_bytes and kept, as a SubMaster keeps
+them). Per row: objects left in reference cycles per frame (gc.collect() at the end), tracked objects, RSS and RssAnon slopes per 1000
+frames after the first half (pycapnp's builder path grows the heap for its first ~10,000 frames, then not at all). --pycapnp DIR runs those
+processes with another pycapnp first on the path (pip install --no-deps --target DIR pycapnp==X).
 """
 from __future__ import annotations
 
