@@ -21,7 +21,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.format.bundle import write_bundle

@@ -22,8 +22,8 @@ import tempfile
 import time
 import uuid
 
-from benchmarks.bench import write_json
-from benchmarks.bench_daemon import INPUTS, READBACK, SENT, cpu_seconds, percentiles
+from benchmarks.common import percentiles, write_json
+from benchmarks.daemon_run import INPUTS, READBACK, SENT, cpu_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"today": os.path.join("openpilot", "sunnypilot", "modeld_v2"), "2025": os.path.join("sunnypilot", "modeld_v2")}

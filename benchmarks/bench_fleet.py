@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, write_json
 
 def breakdown(report: dict, began: float, finished: float, slots: int) -> dict[str, float]:
   """A run's seconds: in total, before the first replay, after the last, the mean replay, and a slot's overhead per segment."""
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--json", help="also write the numbers here")
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   artifacts = os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_native_{args.model}")
   build_artifacts(artifacts, args.camera, "native", args.model, {}, log)
   onnx = os.path.join(artifacts, f"native_{args.model}_stand_in.onnx")

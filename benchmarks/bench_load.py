@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 LOAD = """
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.tools.stand_in_models import BACKBONES
   sizes = [s for s in args.sizes.split(",") if s]
   if bad := [s for s in sizes if s not in BACKBONES]: parser.error(f"--sizes: {bad} are not among {list(BACKBONES)}")
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   results = [bench_size(args.workdir, size, args.loads, log) for size in sizes]
   print(table(results, Device.DEFAULT))
   write_json(args.json, {"device": Device.DEFAULT, "results": results})

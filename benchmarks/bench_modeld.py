@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 from tinygrad import Device, Tensor
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.format.bundle import next_name, state_names
@@ -47,7 +47,7 @@ def stepper(path: str):
 def frame_stepper(path: str, warp: str, frame) -> Callable[[], float]:
   """A frame of the bundle fused with `warp`, as modeld runs it (ModelRunner: copy_frames, run, every output read back): a function
   returning its time in ms."""
-  from benchmarks.bench import synthetic_buffers
+  from benchmarks.frame_inputs import synthetic_buffers
   from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
   adapter, bufs = ModelRunner(path, warp), synthetic_buffers(frame, 1)[0]
   def step() -> float:

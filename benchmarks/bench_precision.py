@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 PRECISIONS = ("float32", "float16")
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
   if args.frames < 1: parser.error("--frames must be positive")
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   try: segment = open_segment(args.segment)
   except RouteError as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
   os.makedirs(args.workdir, exist_ok=True)

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, write_json
 from sunnypilot.modeld_v2.common.cli import finite_float, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.peaks and args.peaks not in PEAKS: parser.error(f"--peaks: one of {', '.join(PEAKS)}")
   if args.peaks and (args.peak_tflops or args.peak_tbs): parser.error("--peaks sets the peaks: give it or --peak-tflops/--peak-tbs, not both")
   if bad := [s for s in args.frames if not all(s.partition("=")[::2]) or "=" not in s]: parser.error(f"{bad}: not LABEL=FOLDER or LABEL=MODEL.bin:WARP.bin")
-  log = lambda s: print(f"benchmarks.bench_roofline: {s}", file=sys.stderr, flush=True)
+  log = logger("benchmarks.bench_roofline: ")
   results = {}
   for spec in args.frames:
     label = spec.partition("=")[0]

@@ -25,9 +25,9 @@ import tempfile
 import time
 import uuid
 
-from benchmarks.bench import write_json
-from benchmarks.bench_daemon import Receiver, percentiles
 from benchmarks.car_bus import BUS_SERVICES, bus_traffic
+from benchmarks.common import logger, percentiles, write_json
+from benchmarks.daemon_run import Receiver
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--runs", type=int, default=2)
   p.add_argument("--json")
   args = p.parse_args(argv)
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   camera = tuple(int(x) for x in args.camera.split("x"))
   work = tempfile.mkdtemp(prefix="bench_shadow_sets_")
   try:

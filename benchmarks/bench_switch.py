@@ -25,8 +25,7 @@ import uuid
 
 import numpy as np
 
-from benchmarks.bench import check_outputs, write_json
-from benchmarks.bench_daemon import percentiles
+from benchmarks.common import check_outputs, logger, percentiles, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 FRAME_NS, WARM_S, WINDOW_S = 50_000_000, 5.0, 2.0
@@ -181,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
   from tinygrad import Device
-  log = lambda line: print(line, file=sys.stderr, flush=True)
+  log = logger()
   default, root = build(args.workdir, args.model, log)
   ids = {"default": model_id(default), "b": model_id(os.path.join(root, "b"))}
   runs: dict[str, list[dict]] = {"switch": [], "control": []}

@@ -13,7 +13,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
