@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import check_outputs, logger, percentiles, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
 from benchmarks.frame_inputs import BUFFERS_PER_STREAM, set_inputs, synthetic_buffers
 from benchmarks.kernel_floor import device_floor_ms
 from benchmarks.peers import TORCH_PEERS, OrtPeer, PeerAdapter, make_peers, output_difference
@@ -213,14 +213,13 @@ def bench_load(built: dict, size: tuple[int, int], legacy_pickles: tuple, workdi
 def table(results: list[dict], loads: dict) -> str:
   lines = []
   for r in results:
+    rows = [(path, *(f"{row[k]:.2f}" for k in ("p10", "p50", "p95", "p99")), f"{row['x_floor']:.2f}x",
+             "-" if row["host_overhead_ms"] is None else f"{row['host_overhead_ms']:.3f}",
+             {True: "yes", False: "no (copied)", None: "no (copied)"}[row["camera_frames_in_place"]],
+             "-" if row["bindings_made"] is None else row["bindings_made"], f"{row['max_abs_diff_vs_fused_split']:.2g}") for path, row in r["paths"].items()]
     lines += [f"\n{r['camera']} on {r['device']}, {r['frames']} frames, {r['precision']}; kernel-only floor {r['floor_ms']:.2f} ms ({r['floor']})", "",
-              "| path | p10 ms | p50 ms | p95 ms | p99 ms | p50 / floor | host overhead ms (median of total - floor) | camera frames read in place "
-              "| bindings made | max abs diff vs fused split (every frame) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for path, row in r["paths"].items():
-      overhead = "-" if row["host_overhead_ms"] is None else f"{row['host_overhead_ms']:.3f}"
-      place = {True: "yes", False: "no (copied)", None: "no (copied)"}[row["camera_frames_in_place"]]
-      lines.append(f"| {path} | {row['p10']:.2f} | {row['p50']:.2f} | {row['p95']:.2f} | {row['p99']:.2f} | {row['x_floor']:.2f}x | {overhead} | {place} "
-                   f"| {row['bindings_made'] if row['bindings_made'] is not None else '-'} | {row['max_abs_diff_vs_fused_split']:.2g} |")
+              markdown_table(("path", "p10 ms", "p50 ms", "p95 ms", "p99 ms", "p50 / floor", "host overhead ms (median of total - floor)",
+                              "camera frames read in place", "bindings made", "max abs diff vs fused split (every frame)"), rows)]
     past = [p for p, row in r["paths"].items() if not row["within_tolerance"]]
     lines.append(f"\noutputs vs fused split: tolerance {r['tolerance']:.2g}{' relative above 1' if r['relative'] else ''}: "
                  + (f"PAST IT: {', '.join(past)}" if past else "every path within it"))
@@ -238,8 +237,8 @@ def table(results: list[dict], loads: dict) -> str:
     legacy, split = r["paths"].get("legacy", {}).get("host_overhead_ms", 0), r["paths"]["fused split"]["host_overhead_ms"]
     lines.append(f"fused split host overhead = {100 * split / legacy:.1f}% of legacy's" if legacy > 0 else "")
   if loads:
-    lines += ["", "| load (fresh process) | " + " | ".join(loads[next(iter(loads))]) + " |", "|---|" + "---|" * len(loads[next(iter(loads))])]
-    for camera, row in loads.items(): lines.append(f"| {camera} | " + " | ".join(f"{v:.1f} ms" for v in row.values()) + " |")
+    header = ("load (fresh process)", *loads[next(iter(loads))])
+    lines += ["", markdown_table(header, ((camera, *(f"{v:.1f} ms" for v in row.values())) for camera, row in loads.items()))]
   return "\n".join(lines)
 
 def plot(results: list[dict], path: str) -> None:

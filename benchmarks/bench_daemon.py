@@ -51,7 +51,7 @@ import os
 import resource
 import sys
 
-from benchmarks.common import logger, write_json
+from benchmarks.common import logger, markdown_table, write_json
 from benchmarks.daemon_run import DAEMONS, modeld_split, run_rate
 from benchmarks.loop_calls import count_calls
 from benchmarks.publish_path import baseline_modules, bundle_layout, layouts_table, publish_split, split_line, stand_in_layout
@@ -65,21 +65,17 @@ def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
 
 def table(runs: list[dict]) -> str:
   q = lambda d, k="p50": "-" if not d else f"{d[k]:.2f}"
-  lines = ["| BEAM | parse | rate | frames | drops | achieved Hz | latency p10 | p50 | p95 | p99 | max | added p10 | added p50 | added p99 "
-           "| added in modeld p99 | model run p50 | modeld CPU ms/frame | fake_camerad publish p50 |", "|---" * 18 + "|"]
-  for r in runs:
-    lines.append(f"| {r['beam']} | {r['parse']} | {rate_name(r['rate_hz'])} | {r['frames']} | {r['drops']} | {r['achieved_hz']:.1f} "
-                 f"| {q(r['latency_ms'], 'p10')} "
-                 f"| {q(r['latency_ms'])} | {q(r['latency_ms'], 'p95')} | {q(r['latency_ms'], 'p99')} | {q(r['latency_ms'], 'max')} "
-                 f"| {q(r['added_ms'], 'p10')} | {q(r['added_ms'])} | {q(r['added_ms'], 'p99')} | {q(r['added_in_modeld_ms'], 'p99')} | {q(r['model_run_ms'])} "
-                 f"| {r['modeld_cpu_ms_per_frame']:.2f} | {q(r['fake_camerad_publish_ms'])} |")
-  lines += ["", "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
-            "| BEAM | parse | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus | the other two |",
-            "|---" * 13 + "|"]
-  for r in runs:
-    cells = [r["delivery_ms"], *[v for k, v in r["stages_ms"].items() if k != "others"], r["bus_ms"], r["stages_ms"]["others"]]
-    lines.append(f"| {r['beam']} | {r['parse']} | {rate_name(r['rate_hz'])} | " + " | ".join(f"{q(c)} ({q(c, 'p99')})" for c in cells) + " |")
-  return "\n".join(lines)
+  rows = ((r["beam"], r["parse"], rate_name(r["rate_hz"]), r["frames"], r["drops"], f"{r['achieved_hz']:.1f}",
+           *(q(r["latency_ms"], k) for k in ("p10", "p50", "p95", "p99", "max")), *(q(r["added_ms"], k) for k in ("p10", "p50", "p99")),
+           q(r["added_in_modeld_ms"], "p99"), q(r["model_run_ms"]), f"{r['modeld_cpu_ms_per_frame']:.2f}", q(r["fake_camerad_publish_ms"])) for r in runs)
+  split = lambda r: [r["delivery_ms"], *[v for k, v in r["stages_ms"].items() if k != "others"], r["bus_ms"], r["stages_ms"]["others"]]
+  splits = ((r["beam"], r["parse"], rate_name(r["rate_hz"]), *(f"{q(c)} ({q(c, 'p99')})" for c in split(r))) for r in runs)
+  return "\n".join([markdown_table(("BEAM", "parse", "rate", "frames", "drops", "achieved Hz", "latency p10", "p50", "p95", "p99", "max", "added p10",
+                                    "added p50", "added p99", "added in modeld p99", "model run p50", "modeld CPU ms/frame", "fake_camerad publish p50"),
+                                   rows), "",
+                    "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
+                    markdown_table(("BEAM", "parse", "rate", "delivery", "inputs", "copy", "run", "readback", "parse+fill", "serialize", "send", "bus",
+                                    "the other two"), splits)])
 
 def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[float], tuple[int, ...]]:
   """(beams, rates, camera size) from the arguments, every combination checked (parser.error on a bad one); --publish-idle-ms defaulted."""
@@ -207,17 +203,17 @@ def stub_loop(args: argparse.Namespace, log) -> int:
   print(f"modeld's frame loop in this process, camera and model stubbed, {args.generation} layout, {'no ' if args.no_bus else ''}car messages "
         f"on the bus, {args.publish_runs} frames per row, ms (with the parse in the graph, parse+fill is the driving state and the host's fields, "
         "serialize the block's copy into the templates)")
-  print("| parse | between frames | added p10 | added p50 | added p95 | added p99 | max | inputs p50 (p99) | parse+fill | serialize | send "
-        "| the other two |\n" + "|---" * 12 + "|")
-  for split in splits.values():
-    added, stages = split["added_in_modeld_ms"], split["stages_ms"]
-    cells = " | ".join(f"{q(stages[k])} ({q(stages[k], 'p99')})" for k in ("inputs", "parse_fill", "serialize", "send", "others"))
-    print(f"| {split['parse']} | {split['wait']} | {q(added, 'p10')} | {q(added)} | {q(added, 'p95')} | {q(added, 'p99')} | {q(added, 'max')} | {cells} |")
+  print(markdown_table(("parse", "between frames", "added p10", "added p50", "added p95", "added p99", "max", "inputs p50 (p99)", "parse+fill",
+                        "serialize", "send", "the other two"),
+                       ((split["parse"], split["wait"], *(q(split["added_in_modeld_ms"], k) for k in ("p10", "p50", "p95", "p99", "max")),
+                         *(f"{q(split['stages_ms'][k])} ({q(split['stages_ms'][k], 'p99')})" for k in ("inputs", "parse_fill", "serialize", "send", "others")))
+                        for split in splits.values())))
   counts = count_calls(args.generation, args.count_frames, STUB_WARMUP, not args.no_bus, args.parse, args.baseline, log) if args.count_calls else {}
   if counts:
     print(f"\nPython calls and CPU time per frame of modeld's loop ({args.generation} layout, back to back, {args.count_frames} frames, median; "
-          "the stub camera's own work left out)\n\n| tree | parse | Python calls per frame | CPU ms per frame |\n|---|---|---|---|")
-    for (tree, parse), c in counts.items(): print(f"| {tree} | {parse} | {c['calls']:.0f} | {c['cpu_ms']:.3f} |")
+          "the stub camera's own work left out)\n")
+    print(markdown_table(("tree", "parse", "Python calls per frame", "CPU ms per frame"),
+                         ((tree, parse, f"{c['calls']:.0f}", f"{c['cpu_ms']:.3f}") for (tree, parse), c in counts.items())))
   write_json(args.json, {"generation": args.generation, "bus": not args.no_bus, "stub_loop_ms": splits,
                          "per_frame": [{"tree": t, "parse": p, **c} for (t, p), c in counts.items()]})
   return 0

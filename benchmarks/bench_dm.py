@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import check_outputs, logger, percentiles, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
 from benchmarks.frame_inputs import BUFFERS_PER_STREAM, cabin_buffers, set_dm_inputs
 from benchmarks.kernel_floor import device_floor_ms
 from benchmarks.peers import TORCH_PEERS, OrtDMPeer, PeerAdapter, make_peers, output_difference
@@ -89,13 +89,12 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, log, peers: bo
           "fused_bindings_made": bindings, "precision": built["precision"], "tolerance": models["tolerance"], "relative": models["relative"]}
 
 def table(r: dict) -> str:
+  rows = ((path, *(f"{row[k]:.3f}" for k in ("p10", "p50", "p95", "p99")), f"{row['x_fused']:.2f}x", "yes" if row["camera_frame_in_place"] else "no (copied)",
+           f"{row['max_abs_diff_vs_fused']:.2g}") for path, row in r["paths"].items())
   lines = [f"\n{r['camera']} driver camera on {r['device']}, {r['frames']} frames, {r['precision']}; kernel-only floor {r['floor_ms']:.3f} ms "
            f"({r['floor']})", "",
-           "| path | p10 ms | p50 ms | p95 ms | p99 ms | p50 / fused | camera frame read in place | max abs diff vs fused (every frame) |",
-           "|---|---|---|---|---|---|---|---|"]
-  for path, row in r["paths"].items():
-    lines.append(f"| {path} | {row['p10']:.3f} | {row['p50']:.3f} | {row['p95']:.3f} | {row['p99']:.3f} | {row['x_fused']:.2f}x "
-                 f"| {'yes' if row['camera_frame_in_place'] else 'no (copied)'} | {row['max_abs_diff_vs_fused']:.2g} |")
+           markdown_table(("path", "p10 ms", "p50 ms", "p95 ms", "p99 ms", "p50 / fused", "camera frame read in place", "max abs diff vs fused (every frame)"),
+                          rows)]
   past = [p for p, row in r["paths"].items() if not row["within_tolerance"]]
   lines.append(f"\noutputs vs the fused DM frame: tolerance {r['tolerance']:.2g}{' relative above 1' if r['relative'] else ''}: "
                + (f"PAST IT: {', '.join(past)}" if past else "every path within it"))

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import percentiles
+from benchmarks.common import markdown_table, percentiles
 
 def bundle_layout(model_path: str) -> tuple[dict[str, list[int]], int]:
   """A bundle's output_slices and output width."""
@@ -131,12 +131,10 @@ def split_line(split: dict) -> str:
 def layouts_table(splits: dict[str, dict]) -> str:
   """One row per layout and path (a baseline's first): p50 (p10) ms of each stage."""
   cell = lambda d: f"{d['p50']:.3f} ({d['p10']:.3f})"
-  lines = ["| layout | path | parse | fill | serialize | together | pycapnp to_bytes of the same fields | same bytes as baseline |", "|---" * 8 + "|"]
+  rows = []
   for generation, split in splits.items():
     same = {True: "yes", False: "NO"}.get(split.get("same bytes"), "-")
     pycapnp = cell(split["pycapnp to_bytes of the same fields"])
-    rows = ([("baseline", "baseline ", "-", "-")] if "same bytes" in split else []) + [("this", "", pycapnp, same)]
-    for name, key, pycapnp, equal in rows:
-      stages = " | ".join(cell(split[key + k]) for k in ("parse", "fill", "serialize", "parse+fill+serialize"))
-      lines.append(f"| {generation} | {name} | {stages} | {pycapnp} | {equal} |")
-  return "\n".join(lines)
+    for name, key, pycapnp_cell, equal in ([("baseline", "baseline ", "-", "-")] if "same bytes" in split else []) + [("this", "", pycapnp, same)]:
+      rows.append((generation, name, *(cell(split[key + k]) for k in ("parse", "fill", "serialize", "parse+fill+serialize")), pycapnp_cell, equal))
+  return markdown_table(("layout", "path", "parse", "fill", "serialize", "together", "pycapnp to_bytes of the same fields", "same bytes as baseline"), rows)

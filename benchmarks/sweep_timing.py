@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from benchmarks.common import check_outputs, logger, percentiles, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
 from benchmarks.kernel_floor import device_floor_ms
 from benchmarks.peers import FLOAT32_TOLERANCE, TORCH_PEERS, output_difference
 from benchmarks.sweep_variants import Budget, Variant, build_variant, reusable
@@ -201,15 +201,16 @@ def goals(kind: FrameKind, rows: dict[str, dict]) -> list[dict]:
 def table(group: dict) -> str:
   """One camera size and precision: every path's build, timings and check, then the goal against each torch.compile peer."""
   f = lambda r, key: f"{r[key]['p50']:.3f}" if r.get(key) else "-"
-  lines = [f"\n{group['camera']}, {group['precision']}, {group['frames']} frames on {group['device']} (reference: {group['reference']})", "",
-           "| path | build s | kernels (tensor cores) | p50 interleaved ms | p50 alone ms | kernel-only floor ms | max diff vs reference | tolerance | ok |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  rows = []
   for label, r in group["paths"].items():
     kernels = f"{r['kernels']} ({r['tensor_core_kernels']})" if r.get("kernels") is not None else "-"
     floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") is not None else "-"
     tol = f"{r['tolerance']:.2g}{' rel' if r['relative'] else ''}" if r.get("tolerance") is not None else "-"
-    lines.append(f"| {label} | {r.get('build_s', 0):.0f} | {kernels} | {f(r, 'interleaved')} | {f(r, 'alone')} | {floor} | "
-                 f"{r['max_diff_vs_reference']:.2g} | {tol} | {'yes' if r['within_tolerance'] else 'NO'} |")
+    rows.append((label, f"{r.get('build_s', 0):.0f}", kernels, f(r, "interleaved"), f(r, "alone"), floor, f"{r['max_diff_vs_reference']:.2g}", tol,
+                 "yes" if r["within_tolerance"] else "NO"))
+  lines = [f"\n{group['camera']}, {group['precision']}, {group['frames']} frames on {group['device']} (reference: {group['reference']})", "",
+           markdown_table(("path", "build s", "kernels (tensor cores)", "p50 interleaved ms", "p50 alone ms", "kernel-only floor ms", "max diff vs reference",
+                           "tolerance", "ok"), rows)]
   for g in group["goals"]:
     lines.append(f"{g['torch_compile']} / {g['best']} at p50 {g['on']}: {g['ratio']:.2f}x (goal >= {g['goal']:g}x: {'met' if g['met'] else 'NOT met'})")
   if not group["goals"]: lines.append("no torch.compile peer in this table: no goal reckoned")
