@@ -22,9 +22,7 @@ within 1e-3 in float32; in float16 within twice compile/precision.float16_bound 
 """
 from __future__ import annotations
 
-import argparse
 import json
-import mmap
 import os
 import resource
 import statistics
@@ -34,86 +32,14 @@ import time
 
 import numpy as np
 
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
+from benchmarks.frame_inputs import BUFFERS_PER_STREAM, set_inputs, synthetic_buffers
+from benchmarks.kernel_floor import device_floor_ms
+from benchmarks.peers import TORCH_PEERS, OrtPeer, PeerAdapter, make_peers, output_difference
+from benchmarks.stand_ins import build
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM, PACKED_FRAMES, WARP_TRANSFORM
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS
-
-BUFFERS_PER_STREAM = 18  # camerad's count per stream
-
-def check_outputs(parser: argparse.ArgumentParser, *paths: str | None) -> None:
-  """Before a benchmark runs: each output asked for (JSON, PNG) can be written (folders made); otherwise one line and exit 2."""
-  from sunnypilot.modeld_v2.common.files import ArtifactError, check_output_path
-  for path in filter(None, paths):
-    try:
-      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-      check_output_path(path)
-    except (ArtifactError, OSError) as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
-
-def write_json(path: str | None, data) -> None:
-  """Write a benchmark's results as JSON (if asked), atomically."""
-  from sunnypilot.modeld_v2.common.files import replaced_atomically
-  if not path: return
-  with replaced_atomically(path) as (tmp,), open(tmp, "x") as f: json.dump(data, f, indent=2, default=str)
-
-class CameraBuffer:
-  """A VisionBuf stand-in: a page-aligned shared mapping with `.data`, like visionipc's."""
-  def __init__(self, data: np.ndarray):
-    self._map = mmap.mmap(-1, data.nbytes)
-    self.data = memoryview(self._map)
-    np.frombuffer(self.data, np.uint8)[:] = data
-
-ORT_PEER = "onnxruntime (CPU EP, numpy warp)"
-FLOAT32_TOLERANCE = 1e-3  # between float32 paths: other kernels and sum orders, far under it
-
-def peer_models(files: dict[str, str], precision: str, workdir: str, log) -> dict:
-  """The ONNX files the peers run in `precision` and how far their outputs may be from the fused path's: {"torch": files, "ort": files,
-  "ort_label", "tolerance", "relative"}. float16: each ONNX converted by compile/precision.to_float16 (the model the bundle computes), for
-  onnxruntime only where its CPU EP runs it."""
-  from sunnypilot.modeld_v2.compile.precision import FLOAT16, float16_bound, write_float16
-  if precision != FLOAT16: return {"torch": files, "ort": files, "ort_label": ORT_PEER, "tolerance": FLOAT32_TOLERANCE, "relative": False}
-  import onnxruntime as ort
-  half = {k: write_float16(p, os.path.join(workdir, f"{os.path.splitext(os.path.basename(p))[0]}_float16.onnx")) for k, p in files.items()}
-  try:
-    for p in half.values(): ort.InferenceSession(p, providers=["CPUExecutionProvider"])
-    ort_files, label = half, f"{ORT_PEER}, float16"
-  except Exception as e:
-    log(f"onnxruntime's CPU EP does not run the float16 ONNX ({type(e).__name__}: {str(e).splitlines()[0][:120]}): its peer runs float32")
-    ort_files, label = files, f"{ORT_PEER}, float32 only"
-  return {"torch": half, "ort": ort_files, "ort_label": label, "tolerance": 2 * float16_bound(files), "relative": True}
-
-def output_difference(out: np.ndarray, ref: np.ndarray, relative: bool) -> float:
-  """The largest difference of two paths' outputs: absolute, or relative to the reference above 1 (float16 rounds relatively)."""
-  d = np.abs(out.astype(np.float64) - ref)
-  return float((d / np.maximum(1.0, np.abs(ref)) if relative else d).max())
-
-def build(model: str, generation: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0, host_parse: bool = False,
-          precision: str = "float32") -> dict:
-  """Stand-in ONNX files (or the given one), model bundle in `precision` (`host_parse`: without the output parse in its graph) and warp
-  bundles per camera size; compile times; the peers' models (peer_models)."""
-  from sunnypilot.modeld_v2.compile_modeld import compile_model
-  from sunnypilot.modeld_v2.compile_warp import compile_warp
-  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
-  from sunnypilot.modeld_v2.tools import stand_in_models
-  os.makedirs(workdir, exist_ok=True)
-  if model in ("tiny", "full"): files = stand_in_models.write(generation, model, os.path.join(workdir, f"{generation}_{model}.onnx"))["files"]
-  else: files = {"onnx": model}
-  bundle = os.path.join(workdir, "model.bin")
-  log(f"compiling {', '.join(files.values())} ...")
-  summary = compile_model(bundle, **files, log=lambda s: None, beam=beam, host_parse=host_parse, precision=precision)
-  out = {"files": files, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": {}, "precision": precision,
-         "peers": peer_models(files, precision, workdir, log)}
-  for w, h in cameras:
-    frame = camerad_frame(w, h)
-    out["warps"][(w, h)] = {split: compile_warp(frame.spec, "512x256", os.path.join(workdir, f"warp_{w}x{h}_{split}.bin"), split, beam=beam)["output"]
-                            for split in (False, True)} | {"frame": frame}
-  return out
-
-def synthetic_buffers(frame, n: int = BUFFERS_PER_STREAM) -> list[dict[str, CameraBuffer]]:
-  from sunnypilot.modeld_v2.model.calibration import SENSOR_CAMERAS, sensor_for_size
-  from sunnypilot.modeld_v2.replay.road_scene import road_scene
-  road, wide = SENSOR_CAMERAS[sensor_for_size(frame.width, frame.height)]
-  return [dict(zip(CAMERA_BUFFERS, (CameraBuffer(road_scene(frame, cam.focal_length, t=i * 0.05)) for cam in (road, wide))))
-          for i in range(n)]
 
 class Unfused:
   """The warp bundle, then the model bundle: frames and host inputs written into their tensors each step."""
@@ -151,97 +77,6 @@ def reads_in_place(adapter) -> bool | None:
   """Whether this frame's warp inputs are the camera buffers' own memory (mapped once, bound by pointer), checked on the adapter's frame feed;
   None for paths without one (they copy by construction)."""
   return adapter.frame_feed.reads_in_place if hasattr(adapter, "frame_feed") else None
-
-def numpy_warp(buf: np.ndarray, frame, m_inv: np.ndarray, w: int = 512, h: int = 256) -> np.ndarray:
-  """The warp in numpy, for the onnxruntime peer: the six (h/2, w/2) planes of one NV12 buffer."""
-  def gather(m, out_w, out_h, in_w, in_h, base, step, dx, dy, every):
-    ys, xs = np.mgrid[0:out_h, 0:out_w].astype(np.float32)
-    xs, ys = xs * every + dx, ys * every + dy
-    sw = m[2, 0] * xs + m[2, 1] * ys + m[2, 2]
-    ix = np.clip(np.round((m[0, 0] * xs + m[0, 1] * ys + m[0, 2]) / sw), 0, in_w - 1).astype(np.int64)
-    iy = np.clip(np.round((m[1, 0] * xs + m[1, 1] * ys + m[1, 2]) / sw), 0, in_h - 1).astype(np.int64)
-    return buf[base + iy * frame.stride + ix * step]
-  m_uv = m_inv * np.array([[1, 1, 0.5], [1, 1, 0.5], [2, 2, 1]], np.float32)
-  ys = [gather(m_inv, w // 2, h // 2, frame.width, frame.height, 0, 1, dx, dy, 2) for dx, dy in ((0, 0), (0, 1), (1, 0), (1, 1))]
-  uv = [gather(m_uv, w // 2, h // 2, frame.width // 2, frame.height // 2, frame.uv_offset + c, 2, 0, 0, 1) for c in (0, 1)]
-  return np.stack(ys + uv)
-
-class OrtPeer:
-  """onnxruntime (CPU execution provider) on the same ONNX files, fed by the numpy warp, with openpilot's queues in numpy (peer_step)."""
-  def __init__(self, files: dict[str, str], frame):
-    import onnxruntime as ort
-
-    from benchmarks.peer_step import NumpyOps, PeerStep
-    sessions = {k: ort.InferenceSession(p, providers=["CPUExecutionProvider"]) for k, p in files.items()}
-    run = lambda key, feeds: dict(zip((o.name for o in sessions[key].get_outputs()), sessions[key].run(None, feeds)))
-    self.peer = PeerStep(files, frame, NumpyOps(), run, lambda buf, m: numpy_warp(buf, frame, m))
-
-  def reset(self) -> None:
-    from benchmarks.peer_step import clear
-    clear(self.peer)
-
-  def step(self, road: np.ndarray, wide: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
-    self.peer.frames[0], self.peer.frames[1] = road[:self.peer.frames.shape[1]], wide[:self.peer.frames.shape[1]]
-    self.peer.m_inv[:] = host[HOST_TRANSFORM]
-    for k, v in self.peer.host.items(): v.reshape(-1)[:] = host[k].reshape(-1)
-    return self.peer.step()
-
-class PeerAdapter:
-  """A peer (onnxruntime or torch) behind the adapter interface the timing loop drives: host inputs by the ONNX's names, the camera
-  buffers of `cameras` passed to its step in that order (a driving model's road and wide; the driver-monitoring model's driver) with the
-  warp's transform of `transform` shape."""
-  def __init__(self, peer, cameras: tuple[str, ...] = CAMERA_BUFFERS, transform: tuple[int, ...] = (2, 3, 3)):
-    self.peer, self.cameras = peer, cameras
-    self.numpy_inputs = {HOST_TRANSFORM: np.zeros(transform, np.float32)} | {k: np.zeros(tuple(v.shape), np.float32) for k, v in peer.peer.host.items()}
-
-  def reset_states(self) -> None: self.peer.reset()
-
-  def copy_frames(self, bufs: dict) -> None: self.bufs = bufs
-
-  def run(self) -> None:
-    self.out = self.peer.step(*(np.frombuffer(self.bufs[k].data, np.uint8) for k in self.cameras), self.numpy_inputs)
-
-  def output_array(self) -> np.ndarray: return self.out
-
-TORCH_PEERS = {"eager": "torch eager (CUDA)", "graph": "torch CUDA graph", "compile": "torch.compile max-autotune (CUDA graph)"}
-
-def make_peers(files: dict[str, str], frame, torch_modes: list[str], log, ort_peer=None, torch_peer=None, ort_label: str = ORT_PEER, **adapter) -> dict:
-  """onnxruntime on CPU always; the PyTorch peers in `torch_modes` where torch sees a GPU. Each starts from zeroed states and queues.
-  A driving model's peers (OrtPeer, TorchPeer on `files`), or `ort_peer` and `torch_peer(mode)`'s (another model's, such as
-  bench_dm's), each behind a PeerAdapter(peer, **adapter)."""
-  peers = {ort_label: PeerAdapter(ort_peer or OrtPeer(files, frame), **adapter)}
-  try:
-    import torch
-  except ImportError: return peers
-  from benchmarks.torch_peer import TorchPeer
-  if torch.cuda.is_available():
-    for mode in torch_modes:
-      log(f"building the {TORCH_PEERS[mode]} peer ...")
-      t = time.perf_counter()
-      try: peers[TORCH_PEERS[mode]] = PeerAdapter(torch_peer(mode) if torch_peer else TorchPeer(files, frame, mode), **adapter)
-      except Exception as e: log(f"bench: skipping the {TORCH_PEERS[mode]} peer: {type(e).__name__}: {e}")  # a peer must not sink the run
-      else: log(f"  ready in {time.perf_counter() - t:.1f} s")
-  return peers
-
-HOST_VALUES = {"traffic_convention": lambda step: [1, 0], "action_t": lambda step: [0.2 + 0.001 * (step % 10), 0.45],
-               "lateral_control_params": lambda step: [20 + step % 5, 0.2], "driving_style": lambda step: [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]}
-
-def set_inputs(adapter, step: int, m_inv: np.ndarray) -> None:
-  """This frame's host inputs, the same on every path: the transforms, a one-frame desire pulse now and then (the desire queue's max-pool
-  must keep it), the HOST_VALUES by name, anything else zero (openpilot's navigation inputs)."""
-  for name, view in adapter.numpy_inputs.items():
-    if name == HOST_TRANSFORM: view[:] = m_inv
-    elif name == "desire": view.reshape(-1)[:] = np.eye(view.size, dtype=np.float32)[1 + step % 7] if step % 6 == 2 else 0
-    else: view.reshape(-1)[:] = HOST_VALUES[name](step) if name in HOST_VALUES else 0
-
-def device_floor_ms(adapter, rounds: int = 200) -> list[float]:
-  """GPU floor: the fused part's calls on the last frame's bindings (one graph) launched and waited for, back to back, no Python per input."""
-  from tinygrad import Device
-  times = []
-  for _ in range(rounds):
-    Device[adapter.replay.device].synchronize()
-    times.append(adapter.replay.run_bound(wait=True) * 1e3)
-  return times
 
 def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles: tuple | None, log, peers: bool, torch_modes: list[str]) -> dict:
   from tinygrad import Device
@@ -306,17 +141,17 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, legacy_pickles
     # the fused split paths on CPU: overhead per call against its own kernel time; others: against the fused split's median floor (same kernels)
     overhead = t - np.array(kernels[path]) if path in kernels and split_run.outputs_in_place else t - floor
     ours = not isinstance(adapters[path], PeerAdapter)  # a peer runs other kernels: the floor says nothing about its overhead
-    rows[path] = {"p10": float(np.percentile(t, 10)), "p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95)),
-                  "p99": float(np.percentile(t, 99)), "x_floor": float(np.percentile(t, 50)) / floor,
-                  "host_overhead_ms": float(np.percentile(overhead, 50)) if ours else None, "camera_frames_in_place": in_place.get(path),
-                  "bindings_made": adapters[path].replay.bindings_made if path.startswith("fused") else None,
-                  "max_abs_diff_vs_fused_split": max_diff[path],
-                  "within_tolerance": max_diff[path] <= models["tolerance"] or path == "fused split, one buffer pair"}
+    row = percentiles(t, max_and_n=False)
+    rows[path] = row | {"x_floor": row["p50"] / floor,
+                        "host_overhead_ms": float(np.percentile(overhead, 50)) if ours else None, "camera_frames_in_place": in_place.get(path),
+                        "bindings_made": adapters[path].replay.bindings_made if path.startswith("fused") else None,
+                        "max_abs_diff_vs_fused_split": max_diff[path],
+                        "within_tolerance": max_diff[path] <= models["tolerance"] or path == "fused split, one buffer pair"}
   for adapter in adapters.values():
     if hasattr(adapter, "close"): adapter.close()  # unregister the camera buffers and pinned memory before they are freed
   return {"camera": f"{size[0]}x{size[1]}", "device": dev, "frames": frames, "floor_ms": floor, "floor": floor_how, "paths": rows, "times": times,
           "precision": built["precision"], "tolerance": models["tolerance"], "relative": models["relative"],
-          "fused_split_stages_ms": {k: {"p10": float(np.percentile(v, 10)), "p50": float(np.percentile(v, 50))} for k, v in stages.items()},
+          "fused_split_stages_ms": {k: percentiles(v, (10, 50), max_and_n=False) for k, v in stages.items()},
           "fused_split_alone_ms": alone,
           "tinygrad_device_bytes": device_bytes, "torch_cuda_peak_bytes": _torch_peak()}
 
@@ -378,14 +213,13 @@ def bench_load(built: dict, size: tuple[int, int], legacy_pickles: tuple, workdi
 def table(results: list[dict], loads: dict) -> str:
   lines = []
   for r in results:
+    rows = [(path, *(f"{row[k]:.2f}" for k in ("p10", "p50", "p95", "p99")), f"{row['x_floor']:.2f}x",
+             "-" if row["host_overhead_ms"] is None else f"{row['host_overhead_ms']:.3f}",
+             {True: "yes", False: "no (copied)", None: "no (copied)"}[row["camera_frames_in_place"]],
+             "-" if row["bindings_made"] is None else row["bindings_made"], f"{row['max_abs_diff_vs_fused_split']:.2g}") for path, row in r["paths"].items()]
     lines += [f"\n{r['camera']} on {r['device']}, {r['frames']} frames, {r['precision']}; kernel-only floor {r['floor_ms']:.2f} ms ({r['floor']})", "",
-              "| path | p10 ms | p50 ms | p95 ms | p99 ms | p50 / floor | host overhead ms (median of total - floor) | camera frames read in place "
-              "| bindings made | max abs diff vs fused split (every frame) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for path, row in r["paths"].items():
-      overhead = "-" if row["host_overhead_ms"] is None else f"{row['host_overhead_ms']:.3f}"
-      place = {True: "yes", False: "no (copied)", None: "no (copied)"}[row["camera_frames_in_place"]]
-      lines.append(f"| {path} | {row['p10']:.2f} | {row['p50']:.2f} | {row['p95']:.2f} | {row['p99']:.2f} | {row['x_floor']:.2f}x | {overhead} | {place} "
-                   f"| {row['bindings_made'] if row['bindings_made'] is not None else '-'} | {row['max_abs_diff_vs_fused_split']:.2g} |")
+              markdown_table(("path", "p10 ms", "p50 ms", "p95 ms", "p99 ms", "p50 / floor", "host overhead ms (median of total - floor)",
+                              "camera frames read in place", "bindings made", "max abs diff vs fused split (every frame)"), rows)]
     past = [p for p, row in r["paths"].items() if not row["within_tolerance"]]
     lines.append(f"\noutputs vs fused split: tolerance {r['tolerance']:.2g}{' relative above 1' if r['relative'] else ''}: "
                  + (f"PAST IT: {', '.join(past)}" if past else "every path within it"))
@@ -403,8 +237,8 @@ def table(results: list[dict], loads: dict) -> str:
     legacy, split = r["paths"].get("legacy", {}).get("host_overhead_ms", 0), r["paths"]["fused split"]["host_overhead_ms"]
     lines.append(f"fused split host overhead = {100 * split / legacy:.1f}% of legacy's" if legacy > 0 else "")
   if loads:
-    lines += ["", "| load (fresh process) | " + " | ".join(loads[next(iter(loads))]) + " |", "|---|" + "---|" * len(loads[next(iter(loads))])]
-    for camera, row in loads.items(): lines.append(f"| {camera} | " + " | ".join(f"{v:.1f} ms" for v in row.values()) + " |")
+    header = ("load (fresh process)", *loads[next(iter(loads))])
+    lines += ["", markdown_table(header, ((camera, *(f"{v:.1f} ms" for v in row.values())) for camera, row in loads.items()))]
   return "\n".join(lines)
 
 def plot(results: list[dict], path: str) -> None:
@@ -444,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--plot", help="PNG of the latency distributions")
   args = parser.parse_args(argv)
   check_outputs(parser, args.json, args.plot)
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   cameras = [tuple(int(x) for x in c.split("x")) for c in args.camera.split(",")]
   torch_modes = [m for m in args.torch_modes.split(",") if m]
   if bad := [m for m in torch_modes if m not in TORCH_PEERS]: parser.error(f"unknown --torch-modes {bad}: choose from {', '.join(TORCH_PEERS)}")

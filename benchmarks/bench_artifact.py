@@ -21,7 +21,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor, dtypes
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, markdown_table, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.format.bundle import write_bundle
@@ -152,25 +152,24 @@ def bench_fused_load(size: str, loads: int, tmp: str) -> dict:
           "ms": {kind: {stage: statistics.median(r[stage] for r in rows) for stage in rows[0]} for kind, rows in runs.items()}}
 
 def fused_load_table(r: dict) -> str:
-  lines = [f"fused load, {r['model']} stand-in ({r['bytes']['model'] / 1e6:.1f} MB) + 1928x1208 split warp on {r['device']}, fresh processes, "
-           f"median of {r['loads']} (interleaved)", "", "| load | read ms | fuse ms | build replay ms | total ms |", "|---|---|---|---|---|"]
-  for kind, ms in r["ms"].items():
-    lines.append(f"| {FUSED_LOAD_KINDS[kind]} | {ms['read']:.2f} | {ms['fuse']:.2f} | {ms['replay']:.2f} | {ms['total']:.2f} |")
-  return "\n".join(lines)
+  rows = ((FUSED_LOAD_KINDS[kind], *(f"{ms[k]:.2f}" for k in ("read", "fuse", "replay", "total"))) for kind, ms in r["ms"].items())
+  return "\n".join([f"fused load, {r['model']} stand-in ({r['bytes']['model'] / 1e6:.1f} MB) + 1928x1208 split warp on {r['device']}, fresh "
+                    f"processes, median of {r['loads']} (interleaved)", "",
+                    markdown_table(("load", "read ms", "fuse ms", "build replay ms", "total ms"), rows)])
 
 def ratio(legacy: float, ours: float) -> str:
   return f"{legacy / ours:.0f}x" if ours >= 0.5 else f">{legacy / 0.5:.0f}x (ours within timing noise of the floor)"
 
 def table(rows: list[dict]) -> str:
-  lines = ["| case | kernels | load ms (bundle / pickle) | first call ms (bundle / pickle) | per call us (TinyJit / bundle / floor) "
-           "| host overhead us (TinyJit / bundle) | overhead ratio |", "|---|---|---|---|---|---|---|"]
+  cells = []
   for r in rows:
     ov = r["host_overhead_us"]
-    lines.append(f"| {r['case']} | {r['kernels']} | {r['load_ms']['bundle']:.2f} / {r['load_ms']['pickle']:.2f} "
-                 f"| {r['first_call_ms']['bundle']:.2f} / {r['first_call_ms']['pickle']:.2f} "
-                 f"| {r['per_call_us']['tinyjit']:.1f} / {r['per_call_us']['bundle']:.1f} / {r['per_call_us']['kernel_floor']:.1f} "
-                 f"| {ov['tinyjit']:.1f} / {ov['bundle']:.1f} | {ratio(ov['tinyjit'], ov['bundle'])} |")
-  return "\n".join(lines)
+    cells.append((r["case"], r["kernels"], f"{r['load_ms']['bundle']:.2f} / {r['load_ms']['pickle']:.2f}",
+                  f"{r['first_call_ms']['bundle']:.2f} / {r['first_call_ms']['pickle']:.2f}",
+                  f"{r['per_call_us']['tinyjit']:.1f} / {r['per_call_us']['bundle']:.1f} / {r['per_call_us']['kernel_floor']:.1f}",
+                  f"{ov['tinyjit']:.1f} / {ov['bundle']:.1f}", ratio(ov["tinyjit"], ov["bundle"])))
+  return markdown_table(("case", "kernels", "load ms (bundle / pickle)", "first call ms (bundle / pickle)", "per call us (TinyJit / bundle / floor)",
+                         "host overhead us (TinyJit / bundle)", "overhead ratio"), cells)
 
 def main(argv: list[str] | None = None) -> None:
   parser = cli_parser("benchmarks.bench_artifact", __doc__)

@@ -33,7 +33,7 @@ takes only these options.
   python -m benchmarks.bench_daemon --daemon dmonitoringmodeld [--model full] [--camera 1928x1208] [--beams 0,2] [--rates 20,100,0]
                                     [--frames 2000] [--json out/bench_daemon_dm.json]
 
-measures dmonitoringmodeld the same way: the DM stand-in (bench_dm.build_dm: dmonitoring_model.bin and the dm_warp) per --beams level,
+measures dmonitoringmodeld the same way: the DM stand-in (stand_ins.build_dm: dmonitoring_model.bin and the dm_warp) per --beams level,
 camerad's 18 driver buffers (a cabin_scene face) served by FakeCamerad's driver stream after one liveCalibration, latency from the
 driver frame's VisionIPC send returning to driverStateV2 received here, and its --timings stamps split the same way (its only message
 is driverStateV2: "the other two" is empty).
@@ -47,247 +47,17 @@ same outputs, and every frame's bytes are compared.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import shutil
 import sys
-import tempfile
-import time
-import uuid
-from typing import Any
 
-import numpy as np
-
-from benchmarks.bench import build, write_json
+from benchmarks.common import logger, markdown_table, write_json
+from benchmarks.daemon_run import DAEMONS, modeld_split, run_rate
+from benchmarks.loop_calls import count_calls
+from benchmarks.publish_path import baseline_modules, bundle_layout, layouts_table, publish_split, split_line, stand_in_layout
+from benchmarks.stand_ins import build, build_dm
+from benchmarks.stubbed_loop import run_stubbed
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS
-
-WARMUP = 40  # lockstep frames before timing: the bundle's first runs, the camera buffers' first bindings (2 x 18)
-
-def percentiles(values: list[float]) -> dict[str, float]:
-  if not values: return {}
-  a = np.asarray(values, np.float64)
-  return {"p10": float(np.percentile(a, 10)), "p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
-          "p99": float(np.percentile(a, 99)), "max": float(a.max()), "n": len(values)}
-
-def cpu_seconds(pid: int) -> float:
-  """utime + stime of a process so far (clock ticks of /proc/<pid>/stat)."""
-  with open(f"/proc/{pid}/stat") as f: fields = f.read().rsplit(")", 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-# the daemons --daemon runs and the message whose arrival ends a frame's latency
-DAEMONS = {"modeld": "modelV2", "dmonitoringmodeld": "driverStateV2"}
-
-class Receiver:
-  """`service` (modelV2, or dmonitoringmodeld's driverStateV2) arrivals: frame id -> monotonic ns when the message was taken off the socket
-  (before it is parsed)."""
-  def __init__(self, service: str = "modelV2"):
-    import msgq
-    self.poller, self.service = msgq.Poller(), service
-    self.sock = msgq.sub_sock(service, poller=self.poller, conflate=False)
-    self.arrived: dict[int, int] = {}
-
-  def wait(self, until_ns: int, frame_id: int | None = None) -> None:
-    """Take every modelV2 that arrives until monotonic `until_ns`, or until the one of `frame_id` has arrived."""
-    from sunnypilot.modeld_v2.daemon.messaging import log
-    while (left := until_ns - time.monotonic_ns()) > 0 and (frame_id is None or frame_id not in self.arrived):
-      if not self.poller.poll(max(1, left // 1_000_000)): continue
-      while (raw := self.sock.receive(non_blocking=True)) is not None:
-        t = time.monotonic_ns()
-        with log.Event.from_bytes(raw) as event: self.arrived[getattr(event, self.service).frameId] = t
-
-STAGES = STAGE_STAMPS[1:]  # each named for the stamp that ends it, from modeld's receive on
-# the model run is inputs -> readback (copy, run, readback); modelV2 is sent at "send"
-INPUTS, READBACK, SENT = STAGE_STAMPS.index("inputs"), STAGE_STAMPS.index("readback"), STAGE_STAMPS.index("send")
-
-def modeld_split(stamps: list[list[int]]) -> dict:
-  """From per-frame STAGE_STAMPS (ns): percentiles (ms) of modeld's added latency (receive -> modelV2 sent, minus the model run), the model
-  run and each stage."""
-  ms = lambda ns: ns / 1e6
-  return {"added_in_modeld_ms": percentiles([ms(r[SENT] - r[0] - (r[READBACK] - r[INPUTS])) for r in stamps]),
-          "model_run_ms": percentiles([ms(r[READBACK] - r[INPUTS]) for r in stamps]),
-          "stages_ms": {name: percentiles([ms(r[i + 1] - r[i]) for r in stamps]) for i, name in enumerate(STAGES)}}
-
-def run_rate(artifacts: str, frame, rate: float, frames: int, log, core: int | None = None, bus: bool = True, daemon: str = "modeld") -> dict:
-  """One modeld process (or `daemon`: dmonitoringmodeld, fed the driver stream, a cabin_scene face, after one liveCalibration; pinned to
-  `core` if given: --core), `frames` timed frames at `rate` Hz (0: lockstep) after WARMUP lockstep frames; with `bus`, bus_traffic()
-  published before each frame."""
-  from benchmarks.car_bus import BUS_SERVICES, bus_traffic
-  from sunnypilot.modeld_v2.daemon.messaging import pub_master
-  from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad, synthetic_frames
-  from sunnypilot.modeld_v2.replay.model_daemons import Modeld
-  prefix = f"bench_daemon_{uuid.uuid4().hex[:10]}"
-  os.environ["OPENPILOT_PREFIX"] = prefix
-  os.makedirs(f"/dev/shm/msgq_{prefix}", exist_ok=True)
-  dm = daemon == "dmonitoringmodeld"
-  if dm:
-    from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
-    source = [cabin_scene(frame, i) for i in range(40)]
-  else: source = synthetic_frames(frame)
-  timings = os.path.join(tempfile.mkdtemp(prefix="bench_daemon_"), "timings.json")
-  replay = FakeCamerad(frame, driver=dm)
-  receiver = Receiver(DAEMONS[daemon])
-  traffic, bus_pm = (bus_traffic(), pub_master(list(BUS_SERVICES))) if bus else ({}, None)
-  modeld = Modeld(artifacts, ["--timings", timings, *(["--core", str(core)] if core is not None else [])], echo=False, daemon=daemon)
-  try:
-    modeld.wait_running(300)
-    if dm: replay.send_calibration()  # dmonitoringmodeld's calib (FakeCamerad.send publishes it with road frames)
-    sent, publish_ns, sof0 = {}, {}, time.monotonic_ns()
-    def send(frame_id: int) -> None:
-      for service, raw in traffic.items(): bus_pm.send(service, raw)  # before the frame: the car's messages of the last 50 ms
-      t = time.monotonic_ns()
-      # start-of-frame on camerad's 20 Hz sensor clock whatever the send rate: modeld pairs road and wide frames by it (25 ms)
-      if dm: sent[frame_id] = replay.send_driver(frame_id, source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
-      else: sent[frame_id] = replay.send(frame_id, *source[frame_id % len(source)], sof=sof0 + frame_id * 50_000_000)
-      publish_ns[frame_id] = time.monotonic_ns() - t
-    def lockstep(frame_id: int) -> None:
-      send(frame_id)
-      receiver.wait(time.monotonic_ns() + 2_000_000_000, frame_id)
-    for frame_id in range(WARMUP): lockstep(frame_id)
-    cpu0, start = cpu_seconds(modeld.proc.pid), time.monotonic_ns()
-    timed = range(WARMUP, WARMUP + frames)
-    for i, frame_id in enumerate(timed):
-      if rate: receiver.wait(start + int(i * 1e9 / rate))
-      if rate: send(frame_id)
-      else: lockstep(frame_id)
-    elapsed_s = (time.monotonic_ns() - start) / 1e9  # the frames' span: the achieved rate
-    receiver.wait(time.monotonic_ns() + 500_000_000)  # the last frames' messages
-    cpu_s = cpu_seconds(modeld.proc.pid) - cpu0
-  finally:
-    modeld.stop()  # SIGTERM: modeld writes its timings on the way out
-    replay.close()
-    shutil.rmtree(f"/dev/shm/msgq_{prefix}", ignore_errors=True)
-  with open(timings) as f: stamps = {row[0]: row[1:] for row in json.load(f)["frames"]}
-  shutil.rmtree(os.path.dirname(timings), ignore_errors=True)
-  got = [f for f in timed if f in receiver.arrived]
-  own = [f for f in got if f in stamps]
-  ms = lambda ns: ns / 1e6
-  return {"rate_hz": rate, "frames": frames, "received": len(got), "drops": frames - len(got), "wall_s": elapsed_s,
-          "achieved_hz": len(got) / elapsed_s if elapsed_s else 0.0, "modeld_cpu_ms_per_frame": 1e3 * cpu_s / max(len(got), 1),
-          "latency_ms": percentiles([ms(receiver.arrived[f] - sent[f]) for f in got]),
-          "added_ms": percentiles([ms(stamps[f][SENT] - sent[f] - (stamps[f][READBACK] - stamps[f][INPUTS])) for f in own]),
-          "delivery_ms": percentiles([ms(stamps[f][0] - sent[f]) for f in own]),
-          "bus_ms": percentiles([ms(receiver.arrived[f] - stamps[f][SENT]) for f in own]),
-          **modeld_split([stamps[f] for f in own]),
-          "fake_camerad_publish_ms": percentiles([ms(publish_ns[f]) for f in timed if f in publish_ns]),
-          "modeld_log_tail": modeld.lines[-3:]}
-
-def bundle_layout(model_path: str) -> tuple[dict[str, list[int]], int]:
-  """A bundle's output_slices and output width."""
-  from sunnypilot.modeld_v2.format.bundle import read_bundle
-  extras = read_bundle(model_path)[0]["extras"]
-  return extras["metadata"]["output_slices"], extras["output_specs"]["outputs"][0][-1]
-
-def stand_in_layout(generation: str) -> tuple[dict[str, list[int]], int]:
-  """A stand-in generation's output_slices as its fused bundle has them, and their width."""
-  from sunnypilot.modeld_v2.tools.stand_in_models import output_layout
-  slices = output_layout(generation)
-  return slices, max(stop for _, stop in slices.values())
-
-class PublishPath:
-  """modeld's publish path of one checkout, frame by frame: parse (OutputParser), fill (the driving state advanced and the three
-  messages' fields) and serialize (their bytes). This checkout's, or with `modules` another's: its publish_state module (before the
-  driving state and the byte seam: PublishState's parser, fill and serialize), or its {name: module} of the same pieces as this one."""
-  def __init__(self, slices: dict[str, list[int]], modules: Any = None):
-    if hasattr(modules, "PublishState"):  # a checkout from before the output path's seam
-      self.old, self.slices = modules.PublishState(log=lambda s: None), slices
-      self.info = modules.FrameInfo
-      return
-    from sunnypilot.modeld_v2.daemon.driving_state import DrivingState
-    from sunnypilot.modeld_v2.daemon.message_bytes import MessageBytes
-    from sunnypilot.modeld_v2.model import fill_model_msg
-    from sunnypilot.modeld_v2.model.parse_model_outputs import OutputParser
-    from sunnypilot.modeld_v2.model.parsed_reads import ParsedReads
-    m = modules or {"DrivingState": DrivingState, "MessageBytes": MessageBytes, "fill_model_msg": fill_model_msg, "OutputParser": OutputParser,
-                    "ParsedReads": ParsedReads}
-    self.old, self.parser, self.state, self.bytes = None, m["OutputParser"](slices), m["DrivingState"](), m["MessageBytes"]()
-    self.fills = m["fill_model_msg"]
-    # what DrivingState.update reads: the parser's views (a tree from before ParsedReads: the parse's dict itself)
-    self.reads = m["ParsedReads"].of(self.parser.parsed) if m.get("ParsedReads") else None
-    self.info = self.fills.FrameInfo
-
-  def frame_info(self, i: int) -> Any: return self.info(i, i, i, i, 0.0, 0, 0.001, True, 0.2, 0.3)
-
-  def parse(self, outputs: np.ndarray) -> dict: return self.old.parser(self.slices)(outputs) if self.old else self.parser(outputs)
-
-  def fill(self, outputs: np.ndarray, parsed: dict, frame: Any, car: Any) -> dict:
-    if self.old: return self.old.fill(None, outputs, self.slices, frame, car, False, parsed)
-    return self.fills.frame_fields(parsed, self.state.update(self.reads or parsed, frame, car, False), frame)
-
-  def serialize(self, values: dict, frame: Any, i: int) -> dict[str, bytes]:
-    if self.old: return self.old.serialize(values, frame, log_mono_time=i)
-    return {s: self.bytes.to_bytes(s, fields, frame.valid[s], i) for s, fields in values.items()}
-
-def baseline_modules(root: str) -> Any:
-  """The publish path's modules of another checkout at `root` (e.g. an earlier commit's tree from git archive), imported beside this
-  one's: its sunnypilot modules take the package's name only while it is imported, then this checkout's come back. A tree from before the
-  seam gives its publish_state module (at the top or in daemon/), a later one {name: module} as PublishPath takes them."""
-  import importlib
-  ours = {k: m for k, m in sys.modules.items() if k.split(".")[0] == "sunnypilot"}
-  for k in ours: del sys.modules[k]
-  sys.path.insert(0, os.path.abspath(root))
-  try:
-    if os.path.exists(os.path.join(root, "sunnypilot", "modeld_v2", "daemon", "driving_state.py")):
-      modules = {name: getattr(importlib.import_module(f"sunnypilot.modeld_v2.{path}"), name) for name, path in
-                 (("DrivingState", "daemon.driving_state"), ("MessageBytes", "daemon.message_bytes"), ("OutputParser", "model.parse_model_outputs"))}
-      modules["fill_model_msg"] = importlib.import_module("sunnypilot.modeld_v2.model.fill_model_msg")
-      if os.path.exists(os.path.join(root, "sunnypilot", "modeld_v2", "model", "parsed_reads.py")):
-        modules["ParsedReads"] = importlib.import_module("sunnypilot.modeld_v2.model.parsed_reads").ParsedReads
-      where = modules["fill_model_msg"].__file__
-    else:
-      layered = os.path.isdir(os.path.join(root, "sunnypilot", "modeld_v2", "daemon"))
-      at = "sunnypilot.modeld_v2.daemon.publish_state" if layered else "sunnypilot.modeld_v2.publish_state"
-      modules = importlib.import_module(at)
-      where = modules.__file__
-  finally:
-    sys.path.remove(os.path.abspath(root))
-    for k in [k for k in sys.modules if k.split(".")[0] == "sunnypilot"]: del sys.modules[k]
-    sys.modules.update(ours)
-  if not os.path.abspath(where).startswith(os.path.abspath(root)): raise ValueError(f"{root} has no sunnypilot/modeld_v2")
-  return modules
-
-def publish_split(slices: dict[str, list[int]], width: int, runs: int = 300, baseline: Any = None, idle_s: float = 0.0) -> dict:
-  """modeld's parse, fill and serialize of the three messages (PublishPath), in this process, on random outputs of one layout: the split
-  modeld's stamps cannot make; and, for comparison, pycapnp writing the same fields. `baseline`: another checkout's modules
-  (baseline_modules), whose path runs on the same outputs, before or after this one's by turns, frame by frame ("baseline ..." keys;
-  "same bytes": every frame's three messages equal). `idle_s`: a sleep before each path's frame, as modeld sleeps in its receive between
-  frames (caches and clocks go cold)."""
-  from sunnypilot.modeld_v2.daemon.messaging import new_message, set_fields
-  paths = {"": PublishPath(slices)} | ({"baseline ": PublishPath(slices, baseline)} if baseline is not None else {})
-  rng, car = np.random.default_rng(0), new_message("carState").carState
-  stages = ("parse", "fill", "serialize", "parse+fill+serialize")
-  times: dict[str, list[float]] = {f"{who}{k}": [] for who in paths for k in stages} | {"pycapnp to_bytes of the same fields": []}
-  same = True
-  for i in range(runs + 20):
-    outputs, out = rng.standard_normal((1, width)).astype(np.float32), {}
-    for who in (list(paths) if i % 2 else list(paths)[::-1]):  # by turns: neither path always runs on caches the other warmed
-      path = paths[who]
-      frame = path.frame_info(i)
-      if idle_s: time.sleep(idle_s)
-      t0 = time.perf_counter()
-      parsed = path.parse(outputs)
-      t1 = time.perf_counter()
-      values = path.fill(outputs, parsed, frame, car)
-      t2 = time.perf_counter()
-      out[who] = path.serialize(values, frame, i)
-      t3 = time.perf_counter()
-      if i >= 20:
-        for k, (a, b) in zip(stages, ((t0, t1), (t1, t2), (t2, t3), (t0, t3)), strict=True): times[f"{who}{k}"].append((b - a) * 1e3)
-      if who == "": ours = values
-    same = same and len({tuple(o.values()) for o in out.values()}) == 1
-    if idle_s: time.sleep(idle_s)
-    t4 = time.perf_counter()
-    for service, fields in ours.items():
-      set_fields(getattr(msg := new_message(service), service), fields)
-      msg.to_bytes()
-    if i >= 20: times["pycapnp to_bytes of the same fields"].append((time.perf_counter() - t4) * 1e3)
-  return {k: percentiles(v) for k, v in times.items()} | ({"same bytes": same} if baseline is not None else {})
-
-def split_line(split: dict) -> str:
-  """p50 / p10 / p99 ms of each timed stage, and whether a baseline wrote the same bytes."""
-  parts = [f"{k} {v['p50']:.3f} / {v['p10']:.3f} / {v['p99']:.3f}" for k, v in split.items() if isinstance(v, dict)]
-  return ", ".join(parts) + (f"; same bytes as the baseline on every frame: {'yes' if split['same bytes'] else 'NO'}" if "same bytes" in split else "")
 
 def idle_note(args: argparse.Namespace) -> str: return f", {args.publish_idle_ms:g} ms asleep before each" if args.publish_idle_ms else ""
 
@@ -295,21 +65,17 @@ def rate_name(rate: float) -> str: return f"{rate:g} Hz" if rate else "lockstep"
 
 def table(runs: list[dict]) -> str:
   q = lambda d, k="p50": "-" if not d else f"{d[k]:.2f}"
-  lines = ["| BEAM | parse | rate | frames | drops | achieved Hz | latency p10 | p50 | p95 | p99 | max | added p10 | added p50 | added p99 "
-           "| added in modeld p99 | model run p50 | modeld CPU ms/frame | fake_camerad publish p50 |", "|---" * 18 + "|"]
-  for r in runs:
-    lines.append(f"| {r['beam']} | {r['parse']} | {rate_name(r['rate_hz'])} | {r['frames']} | {r['drops']} | {r['achieved_hz']:.1f} "
-                 f"| {q(r['latency_ms'], 'p10')} "
-                 f"| {q(r['latency_ms'])} | {q(r['latency_ms'], 'p95')} | {q(r['latency_ms'], 'p99')} | {q(r['latency_ms'], 'max')} "
-                 f"| {q(r['added_ms'], 'p10')} | {q(r['added_ms'])} | {q(r['added_ms'], 'p99')} | {q(r['added_in_modeld_ms'], 'p99')} | {q(r['model_run_ms'])} "
-                 f"| {r['modeld_cpu_ms_per_frame']:.2f} | {q(r['fake_camerad_publish_ms'])} |")
-  lines += ["", "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
-            "| BEAM | parse | rate | delivery | inputs | copy | run | readback | parse+fill | serialize | send | bus | the other two |",
-            "|---" * 13 + "|"]
-  for r in runs:
-    cells = [r["delivery_ms"], *[v for k, v in r["stages_ms"].items() if k != "others"], r["bus_ms"], r["stages_ms"]["others"]]
-    lines.append(f"| {r['beam']} | {r['parse']} | {rate_name(r['rate_hz'])} | " + " | ".join(f"{q(c)} ({q(c, 'p99')})" for c in cells) + " |")
-  return "\n".join(lines)
+  rows = ((r["beam"], r["parse"], rate_name(r["rate_hz"]), r["frames"], r["drops"], f"{r['achieved_hz']:.1f}",
+           *(q(r["latency_ms"], k) for k in ("p10", "p50", "p95", "p99", "max")), *(q(r["added_ms"], k) for k in ("p10", "p50", "p99")),
+           q(r["added_in_modeld_ms"], "p99"), q(r["model_run_ms"]), f"{r['modeld_cpu_ms_per_frame']:.2f}", q(r["fake_camerad_publish_ms"])) for r in runs)
+  split = lambda r: [r["delivery_ms"], *[v for k, v in r["stages_ms"].items() if k != "others"], r["bus_ms"], r["stages_ms"]["others"]]
+  splits = ((r["beam"], r["parse"], rate_name(r["rate_hz"]), *(f"{q(c)} ({q(c, 'p99')})" for c in split(r))) for r in runs)
+  return "\n".join([markdown_table(("BEAM", "parse", "rate", "frames", "drops", "achieved Hz", "latency p10", "p50", "p95", "p99", "max", "added p10",
+                                    "added p50", "added p99", "added in modeld p99", "model run p50", "modeld CPU ms/frame", "fake_camerad publish p50"),
+                                   rows), "",
+                    "modeld's split per published frame, p50 (p99) ms: VisionIPC delivery, then modeld's stages, then the bus to this process", "",
+                    markdown_table(("BEAM", "parse", "rate", "delivery", "inputs", "copy", "run", "readback", "parse+fill", "serialize", "send", "bus",
+                                    "the other two"), splits)])
 
 def checked_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[int], list[float], tuple[int, ...]]:
   """(beams, rates, camera size) from the arguments, every combination checked (parser.error on a bad one); --publish-idle-ms defaulted."""
@@ -373,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
   parser = arg_parser()
   args = parser.parse_args(argv)
   beams, rates, size = checked_args(parser, args)
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   if args.publish_layouts: return publish_layouts(args, log)
   if args.stub_loop: return stub_loop(args, log)
   if args.daemon == "dmonitoringmodeld": return dm_runs(args, beams, rates, size, log)
@@ -402,7 +168,6 @@ def dm_runs(args: argparse.Namespace, beams: list[int], rates: list[float], size
   modeld is (its --timings give the same stamps; driverStateV2 is its one message, parsed on the host)."""
   from tinygrad import Device
 
-  from benchmarks.bench_dm import build_dm
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
   runs, frame = [], camerad_frame(*size)
   for beam in beams:
@@ -424,7 +189,6 @@ STUB_WARMUP = 20  # frames of the stubbed loop left out of its figures: the temp
 def stub_loop(args: argparse.Namespace, log) -> int:
   """--stub-loop: the stubbed frame loop on a stand-in layout, back to back, with a sleep between frames, and with the sleep's end spun,
   for each --parse; with --count-calls, its Python calls and CPU time per frame (this tree's and a --baseline tree's)."""
-  from benchmarks.stubbed_loop import run_stubbed
   idle, spin = args.publish_idle_ms, args.stub_spin_ms
   slices, width = stand_in_layout(args.generation)
   waits = {"back to back": (0.0, 0.0), f"{idle:g} ms asleep": (idle, 0.0)}
@@ -439,78 +203,20 @@ def stub_loop(args: argparse.Namespace, log) -> int:
   print(f"modeld's frame loop in this process, camera and model stubbed, {args.generation} layout, {'no ' if args.no_bus else ''}car messages "
         f"on the bus, {args.publish_runs} frames per row, ms (with the parse in the graph, parse+fill is the driving state and the host's fields, "
         "serialize the block's copy into the templates)")
-  print("| parse | between frames | added p10 | added p50 | added p95 | added p99 | max | inputs p50 (p99) | parse+fill | serialize | send "
-        "| the other two |\n" + "|---" * 12 + "|")
-  for split in splits.values():
-    added, stages = split["added_in_modeld_ms"], split["stages_ms"]
-    cells = " | ".join(f"{q(stages[k])} ({q(stages[k], 'p99')})" for k in ("inputs", "parse_fill", "serialize", "send", "others"))
-    print(f"| {split['parse']} | {split['wait']} | {q(added, 'p10')} | {q(added)} | {q(added, 'p95')} | {q(added, 'p99')} | {q(added, 'max')} | {cells} |")
-  counts = count_calls(args, log) if args.count_calls else {}
+  print(markdown_table(("parse", "between frames", "added p10", "added p50", "added p95", "added p99", "max", "inputs p50 (p99)", "parse+fill",
+                        "serialize", "send", "the other two"),
+                       ((split["parse"], split["wait"], *(q(split["added_in_modeld_ms"], k) for k in ("p10", "p50", "p95", "p99", "max")),
+                         *(f"{q(split['stages_ms'][k])} ({q(split['stages_ms'][k], 'p99')})" for k in ("inputs", "parse_fill", "serialize", "send", "others")))
+                        for split in splits.values())))
+  counts = count_calls(args.generation, args.count_frames, STUB_WARMUP, not args.no_bus, args.parse, args.baseline, log) if args.count_calls else {}
   if counts:
     print(f"\nPython calls and CPU time per frame of modeld's loop ({args.generation} layout, back to back, {args.count_frames} frames, median; "
-          "the stub camera's own work left out)\n\n| tree | parse | Python calls per frame | CPU ms per frame |\n|---|---|---|---|")
-    for (tree, parse), c in counts.items(): print(f"| {tree} | {parse} | {c['calls']:.0f} | {c['cpu_ms']:.3f} |")
+          "the stub camera's own work left out)\n")
+    print(markdown_table(("tree", "parse", "Python calls per frame", "CPU ms per frame"),
+                         ((tree, parse, f"{c['calls']:.0f}", f"{c['cpu_ms']:.3f}") for (tree, parse), c in counts.items())))
   write_json(args.json, {"generation": args.generation, "bus": not args.no_bus, "stub_loop_ms": splits,
                          "per_frame": [{"tree": t, "parse": p, **c} for (t, p), c in counts.items()]})
   return 0
-
-# Run in a fresh interpreter in a tree's root (this one's, or --baseline's: any tree whose benchmarks.stubbed_loop has StubCamera.recv (recv_frames before)
-# and run_stubbed): modeld's frame loop stubbed, back to back; per frame, from the stub camera handing a frame over to its next receive,
-# the Python calls (sys.setprofile's call and c_call events) in one run and the process's CPU time in another, unprofiled
-COUNT_SNIPPET = """
-import json, statistics, sys, time
-from benchmarks import stubbed_loop
-from benchmarks.bench_daemon import stand_in_layout
-generation, frames, warmup, bus, kwargs = {args!r}
-slices, width = stand_in_layout(generation)
-receiving = 'recv' if hasattr(stubbed_loop.StubCamera, 'recv') else 'recv_frames'  # an older tree's name
-calls, marks, receive = [0], [], getattr(stubbed_loop.StubCamera, receiving)
-def count(frame, event, arg):
-  if event in ("call", "c_call"): calls[0] += 1
-def recv_frames(self):  # the stub camera's own work (its sleep, the car's messages it sends) is not modeld's
-  profiler = sys.getprofile()
-  sys.setprofile(None)
-  marks.append((time.process_time(), calls[0]))
-  try: return receive(self)
-  finally:
-    marks.append((time.process_time(), calls[0]))
-    sys.setprofile(profiler)
-setattr(stubbed_loop.StubCamera, receiving, recv_frames)
-def per_frame(profile, k):
-  marks.clear()
-  sys.setprofile(count if profile else None)
-  try: stubbed_loop.run_stubbed(slices, width, generation, frames + warmup, 0.0, 0.0, bus, **kwargs)
-  finally: sys.setprofile(None)
-  return statistics.median(marks[i + 1][k] - marks[i][k] for i in range(1 + 2 * warmup, len(marks) - 1, 2))
-print(json.dumps({{"calls": per_frame(True, 1), "cpu_ms": per_frame(False, 0) * 1e3}}))
-"""
-
-def count_calls(args: argparse.Namespace, log) -> dict[tuple[str, str], dict]:
-  """{(tree, parse): {calls, cpu_ms}} per frame of the stubbed loop, each in a fresh process: this tree for each --parse, and --baseline's
-  (a tree from before the in-graph parse: its host parse)."""
-  import subprocess
-  here, out = os.path.dirname(os.path.dirname(os.path.abspath(__file__))), {}
-  runs = [("this", here, parse, {"parse": parse}) for parse in args.parse] + ([("baseline", args.baseline, "host", {})] if args.baseline else [])
-  for tree, root, parse, kwargs in runs:
-    log(f"counting calls per frame: {tree} tree, parse on the {parse} ...")
-    code = COUNT_SNIPPET.format(args=(args.generation, args.count_frames, STUB_WARMUP, not args.no_bus, kwargs))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=os.environ | {"PYTHONPATH": os.path.abspath(root)}, capture_output=True, text=True)
-    if proc.returncode: raise SystemExit(f"benchmarks.bench_daemon: error: counting in {root} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    out[(tree, parse)] = json.loads(proc.stdout.strip().splitlines()[-1])
-  return out
-
-def layouts_table(splits: dict[str, dict]) -> str:
-  """One row per layout and path (a baseline's first): p50 (p10) ms of each stage."""
-  cell = lambda d: f"{d['p50']:.3f} ({d['p10']:.3f})"
-  lines = ["| layout | path | parse | fill | serialize | together | pycapnp to_bytes of the same fields | same bytes as baseline |", "|---" * 8 + "|"]
-  for generation, split in splits.items():
-    same = {True: "yes", False: "NO"}.get(split.get("same bytes"), "-")
-    pycapnp = cell(split["pycapnp to_bytes of the same fields"])
-    rows = ([("baseline", "baseline ", "-", "-")] if "same bytes" in split else []) + [("this", "", pycapnp, same)]
-    for name, key, pycapnp, equal in rows:
-      stages = " | ".join(cell(split[key + k]) for k in ("parse", "fill", "serialize", "parse+fill+serialize"))
-      lines.append(f"| {generation} | {name} | {stages} | {pycapnp} | {equal} |")
-  return "\n".join(lines)
 
 def publish_layouts(args: argparse.Namespace, log) -> int:
   """--publish-layouts: the in-process split on every stand-in generation's layout, beside a baseline checkout's when one is given."""

@@ -22,8 +22,8 @@ import tempfile
 import time
 import uuid
 
-from benchmarks.bench import write_json
-from benchmarks.bench_daemon import INPUTS, READBACK, SENT, cpu_seconds, percentiles
+from benchmarks.common import markdown_table, percentiles, write_json
+from benchmarks.daemon_run import INPUTS, READBACK, SENT, cpu_seconds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = {"today": os.path.join("openpilot", "sunnypilot", "modeld_v2"), "2025": os.path.join("sunnypilot", "modeld_v2")}
@@ -76,11 +76,9 @@ def main(argv: list[str] | None = None) -> int:
       print(f"round {r + 1}/{args.rounds}: {layout} ...", file=sys.stderr, flush=True)
       runs[layout].append(run_tree(layout, os.path.abspath(root), args.frames))
   print(f"modeld on each schema, {args.frames} frames at 20 Hz per round, {args.rounds} rounds, the first 20 frames of each left out\n")
-  print("| schema | round | frames | added p50 ms | added p99 ms | CPU ms/frame |\n|---|---|---|---|---|---|")
-  for layout, rows in runs.items():
-    for i, row in enumerate(rows):
-      added = row["added_in_modeld_ms"]
-      print(f"| {layout} | {i + 1} | {row['frames']} | {added['p50']:.3f} | {added['p99']:.3f} | {row['cpu_ms_per_frame']:.2f} |")
+  print(markdown_table(("schema", "round", "frames", "added p50 ms", "added p99 ms", "CPU ms/frame"),
+                       ((layout, i + 1, row["frames"], f"{row['added_in_modeld_ms']['p50']:.3f}", f"{row['added_in_modeld_ms']['p99']:.3f}",
+                         f"{row['cpu_ms_per_frame']:.2f}") for layout, rows in runs.items() for i, row in enumerate(rows))))
   write_json(args.json, {"frames": args.frames, "runs": runs})
   return 0
 

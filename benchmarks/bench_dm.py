@@ -8,14 +8,14 @@ In one process and interleaved frame by frame (each frame starting at the next p
                    buffers rotating: what dmonitoringmodeld runs per frame
 and its peers on the same ONNX, frames, transform and calib: onnxruntime's CPU EP fed the numpy warp (replay/onnx_reference.dm_input),
 and on a GPU PyTorch eager, a CUDA-graph replay and torch.compile max-autotune inside a CUDA graph (benchmarks/torch_peer.TorchDMPeer,
-the machinery of bench.py's driving-model peers). The kernel-only floor is the fused part's calls on its last bindings with no Python
-per input (bench.device_floor_ms; on CPU each call's own kernel time). Every path's outputs are compared with the fused frame's on every
+the machinery of the driving-model peers: peers.py). The kernel-only floor is the fused part's calls on its last bindings with no Python
+per input (kernel_floor.device_floor_ms; on CPU each call's own kernel time). Every path's outputs are compared with the fused frame's on every
 frame. Frames are the synthetic cabin (replay/cabin_scene: a face that sways, turns and blinks).
 
 --model tiny (default) is the random-weight DM stand-in with a two-layer backbone, full the stand-in's realistic-depth backbone; both
 take openpilot's DM input (1440x960 Y, calib) and give its output layout. --beam N searches the model's and the warp's kernels (BEAM=N).
---precision float16 builds the DM model in half and runs the peers on the float16 ONNX it computes (bench.py's peer_models: onnxruntime
-only where its CPU EP runs it); outputs are checked against the fused frame's within bench.py's precision-aware tolerance.
+--precision float16 builds the DM model in half and runs the peers on the float16 ONNX it computes (peers.peer_models: onnxruntime
+only where its CPU EP runs it); outputs are checked against the fused frame's within peers.py's precision-aware tolerance.
 """
 from __future__ import annotations
 
@@ -26,80 +26,16 @@ import time
 
 import numpy as np
 
-from benchmarks.bench import (
-  BUFFERS_PER_STREAM,
-  TORCH_PEERS,
-  CameraBuffer,
-  PeerAdapter,
-  check_outputs,
-  device_floor_ms,
-  make_peers,
-  output_difference,
-  peer_models,
-  write_json,
-)
-from benchmarks.bench_daemon import percentiles
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
+from benchmarks.frame_inputs import BUFFERS_PER_STREAM, cabin_buffers, set_dm_inputs
+from benchmarks.kernel_floor import device_floor_ms
+from benchmarks.peers import TORCH_PEERS, OrtDMPeer, PeerAdapter, make_peers, output_difference
+from benchmarks.stand_ins import build_dm
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
-from sunnypilot.modeld_v2.format.warp_inputs import HOST_TRANSFORM
 from sunnypilot.modeld_v2.runtime.frame_feeds import DRIVER_BUFFER
 
 FUSED = "fused DM frame (camera buffer in place)"
 WARMUP = 20
-
-def build_dm(model: str, cameras: list[tuple[int, int]], workdir: str, log, beam: int = 0, precision: str = "float32") -> dict:
-  """The DM stand-in's ONNX (tiny, full) or the given one, its bundle dmonitoring_model.bin in `precision` and a dm_warp_<w>x<h>.bin per
-  camera size in `workdir` (an artifacts folder dmonitoringmodeld reads), with `beam`; what was built, with the peers' models (peer_models)."""
-  from sunnypilot.modeld_v2 import compile_dm_warp
-  from sunnypilot.modeld_v2.compile_modeld import compile_model
-  from sunnypilot.modeld_v2.daemon.artifacts import DRIVER_MONITORING
-  from sunnypilot.modeld_v2.model.calibration import DM_INPUT_SIZE
-  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
-  from sunnypilot.modeld_v2.tools import stand_in_models
-  os.makedirs(workdir, exist_ok=True)
-  onnx = stand_in_models.write("dmonitoring", model, os.path.join(workdir, f"dmonitoring_{model}.onnx"))["files"]["onnx"] \
-    if model in ("tiny", "full") else model
-  bundle = os.path.join(workdir, DRIVER_MONITORING.model_name)
-  log(f"compiling {onnx}{f' with BEAM={beam}' if beam else ''} ...")
-  summary = compile_model(bundle, onnx=onnx, log=lambda s: None, beam=beam, precision=precision)
-  warps = {}
-  for w, h in cameras:
-    log(f"compiling the driver camera's warp for {w}x{h} ...")
-    warps[(w, h)] = compile_dm_warp.compile_dm_warp(camerad_frame(w, h).spec, os.path.join(workdir, f"dm_warp_{w}x{h}.bin"), beam=beam,
-                                                    log=lambda s: None)["output"]
-  return {"onnx": onnx, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": warps,
-          "model_size": DM_INPUT_SIZE, "border_fill": compile_dm_warp.BORDER_FILL, "precision": precision,
-          "peers": peer_models({"onnx": onnx}, precision, workdir, log)}
-
-def cabin_buffers(frame, n: int = BUFFERS_PER_STREAM) -> list[dict[str, CameraBuffer]]:
-  """camerad's `n` driver buffers (page-aligned shared mappings), each a cabin_scene frame."""
-  from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
-  return [{DRIVER_BUFFER: CameraBuffer(cabin_scene(frame, i))} for i in range(n)]
-
-class OrtDMPeer:
-  """onnxruntime (CPU execution provider) on the DM ONNX, fed the numpy warp (onnx_reference.dm_input) through peer_step.DMPeerStep."""
-  def __init__(self, path: str, frame, size: tuple[int, int], border_fill: int | None):
-    import onnxruntime as ort
-
-    from benchmarks.peer_step import DMPeerStep, NumpyOps
-    from sunnypilot.modeld_v2.replay.onnx_reference import dm_input
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    run = lambda key, feeds: dict(zip((o.name for o in session.get_outputs()), session.run(None, feeds)))
-    self.peer = DMPeerStep(path, frame, NumpyOps(), run, lambda buf, m: dm_input(buf, frame, m, size, border_fill))
-
-  def reset(self) -> None:
-    from benchmarks.peer_step import clear
-    clear(self.peer)
-
-  def step(self, buf: np.ndarray, host: dict[str, np.ndarray]) -> np.ndarray:
-    self.peer.frames[0] = buf[:self.peer.frames.shape[1]]
-    self.peer.m_inv[0] = host[HOST_TRANSFORM]
-    self.peer.host["calib"][:] = host["calib"].reshape(self.peer.host["calib"].shape)
-    return self.peer.step()
-
-def set_inputs(adapter, step: int, m_inv: np.ndarray) -> None:
-  """This frame's inputs, the same on every path: the driver camera's M_inv, and a calibration that drifts a little from frame to frame."""
-  adapter.numpy_inputs[HOST_TRANSFORM][:] = m_inv
-  adapter.numpy_inputs["calib"].reshape(-1)[:] = [0.01 * np.sin(step / 7), 0.03 + 0.005 * np.cos(step / 5), -0.01]
 
 def bench_frames(built: dict, size: tuple[int, int], frames: int, log, peers: bool, torch_modes: list[str]) -> dict:
   """Every path on the same frames, interleaved; per path percentiles (ms), the ratio to the fused frame, and the largest output difference."""
@@ -125,7 +61,7 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, log, peers: bo
   for step in range(frames + WARMUP):
     order, outputs = list(adapters.items()), {}
     for path, adapter in order[step % len(order):] + order[:step % len(order)]:
-      set_inputs(adapter, step, m_inv)
+      set_dm_inputs(adapter, step, m_inv)
       t0 = time.perf_counter()
       adapter.copy_frames(bufs[step % BUFFERS_PER_STREAM])
       try:
@@ -153,13 +89,12 @@ def bench_frames(built: dict, size: tuple[int, int], frames: int, log, peers: bo
           "fused_bindings_made": bindings, "precision": built["precision"], "tolerance": models["tolerance"], "relative": models["relative"]}
 
 def table(r: dict) -> str:
+  rows = ((path, *(f"{row[k]:.3f}" for k in ("p10", "p50", "p95", "p99")), f"{row['x_fused']:.2f}x", "yes" if row["camera_frame_in_place"] else "no (copied)",
+           f"{row['max_abs_diff_vs_fused']:.2g}") for path, row in r["paths"].items())
   lines = [f"\n{r['camera']} driver camera on {r['device']}, {r['frames']} frames, {r['precision']}; kernel-only floor {r['floor_ms']:.3f} ms "
            f"({r['floor']})", "",
-           "| path | p10 ms | p50 ms | p95 ms | p99 ms | p50 / fused | camera frame read in place | max abs diff vs fused (every frame) |",
-           "|---|---|---|---|---|---|---|---|"]
-  for path, row in r["paths"].items():
-    lines.append(f"| {path} | {row['p10']:.3f} | {row['p50']:.3f} | {row['p95']:.3f} | {row['p99']:.3f} | {row['x_fused']:.2f}x "
-                 f"| {'yes' if row['camera_frame_in_place'] else 'no (copied)'} | {row['max_abs_diff_vs_fused']:.2g} |")
+           markdown_table(("path", "p10 ms", "p50 ms", "p95 ms", "p99 ms", "p50 / fused", "camera frame read in place", "max abs diff vs fused (every frame)"),
+                          rows)]
   past = [p for p, row in r["paths"].items() if not row["within_tolerance"]]
   lines.append(f"\noutputs vs the fused DM frame: tolerance {r['tolerance']:.2g}{' relative above 1' if r['relative'] else ''}: "
                + (f"PAST IT: {', '.join(past)}" if past else "every path within it"))
@@ -195,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
   if bad := [m for m in torch_modes if m not in TORCH_PEERS]: parser.error(f"unknown --torch-modes {bad}: choose from {', '.join(TORCH_PEERS)}")
   if args.frames < 1 or args.beam < 0: parser.error("--frames must be positive and --beam not negative")
   if args.model not in ("tiny", "full") and not os.path.isfile(args.model): parser.error(f"--model {args.model}: not tiny, full or an ONNX file")
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   built = build_dm(args.model, cameras, args.workdir, log, args.beam, args.precision)
   results = [bench_frames(built, size, args.frames, log, not args.no_peers, torch_modes) for size in cameras]
   print(f"driver-monitoring model {args.model}{' (random-weight stand-in)' if args.model in ('tiny', 'full') else ''}, {built['kernels']} model "

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.bench_dm import cabin_buffers, set_inputs
+from benchmarks.frame_inputs import cabin_buffers, set_dm_inputs
 from benchmarks.sweep_timing import FrameKind, sweep_main
 from benchmarks.sweep_variants import DM_DEFAULT, DM_VARIANTS
 
@@ -35,7 +35,7 @@ def load(record: dict, size: tuple[int, int]):
   return ModelRunner(record["model"], record["warps"][f"{size[0]}x{size[1]}"])
 
 def torch_peer(files: dict[str, str], frame, mode: str, wrap):
-  from benchmarks.bench import PeerAdapter
+  from benchmarks.peers import PeerAdapter
   from benchmarks.torch_peer import TorchDMPeer
   from sunnypilot.modeld_v2.compile_dm_warp import BORDER_FILL
   from sunnypilot.modeld_v2.model.calibration import DM_INPUT_SIZE
@@ -47,7 +47,7 @@ def transform(size: tuple[int, int]) -> np.ndarray:
   return dm_warp_matrix(sensor_for_size(*size), DM_INPUT_SIZE)
 
 # torch.compile max-autotune of the full DM stand-in: a run that built it with the other peers did not end in 250 s (docs/BENCHMARKS.md)
-DM = FrameKind("dm", DM_VARIANTS, sources, load, torch_peer, cabin_buffers, set_inputs, transform, compile_s=200.0, goal=1.0, goal_on="interleaved")
+DM = FrameKind("dm", DM_VARIANTS, sources, load, torch_peer, cabin_buffers, set_dm_inputs, transform, compile_s=200.0, goal=1.0, goal_on="interleaved")
 
 def main(argv: list[str] | None = None) -> int: return sweep_main(DM, "benchmarks.bench_dm_sweep", __doc__, DM_DEFAULT, argv)
 

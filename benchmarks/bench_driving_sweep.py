@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from benchmarks.bench import set_inputs, synthetic_buffers
+from benchmarks.frame_inputs import set_inputs, synthetic_buffers
 from benchmarks.sweep_timing import FrameKind, sweep_main
 from benchmarks.sweep_variants import DRIVING_DEFAULT, DRIVING_VARIANTS
 
@@ -32,7 +32,7 @@ def load(record: dict, size: tuple[int, int]):
   return ModelRunner(record["model"], record["warps"][f"{size[0]}x{size[1]}"])
 
 def torch_peer(files: dict[str, str], frame, mode: str, wrap):
-  from benchmarks.bench import PeerAdapter
+  from benchmarks.peers import PeerAdapter
   from benchmarks.torch_peer import TorchPeer
   return PeerAdapter(wrap(lambda: TorchPeer(files, frame, mode)))
 

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, write_json
 
 def breakdown(report: dict, began: float, finished: float, slots: int) -> dict[str, float]:
   """A run's seconds: in total, before the first replay, after the last, the mean replay, and a slot's overhead per segment."""
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--json", help="also write the numbers here")
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   artifacts = os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_native_{args.model}")
   build_artifacts(artifacts, args.camera, "native", args.model, {}, log)
   onnx = os.path.join(artifacts, f"native_{args.model}_stand_in.onnx")
@@ -91,11 +91,13 @@ def main(argv: list[str] | None = None) -> int:
   median = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for name, rows in runs.items()}
   print(f"fleet replay, {Device.DEFAULT}, {args.segments} segments x {args.frames} frames {args.camera[0]}x{args.camera[1]}, native {args.model} "
         f"stand-in, {'no check' if args.no_check else 'onnxruntime check'}, {args.jobs} at a time, {args.pairs} interleaved pairs (medians)\n")
-  print("| executor | total s (runs) | frames/s | start s | end s | replay s | overhead per segment s (runs) |\n|---|---|---|---|---|---|---|")
+  runs_of = lambda name, k: ", ".join(f"{r[k]:.{1 if k == 'total' else 2}f}" for r in runs[name])
+  rows = []
   for name, label in (("jobs", f"--jobs {args.jobs}"), ("ray", "--ray (local instance)")):
-    m, runs_of = median[name], lambda k, name=name: ", ".join(f"{r[k]:.{1 if k == 'total' else 2}f}" for r in runs[name])
-    print(f"| {label} | {m['total']:.1f} ({runs_of('total')}) | {args.segments * args.frames / m['total']:.1f} | {m['start']:.2f} | {m['end']:.2f} | "
-          f"{m['replay']:.2f} | {m['per_segment']:.2f} ({runs_of('per_segment')}) |")
+    m = median[name]
+    rows.append((label, f"{m['total']:.1f} ({runs_of(name, 'total')})", f"{args.segments * args.frames / m['total']:.1f}", f"{m['start']:.2f}",
+                 f"{m['end']:.2f}", f"{m['replay']:.2f}", f"{m['per_segment']:.2f} ({runs_of(name, 'per_segment')})"))
+  print(markdown_table(("executor", "total s (runs)", "frames/s", "start s", "end s", "replay s", "overhead per segment s (runs)"), rows))
   jobs, ray = median["jobs"], median["ray"]
   print(f"\n--ray / --jobs: {ray['total'] / jobs['total']:.3f}; Ray adds {ray['start'] + ray['end'] - jobs['start'] - jobs['end']:.2f} s to start and "
         f"stop, and {ray['per_segment'] - jobs['per_segment']:.2f} s of a slot per segment")

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 LOAD = """
@@ -114,21 +114,15 @@ def bench_size(workdir: str, size: str, loads: int, log) -> dict:
           "verify": {key: med(verify, key) for key in ("first_signature_s", "signature_s", "content_s")}}
 
 def table(results: list[dict], device: str) -> str:
-  lines = [f"load of model + 1928x1208 split warp on {device}, fresh processes, median of {results[0]['loads']} (interleaved); peak RSS rise "
-           "above the process before the load", "", "| stand-in | bundles MB | load | s | peak RSS rise MB | rise / bundles | RSS after MB |",
-           "|---|---|---|---|---|---|---|"]
-  for r in results:
-    mb = r["bundle_bytes"] / 1e6
-    for kind, v in r["load"].items():
-      lines.append(f"| {r['size']} | {mb:.0f} | {KINDS[kind]} | {v['s']:.2f} | {v['peak_rise_bytes'] / 1e6:.0f} | "
-                   f"{v['peak_rise_bytes'] / r['bundle_bytes']:.2f} | {v['after_rise_bytes'] / 1e6:.0f} |")
-  lines += ["", "| stand-in | model MB | signature check (header + Ed25519) ms: first in a process / again | content hash check s | GB/s |",
-            "|---|---|---|---|---|"]
-  for r in results:
-    v, model_bytes = r["verify"], r["model_bytes"]
-    lines.append(f"| {r['size']} | {model_bytes / 1e6:.0f} | {v['first_signature_s'] * 1e3:.2f} / {v['signature_s'] * 1e3:.2f} | {v['content_s']:.2f} | "
-                 f"{model_bytes / v['content_s'] / 1e9:.2f} |")
-  return "\n".join(lines)
+  loads = ((r["size"], f"{r['bundle_bytes'] / 1e6:.0f}", KINDS[kind], f"{v['s']:.2f}", f"{v['peak_rise_bytes'] / 1e6:.0f}",
+            f"{v['peak_rise_bytes'] / r['bundle_bytes']:.2f}", f"{v['after_rise_bytes'] / 1e6:.0f}") for r in results for kind, v in r["load"].items())
+  checks = ((r["size"], f"{r['model_bytes'] / 1e6:.0f}", f"{r['verify']['first_signature_s'] * 1e3:.2f} / {r['verify']['signature_s'] * 1e3:.2f}",
+             f"{r['verify']['content_s']:.2f}", f"{r['model_bytes'] / r['verify']['content_s'] / 1e9:.2f}") for r in results)
+  return "\n".join([f"load of model + 1928x1208 split warp on {device}, fresh processes, median of {results[0]['loads']} (interleaved); peak RSS rise "
+                    "above the process before the load", "",
+                    markdown_table(("stand-in", "bundles MB", "load", "s", "peak RSS rise MB", "rise / bundles", "RSS after MB"), loads), "",
+                    markdown_table(("stand-in", "model MB", "signature check (header + Ed25519) ms: first in a process / again", "content hash check s",
+                                    "GB/s"), checks)])
 
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("benchmarks.bench_load", __doc__)
@@ -143,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.tools.stand_in_models import BACKBONES
   sizes = [s for s in args.sizes.split(",") if s]
   if bad := [s for s in sizes if s not in BACKBONES]: parser.error(f"--sizes: {bad} are not among {list(BACKBONES)}")
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   results = [bench_size(args.workdir, size, args.loads, log) for size in sizes]
   print(table(results, Device.DEFAULT))
   write_json(args.json, {"device": Device.DEFAULT, "results": results})

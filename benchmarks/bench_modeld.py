@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 from tinygrad import Device, Tensor
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, markdown_table, percentiles, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.format.bundle import next_name, state_names
@@ -47,7 +47,7 @@ def stepper(path: str):
 def frame_stepper(path: str, warp: str, frame) -> Callable[[], float]:
   """A frame of the bundle fused with `warp`, as modeld runs it (ModelRunner: copy_frames, run, every output read back): a function
   returning its time in ms."""
-  from benchmarks.bench import synthetic_buffers
+  from benchmarks.frame_inputs import synthetic_buffers
   from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
   adapter, bufs = ModelRunner(path, warp), synthetic_buffers(frame, 1)[0]
   def step() -> float:
@@ -116,14 +116,13 @@ def main(argv: list[str] | None = None) -> int:
           rows.append({"generation": generation, "variant": variant, "size": size, "device": Device.DEFAULT, "gflops": stand_in["flops"] / 1e9,
                        "mparams": stand_in["params"] / 1e6, "frame_skip": load_bundle(out).metadata["frame_skip"], "compile_s": summary["compile_s"],
                        "kernels": summary["kernels"], "bundle_mb": summary["bytes"] / 1e6, "camera": args.camera, "step_ms_median": statistics.median(times),
-                       "step_ms_p10": float(np.percentile(times, 10)), "step_ms_p95": float(np.percentile(times, 95))})
+                       **{f"step_ms_{k}": v for k, v in percentiles(times, (10, 95), max_and_n=False).items()}})
   if args.camera: print(f"each step a frame: the model fused with the --split-frames warp for {args.camera}, frames bound, every output read back")
-  print("| generation (random-weight stand-in) | variant | size | device | GFLOPs/step | M params | frame_skip | compile s | kernels | bundle MB "
-        "| step ms (median) | p10 | p95 |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['generation']} | {r['variant']} | {r['size']} | {r['device']} | {r['gflops']:.3f} | {r['mparams']:.2f} | {r['frame_skip'] or '-'} "
-          f"| {r['compile_s']:.1f} | {r['kernels']} | {r['bundle_mb']:.1f} | {r['step_ms_median']:.2f} | {r['step_ms_p10']:.2f} | {r['step_ms_p95']:.2f} |")
+  print(markdown_table(("generation (random-weight stand-in)", "variant", "size", "device", "GFLOPs/step", "M params", "frame_skip", "compile s", "kernels",
+                        "bundle MB", "step ms (median)", "p10", "p95"),
+                       ((r["generation"], r["variant"], r["size"], r["device"], f"{r['gflops']:.3f}", f"{r['mparams']:.2f}", r["frame_skip"] or "-",
+                         f"{r['compile_s']:.1f}", r["kernels"], f"{r['bundle_mb']:.1f}", f"{r['step_ms_median']:.2f}", f"{r['step_ms_p10']:.2f}",
+                         f"{r['step_ms_p95']:.2f}") for r in rows)))
   write_json(args.json, rows)
   return 0
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 PRECISIONS = ("float32", "float16")
@@ -79,13 +79,10 @@ def compare(files: dict[str, str], bundles: dict[str, str], segment_path: str, f
   return {"segment": segment.name, "frames": n, "rows": worst}
 
 def table(result: dict, bound: float) -> str:
-  rows, f32, f16 = [], result["rows"]["float32"], result["rows"]["float16"]
-  lines = [f"{result['segment']}: {result['frames']} frames; float16_bound of the models {bound:.3g} (of the outputs' scale)", "",
-           "| head / published field | float32 bundle max abs | max rel | float16 bundle max abs | max rel | frame |", "|---|---|---|---|---|---|"]
-  for key in f16:
-    a, b = f32[key], f16[key]
-    rows.append(f"| {key} | {a['abs']:.3g} | {a['rel']:.3g} | {b['abs']:.3g} | {b['rel']:.3g} | {b['frame']} |")
-  return "\n".join(lines + rows)
+  f32, f16 = result["rows"]["float32"], result["rows"]["float16"]
+  rows = ((key, f"{f32[key]['abs']:.3g}", f"{f32[key]['rel']:.3g}", f"{b['abs']:.3g}", f"{b['rel']:.3g}", b["frame"]) for key, b in f16.items())
+  return "\n".join([f"{result['segment']}: {result['frames']} frames; float16_bound of the models {bound:.3g} (of the outputs' scale)", "",
+                    markdown_table(("head / published field", "float32 bundle max abs", "max rel", "float16 bundle max abs", "max rel", "frame"), rows)])
 
 def main(argv: list[str] | None = None) -> int:
   from sunnypilot.modeld_v2.compile.model_plan import add_model_flags, model_files
@@ -102,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
   if args.frames < 1: parser.error("--frames must be positive")
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   try: segment = open_segment(args.segment)
   except RouteError as e: parser.exit(2, f"{parser.prog}: error: {e}\n")
   os.makedirs(args.workdir, exist_ok=True)

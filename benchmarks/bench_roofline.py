@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, write_json
 from sunnypilot.modeld_v2.common.cli import finite_float, positive_int
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
@@ -32,8 +32,7 @@ def bundles(spec: str) -> tuple[str, str, str]:
   return label, model, warp
 
 def side_by_side(results: dict[str, dict]) -> str:
-  lines = ["\n| frame | calls | with tensor cores | GFLOP | MB | kernels alone, summed | floor ms | roofline bound ms | floor / bound | "
-           "time per arithmetic (alone) | furthest from their bound |", "|---" * 11 + "|"]
+  rows = []
   for label, r in results.items():
     tc = sum(1 for c in r["calls"] if c.get("tensor_cores"))
     bound = f"{r['bound_s'] * 1e3:.4f}" if r["bound_s"] else "-"
@@ -41,9 +40,10 @@ def side_by_side(results: dict[str, dict]) -> str:
     kinds = ", ".join(f"{k} {v['s'] * 1e3:.3f} ms" for k, v in r["by_arithmetic"].items())
     gaps = sorted(r["calls"], key=lambda c: -(c["s"] - (c["bound_s"] or 0)))[:3]
     far = ", ".join(f"{c['name'][:28]} {(c['s'] - (c['bound_s'] or 0)) * 1e6:.0f} us" for c in gaps)
-    lines.append(f"| {label} | {len(r['calls'])} | {tc} | {r['ops'] / 1e9:.3f} | {r['bytes'] / 1e6:.1f} | {r['sum_s'] * 1e3:.3f} | "
-                 f"{r['floor_s'] * 1e3:.3f} | {bound} | {ratio} | {kinds} | {far} |")
-  return "\n".join(lines)
+    rows.append((label, len(r["calls"]), tc, f"{r['ops'] / 1e9:.3f}", f"{r['bytes'] / 1e6:.1f}", f"{r['sum_s'] * 1e3:.3f}", f"{r['floor_s'] * 1e3:.3f}",
+                 bound, ratio, kinds, far))
+  return "\n" + markdown_table(("frame", "calls", "with tensor cores", "GFLOP", "MB", "kernels alone, summed", "floor ms", "roofline bound ms",
+                                 "floor / bound", "time per arithmetic (alone)", "furthest from their bound"), rows)
 
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("benchmarks.bench_roofline", __doc__)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.peaks and args.peaks not in PEAKS: parser.error(f"--peaks: one of {', '.join(PEAKS)}")
   if args.peaks and (args.peak_tflops or args.peak_tbs): parser.error("--peaks sets the peaks: give it or --peak-tflops/--peak-tbs, not both")
   if bad := [s for s in args.frames if not all(s.partition("=")[::2]) or "=" not in s]: parser.error(f"{bad}: not LABEL=FOLDER or LABEL=MODEL.bin:WARP.bin")
-  log = lambda s: print(f"benchmarks.bench_roofline: {s}", file=sys.stderr, flush=True)
+  log = logger("benchmarks.bench_roofline: ")
   results = {}
   for spec in args.frames:
     label = spec.partition("=")[0]

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, write_json
 
 def replay_fps(segment: str, artifacts: str, out: str, flags: list[str]) -> float:
   run = subprocess.run([sys.executable, "-m", "sunnypilot.modeld_v2.replay.route_replay", segment, "--artifacts", artifacts, "--out", out, "--no-pictures",
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
   camera = args.camera
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   artifacts = os.path.join("out", "artifacts", f"{Device.DEFAULT.lower()}_native_{args.model}")
   build_artifacts(artifacts, camera, "native", args.model, {}, log)
   onnx = os.path.join(artifacts, f"native_{args.model}_stand_in.onnx")
@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
       log("replaying in lockstep with the onnxruntime check ...")
       rows["lockstep replay + onnxruntime check"] = replay_fps(segment, artifacts, os.path.join(tmp, "out"), ["--onnx", onnx])
   print(f"route replay, {Device.DEFAULT}, {camera[0]}x{camera[1]}, native {args.model} stand-in, {args.frames} frames\n")
-  print("| path | frames/s |\n|---|---|")
-  for name, fps in rows.items(): print(f"| {name} | {fps:.1f} |")
+  print(markdown_table(("path", "frames/s"), ((name, f"{fps:.1f}") for name, fps in rows.items())))
   write_json(args.json, {"device": Device.DEFAULT, "camera": f"{camera[0]}x{camera[1]}", "model": args.model, "frames": args.frames, "frames_per_s": rows})
   return 0
 

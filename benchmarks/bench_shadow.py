@@ -25,9 +25,9 @@ import tempfile
 import time
 import uuid
 
-from benchmarks.bench import write_json
-from benchmarks.bench_daemon import Receiver, percentiles
 from benchmarks.car_bus import BUS_SERVICES, bus_traffic
+from benchmarks.common import logger, markdown_table, percentiles, write_json
+from benchmarks.daemon_run import Receiver
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.daemon.status import STAGE_STAMPS
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--runs", type=int, default=2)
   p.add_argument("--json")
   args = p.parse_args(argv)
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   camera = tuple(int(x) for x in args.camera.split("x"))
   work = tempfile.mkdtemp(prefix="bench_shadow_sets_")
   try:
@@ -132,14 +132,11 @@ def main(argv: list[str] | None = None) -> int:
   print(f"modeld at 20 Hz, {args.generation} {args.model} stand-ins, {args.camera}: set b asked for after {args.before} frames, warmed in the "
         "shadow, then run; control: no request. Per phase: frames, dropped, modeld's frame time (receive -> the shadow's end) p50/p99/max, "
         "latency (send -> modelV2 here) p50/p99, the largest gap between two modelV2\n")
-  print("| run | warm-up frames | phase | frames | dropped | frame time p50 | p99 | max | latency p50 | p99 | largest gap |\n" + "|---" * 11 + "|")
-  for i, r in enumerate(runs):
-    for phase in ("before", "loading", "warming", "after", "control"):
-      if (x := r.get(phase)) is None: continue
-      ft, lat = x["frame_time_ms"], x["latency_ms"]
-      q = lambda d, k: f"{d[k]:.2f}" if k in d else "-"
-      print(f"| {i // 2 + 1} {'switch' if r['switch'] else 'control'} | {r['warm_up_frames'] or '-'} | {phase} | {x['frames']} | {x['dropped']} "
-            f"| {q(ft, 'p50')} | {q(ft, 'p99')} | {q(ft, 'max')} | {q(lat, 'p50')} | {q(lat, 'p99')} | {x['max_gap_ms']:.1f} |")
+  q = lambda d, k: f"{d[k]:.2f}" if k in d else "-"
+  rows = ((f"{i // 2 + 1} {'switch' if r['switch'] else 'control'}", r["warm_up_frames"] or "-", phase, x["frames"], x["dropped"],
+           *(q(x["frame_time_ms"], k) for k in ("p50", "p99", "max")), *(q(x["latency_ms"], k) for k in ("p50", "p99")), f"{x['max_gap_ms']:.1f}")
+          for i, r in enumerate(runs) for phase in ("before", "loading", "warming", "after", "control") if (x := r.get(phase)) is not None)
+  print(markdown_table(("run", "warm-up frames", "phase", "frames", "dropped", "frame time p50", "p99", "max", "latency p50", "p99", "largest gap"), rows))
   write_json(args.json, {"model": args.model, "generation": args.generation, "camera": args.camera, "runs": runs})
   return 0
 

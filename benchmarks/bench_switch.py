@@ -25,8 +25,7 @@ import uuid
 
 import numpy as np
 
-from benchmarks.bench import check_outputs, write_json
-from benchmarks.bench_daemon import percentiles
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 FRAME_NS, WARM_S, WINDOW_S = 50_000_000, 5.0, 2.0
@@ -156,19 +155,19 @@ def summary(runs: list[dict], switches: list[dict]) -> dict:
           "load_s": statistics.median(s["load_s"] for s in ok) if ok else float("nan")}
 
 def table(kinds: dict[str, dict], model: str, device: str, rounds: int) -> str:
-  lines = [f"model switch at 20 Hz, {model} split_current stand-ins, 1928x1208 on {device}, {rounds} rounds (a run with switches and a control "
-           "run without, alternating); medians over the switches", "",
-           "| run | window | frames published / sent | longest gap between published frames (frame intervals) | latency p99 ms |",
-           "|---|---|---|---|---|"]
+  rows = []
   for kind, s in kinds.items():
     for part, label in (("before", "2 s before the request"), ("during", f"request -> first frame on the new set ({s['load_s']:.2f} s)"),
                         ("after", "2 s after the change")):
       m = s["median"][part]
-      lines.append(f"| {kind} | {label} | {m['published']:.0f} / {m['sent']:.0f} | {m['longest_gap_frames']:.2f} | {m['latency_p99_ms']:.1f} |")
+      rows.append((kind, label, f"{m['published']:.0f} / {m['sent']:.0f}", f"{m['longest_gap_frames']:.2f}", f"{m['latency_p99_ms']:.1f}"))
     w = s["whole_run"]
-    lines.append(f"| {kind} | whole runs ({s['switched']} of {s['switches']} switched) | {s['frames_published']} / {s['frames_sent']} | "
-                 f"{w['longest_gap_frames']:.2f} (longest) | {w['latency_p99_ms']:.1f} |")
-  return "\n".join(lines)
+    rows.append((kind, f"whole runs ({s['switched']} of {s['switches']} switched)", f"{s['frames_published']} / {s['frames_sent']}",
+                 f"{w['longest_gap_frames']:.2f} (longest)", f"{w['latency_p99_ms']:.1f}"))
+  return "\n".join([f"model switch at 20 Hz, {model} split_current stand-ins, 1928x1208 on {device}, {rounds} rounds (a run with switches and a "
+                    "control run without, alternating); medians over the switches", "",
+                    markdown_table(("run", "window", "frames published / sent", "longest gap between published frames (frame intervals)", "latency p99 ms"),
+                                   rows)])
 
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("benchmarks.bench_switch", __doc__)
@@ -181,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   check_outputs(parser, args.json)
   from tinygrad import Device
-  log = lambda line: print(line, file=sys.stderr, flush=True)
+  log = logger()
   default, root = build(args.workdir, args.model, log)
   ids = {"default": model_id(default), "b": model_id(os.path.join(root, "b"))}
   runs: dict[str, list[dict]] = {"switch": [], "control": []}

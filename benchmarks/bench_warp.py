@@ -13,7 +13,7 @@ import time
 import numpy as np
 from tinygrad import Device, Tensor
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, markdown_table, percentiles, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.compile_warp import compile_warp
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
@@ -49,12 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         if i >= 10: times.append((time.perf_counter() - t) * 1e3)
       rows.append({"frame": f"{size[0]}x{size[1]}", "layout": "split" if split else "packed", "beam": beam, "device": Device.DEFAULT,
                    "compile_s": compile_s, "kernels": summary["kernels"], "bundle_bytes": summary["bytes"], "ms_median": statistics.median(times),
-                   "ms_p10": float(np.percentile(times, 10)), "ms_p95": float(np.percentile(times, 95))})
+                   **{f"ms_{k}": v for k, v in percentiles(times, (10, 95), max_and_n=False).items()}})
       print(f"{rows[-1]['frame']} {rows[-1]['layout']} BEAM={beam}: {rows[-1]['ms_median']:.3f} ms", file=sys.stderr)
-  print("| frame | layout | BEAM | device | compile s | kernels | bundle bytes | ms per pair (median) | p10 | p95 |\n|---|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['frame']} | {r['layout']} | {r['beam']} | {r['device']} | {r['compile_s']:.1f} | {r['kernels']} | {r['bundle_bytes']} | {r['ms_median']:.3f} "
-          f"| {r['ms_p10']:.3f} | {r['ms_p95']:.3f} |")
+  print(markdown_table(("frame", "layout", "BEAM", "device", "compile s", "kernels", "bundle bytes", "ms per pair (median)", "p10", "p95"),
+                       ((r["frame"], r["layout"], r["beam"], r["device"], f"{r['compile_s']:.1f}", r["kernels"], r["bundle_bytes"], f"{r['ms_median']:.3f}",
+                         f"{r['ms_p10']:.3f}", f"{r['ms_p95']:.3f}") for r in rows)))
   write_json(args.json, rows)
   return 0
 

@@ -20,7 +20,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from benchmarks.bench import FLOAT32_TOLERANCE, TORCH_PEERS, device_floor_ms, output_difference, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
+from benchmarks.kernel_floor import device_floor_ms
+from benchmarks.peers import FLOAT32_TOLERANCE, TORCH_PEERS, output_difference
 from benchmarks.sweep_variants import Budget, Variant, build_variant, reusable
 
 WARMUP = 10
@@ -116,8 +118,7 @@ def torch_peers(kind: FrameKind, files: dict[str, str], frame: Any, precision: s
 
 # *** timing ***
 
-def percentiles(t: list[float]) -> dict[str, float]:
-  return {f"p{q}": float(np.percentile(t, q)) for q in (10, 50, 90, 99)} if t else {}
+QUANTILES = (10, 50, 90, 99)  # a sweep's percentiles of a path's frame times
 
 def time_interleaved(paths: list[TimedPath], bufs: list[dict], kind: FrameKind, m_inv: np.ndarray, frames: int, tolerance: Callable,
                      log: Callable[[str], None]) -> dict[str, dict]:
@@ -145,8 +146,9 @@ def time_interleaved(paths: list[TimedPath], bufs: list[dict], kind: FrameKind, 
     ref = live[0]
     for p in live: diffs[p.label] = max(diffs[p.label], output_difference(outputs[p.label], outputs[ref.label], tolerance(p, ref)[1]))
   ref = live[0] if live else None
-  return {p.label: {"interleaved": percentiles(times[p.label]), "max_diff_vs_reference": diffs[p.label], "reference": ref.label if ref else None,
-                    "tolerance": tolerance(p, ref)[0] if ref else None, "relative": tolerance(p, ref)[1] if ref else None,
+  return {p.label: {"interleaved": percentiles(times[p.label], QUANTILES, max_and_n=False), "max_diff_vs_reference": diffs[p.label],
+                    "reference": ref.label if ref else None, "tolerance": tolerance(p, ref)[0] if ref else None,
+                    "relative": tolerance(p, ref)[1] if ref else None,
                     "within_tolerance": ref is not None and diffs[p.label] <= tolerance(p, ref)[0]} for p in live}
 
 def time_alone(p: TimedPath, bufs: list[dict], kind: FrameKind, m_inv: np.ndarray, frames: int) -> dict[str, float]:
@@ -159,7 +161,7 @@ def time_alone(p: TimedPath, bufs: list[dict], kind: FrameKind, m_inv: np.ndarra
     p.adapter.run()
     p.adapter.output_array()
     if step >= WARMUP: t.append((time.perf_counter() - t0) * 1e3)
-  return percentiles(t)
+  return percentiles(t, QUANTILES, max_and_n=False)
 
 def time_group(paths: list[TimedPath], bufs: list[dict], kind: FrameKind, m_inv: np.ndarray, frames: int, tolerance: Callable,
                log: Callable[[str], None]) -> dict[str, dict]:
@@ -199,15 +201,16 @@ def goals(kind: FrameKind, rows: dict[str, dict]) -> list[dict]:
 def table(group: dict) -> str:
   """One camera size and precision: every path's build, timings and check, then the goal against each torch.compile peer."""
   f = lambda r, key: f"{r[key]['p50']:.3f}" if r.get(key) else "-"
-  lines = [f"\n{group['camera']}, {group['precision']}, {group['frames']} frames on {group['device']} (reference: {group['reference']})", "",
-           "| path | build s | kernels (tensor cores) | p50 interleaved ms | p50 alone ms | kernel-only floor ms | max diff vs reference | tolerance | ok |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  rows = []
   for label, r in group["paths"].items():
     kernels = f"{r['kernels']} ({r['tensor_core_kernels']})" if r.get("kernels") is not None else "-"
     floor = f"{r['floor_ms']:.3f}" if r.get("floor_ms") is not None else "-"
     tol = f"{r['tolerance']:.2g}{' rel' if r['relative'] else ''}" if r.get("tolerance") is not None else "-"
-    lines.append(f"| {label} | {r.get('build_s', 0):.0f} | {kernels} | {f(r, 'interleaved')} | {f(r, 'alone')} | {floor} | "
-                 f"{r['max_diff_vs_reference']:.2g} | {tol} | {'yes' if r['within_tolerance'] else 'NO'} |")
+    rows.append((label, f"{r.get('build_s', 0):.0f}", kernels, f(r, "interleaved"), f(r, "alone"), floor, f"{r['max_diff_vs_reference']:.2g}", tol,
+                 "yes" if r["within_tolerance"] else "NO"))
+  lines = [f"\n{group['camera']}, {group['precision']}, {group['frames']} frames on {group['device']} (reference: {group['reference']})", "",
+           markdown_table(("path", "build s", "kernels (tensor cores)", "p50 interleaved ms", "p50 alone ms", "kernel-only floor ms", "max diff vs reference",
+                           "tolerance", "ok"), rows)]
   for g in group["goals"]:
     lines.append(f"{g['torch_compile']} / {g['best']} at p50 {g['on']}: {g['ratio']:.2f}x (goal >= {g['goal']:g}x: {'met' if g['met'] else 'NOT met'})")
   if not group["goals"]: lines.append("no torch.compile peer in this table: no goal reckoned")
@@ -244,7 +247,7 @@ def run_sweep(kind: FrameKind, variants: list[Variant], model: str, cameras: lis
   """Build, then time per camera size and precision (variants in the order given); the results, written to json_path as they come."""
   from tinygrad import Context, Device
 
-  from benchmarks.bench import peer_models
+  from benchmarks.peers import peer_models
   from sunnypilot.modeld_v2.compile.precision import float16_bound
   from sunnypilot.modeld_v2.format.tinygrad_identity import imported_tinygrad
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
@@ -335,9 +338,6 @@ def summary(out: dict) -> str:
 # *** the command line both sweeps share ***
 
 def sweep_main(kind: FrameKind, prog: str, doc: str, default_variants: tuple[str, ...], argv: list[str] | None) -> int:
-  import sys
-
-  from benchmarks.bench import check_outputs
   from benchmarks.sweep_variants import listing, resolve
   from sunnypilot.modeld_v2.common.cli import interrupts_handled
   from sunnypilot.modeld_v2.common.cli import parser as cli_parser
@@ -373,7 +373,7 @@ def sweep_main(kind: FrameKind, prog: str, doc: str, default_variants: tuple[str
   if args.frames < 1: parser.error("--frames must be positive")
   if args.budget_s is not None and args.budget_s <= 0: parser.error("--budget-s must be positive")
   if args.model not in ("tiny", "full") and not os.path.isfile(args.model): parser.error(f"--model {args.model}: not tiny, full or an ONNX file")
-  log = lambda s: print(f"{prog}: {s}", file=sys.stderr, flush=True)
+  log = logger(f"{prog}: ")
   try:
     with interrupts_handled():  # SIGTERM (a `timeout` around the sweep) too: a build running stops with its BEAM workers (its process group)
       out = run_sweep(kind, variants, args.model, cameras, args.frames, modes, Budget(args.budget_s, log), args.workdir, args.json, args.rebuild, log)

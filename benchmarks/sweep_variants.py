@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from benchmarks.common import logger
 from sunnypilot.modeld_v2.common.cli import child_env, interruptible
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
   variant = Variant(args.variant, spec["precision"], spec["beam"], spec["env"], spec["fuse_layers"])
   sources = {k: p for k in ("onnx", "vision", "policy") if (p := getattr(args, k))}
   cameras = [tuple(int(x) for x in c.split("x")) for c in args.cameras.split(",")]
-  log = lambda s: print(f"  {args.variant}: {s}", file=sys.stderr, flush=True)
+  log = logger(f"  {args.variant}: ")
   try: record = build_here(args.frame, variant, sources, cameras, args.out, log)
   except Exception as e:  # one line here and to the sweep; the traceback kept beside the variant's bundles
     import traceback

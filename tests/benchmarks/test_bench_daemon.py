@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_daemon import arg_parser, baseline_modules, checked_args, publish_split, stand_in_layout
+from benchmarks.bench_daemon import arg_parser, checked_args
+from benchmarks.publish_path import baseline_modules, publish_split, stand_in_layout
 from sunnypilot.modeld_v2.model import fill_model_msg
 
 def test_a_baseline_tree_runs_beside_this_one_and_its_bytes_are_compared(tmp_path):

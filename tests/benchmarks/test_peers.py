@@ -5,7 +5,8 @@ peer_step; they run where torch sees a GPU (the benchmark's diff column checks t
 import numpy as np
 import pytest
 
-from benchmarks.bench import CameraBuffer, OrtPeer, PeerAdapter, set_inputs
+from benchmarks.frame_inputs import CameraBuffer, set_inputs
+from benchmarks.peers import OrtPeer, PeerAdapter
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
@@ -41,7 +42,8 @@ def test_the_driver_monitoring_peer_matches_the_fused_dm_frame(dm_artifacts):
   """bench_dm's onnxruntime peer (peer_step.DMPeerStep over the numpy dm_input warp) against the fused dm_warp + DM model, frame by frame,
   on the comma 4's driver camera: its M_inv (0.75 px per model pixel) lands on exact halves, rounded to even by both warps, and a fifth of
   the model's pixels fall outside the image (border 16)."""
-  from benchmarks.bench_dm import OrtDMPeer, set_inputs
+  from benchmarks.frame_inputs import set_dm_inputs
+  from benchmarks.peers import OrtDMPeer
   from sunnypilot.modeld_v2.model.calibration import dm_warp_matrix
   from sunnypilot.modeld_v2.replay.cabin_scene import cabin_scene
   adapter = ModelRunner(f"{dm_artifacts}/dmonitoring_model.bin", f"{dm_artifacts}/dm_warp_1344x760.bin")
@@ -50,7 +52,7 @@ def test_the_driver_monitoring_peer_matches_the_fused_dm_frame(dm_artifacts):
   for step in range(4):
     buf, outs = {"driver": CameraBuffer(cabin_scene(FRAME, step * 9))}, []
     for path in (adapter, peer):
-      set_inputs(path, step, dm_warp_matrix("os04c10"))
+      set_dm_inputs(path, step, dm_warp_matrix("os04c10"))
       path.copy_frames(buf)
       path.run()
       outs.append(np.array(path.output_array()))
@@ -60,9 +62,9 @@ def test_the_driver_monitoring_peer_matches_the_fused_dm_frame(dm_artifacts):
 @pytest.mark.parametrize("generation", ["native", "split_current"])
 def test_float16_peers_run_the_float16_model_within_the_tolerance(native_artifacts, tmp_path, generation):
   """--precision float16: the peers run the float16 ONNX the bundle computes (onnxruntime's CPU EP runs it here), and the fused float16
-  adapter's outputs stay within bench's float16 tolerance of theirs, frame by frame with states fed back; but not within float32's
+  adapter's outputs stay within peer_models' float16 tolerance of theirs, frame by frame with states fed back; but not within float32's
   reach of the float32 ONNX: both really compute in half."""
-  from benchmarks.bench import output_difference, peer_models
+  from benchmarks.peers import output_difference, peer_models
   files = stand_in_models.write(generation, "tiny", str(tmp_path / f"{generation}.onnx"), seed=3)["files"]
   compile_model(str(tmp_path / "model.bin"), **files, log=lambda s: None, precision="float16")
   models = peer_models(files, "float16", str(tmp_path), lambda s: None)

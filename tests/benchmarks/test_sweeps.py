@@ -132,7 +132,8 @@ def test_sigterm_stops_the_sweep_and_the_build_it_runs(tmp_path):
 def test_a_later_group_starts_every_path_from_zeroed_states(native_artifacts):
   # the sweep times a precision group, then again with torch.compile's fresh peer beside the same tinygrad paths: a recurrent model's
   # states (native: its hidden state) must not carry the first group's frames into the second, or the fresh peer looks wrong
-  from benchmarks.bench import OrtPeer, PeerAdapter, synthetic_buffers
+  from benchmarks.frame_inputs import synthetic_buffers
+  from benchmarks.peers import OrtPeer, PeerAdapter
   from benchmarks.sweep_timing import time_interleaved
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
   from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner

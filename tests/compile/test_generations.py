@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 
-from benchmarks.bench import CameraBuffer
+from benchmarks.frame_inputs import CameraBuffer
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
 from sunnypilot.modeld_v2.runtime.loader import load_bundle

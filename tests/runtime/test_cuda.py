@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tinygrad import Device
 
-from benchmarks.bench import CameraBuffer
+from benchmarks.frame_inputs import CameraBuffer
 from sunnypilot.modeld_v2.compile.capture import capture
 from sunnypilot.modeld_v2.compile_modeld import compile_model
 from sunnypilot.modeld_v2.compile_warp import compile_warp

@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from benchmarks.bench import CameraBuffer
+from benchmarks.frame_inputs import CameraBuffer
 from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.model.calibration import dm_warp_matrix
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tinygrad import Device, Tensor
 
-from benchmarks.bench import CameraBuffer
+from benchmarks.frame_inputs import CameraBuffer
 from benchmarks.stubbed_loop import StubModel
 from sunnypilot.modeld_v2.format.bundle import TensorSpec
 from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
