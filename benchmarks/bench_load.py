@@ -23,6 +23,7 @@ import subprocess
 import sys
 
 from benchmarks.common import check_outputs, logger, markdown_table, write_json
+from benchmarks.stand_ins import build_split_current
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 LOAD = """
@@ -65,25 +66,6 @@ print(json.dumps({'first_signature_s': times[0], 'signature_s': times[1], 'conte
 
 KINDS = {"streamed": "streamed (load_fused)", "whole": "whole-file read (read_parts + fuse + replay)"}
 
-def build(workdir: str, size: str, log) -> tuple[str, str]:
-  """The split_current stand-in of `size` and a 1928x1208 split warp in workdir/<device>_<size>/ (built when missing)."""
-  from tinygrad import Device
-
-  from sunnypilot.modeld_v2.compile_modeld import compile_model
-  from sunnypilot.modeld_v2.compile_warp import compile_warp
-  from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
-  from sunnypilot.modeld_v2.tools import stand_in_models
-  folder = os.path.join(workdir, f"{Device.DEFAULT.lower()}_{size}")
-  model, warp = os.path.join(folder, "model.bin"), os.path.join(folder, "warp.bin")
-  os.makedirs(folder, exist_ok=True)
-  if not os.path.exists(model):
-    log(f"building the {size} split_current stand-in in {folder} ...")
-    files = stand_in_models.write("split_current", size, os.path.join(folder, "stand_in.onnx"))["files"]
-    compile_model(model, **files, log=log)
-    for path in files.values(): os.remove(path)  # hundreds of MB that only the build needed
-  if not os.path.exists(warp): compile_warp(camerad_frame(1928, 1208).spec, "512x256", warp, split_frames=True, log=lambda s: None)
-  return model, warp
-
 def fresh(code: str, *args: str) -> dict:
   out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
   if out.returncode != 0: raise SystemExit(f"bench_load: a fresh process failed: {out.stderr.strip()[-2000:]}")
@@ -94,7 +76,7 @@ def bench_size(workdir: str, size: str, loads: int, log) -> dict:
 
   from sunnypilot.modeld_v2.format.bundle import check_content
   from sunnypilot.modeld_v2.format.signature import Signed, generate_key, load_private_key, sign
-  model, warp = build(workdir, size, log)
+  model, warp = build_split_current(workdir, size, log)
   runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
   for i in range(loads):
     for kind in list(KINDS)[i % 2:] + list(KINDS)[:i % 2]:  # each round starts with the other kind

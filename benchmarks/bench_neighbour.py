@@ -35,7 +35,7 @@ import uuid
 
 import numpy as np
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, percentiles, write_json
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 
 HZ = 20
@@ -76,9 +76,7 @@ def neighbour(seconds: float, numpy_iters: int, python_iters: int, cores: list[i
 
 def stats(values_ms: list[float]) -> dict[str, float]:
   """p50, p99 (numpy's linear interpolation), max and count of a series in ms."""
-  if not values_ms: return {"n": 0}
-  a = np.asarray(values_ms, np.float64)
-  return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "max": float(a.max()), "n": len(values_ms)}
+  return percentiles(values_ms, (50, 99)) or {"n": 0}
 
 def tick_stats(ticks: list[tuple[int, int, int]], since_ns: int, until_ns: int) -> dict[str, dict[str, float]]:
   """Tick time (end - start), lateness (start - schedule) and completion (end - schedule) of the ticks scheduled in [since, until)."""
@@ -174,13 +172,12 @@ def report(runs: list[dict], summary: dict, args, model_bytes: int) -> None:
         f"starts and loads the {args.model} split_current stand-in ({model_bytes / 1e6:.0f} MB) + 1928x1208 warp; page cache emptied before each "
         f"run by {runs[0]['cold']}; neighbour on cores {args.neighbour_cores}, modeld (and its starter) on "
         f"{'core ' + str(args.modeld_core) if args.modeld_core is not None else 'any core'}; ms, p50 / p99 / max\n")
-  print("| run | cold | modeld start -> running s | loader ms | window ticks | window tick time | window lateness | window completion | "
-        "whole-run tick time | whole-run lateness |\n" + "|---" * 10 + "|")
-  for i, r in enumerate(runs):
-    w, a = r["window"], r["whole"]
-    start = f"{r['start_to_running_s']:.2f}" if r["start_to_running_s"] else ("did not finish" if r["loaded"] else "-")
-    print(f"| {i // 2 + 1} {'loaded' if r['loaded'] else 'alone'} | {r['cold']} | {start} | {r['loader_ms'] or '-'} | {w['tick_ms']['n']} | "
-          f"{q(w['tick_ms'])} | {q(w['late_ms'])} | {q(w['done_ms'])} | {q(a['tick_ms'])} | {q(a['late_ms'])} |")
+  start = lambda r: f"{r['start_to_running_s']:.2f}" if r["start_to_running_s"] else ("did not finish" if r["loaded"] else "-")
+  print(markdown_table(("run", "cold", "modeld start -> running s", "loader ms", "window ticks", "window tick time", "window lateness", "window completion",
+                        "whole-run tick time", "whole-run lateness"),
+                       ((f"{i // 2 + 1} {'loaded' if r['loaded'] else 'alone'}", r["cold"], start(r), r["loader_ms"] or "-", r["window"]["tick_ms"]["n"],
+                         q(r["window"]["tick_ms"]), q(r["window"]["late_ms"]), q(r["window"]["done_ms"]), q(r["whole"]["tick_ms"]), q(r["whole"]["late_ms"]))
+                        for i, r in enumerate(runs))))
   pooled, ratios = summary["pooled"], summary["ratios"]
   print("\npooled windows, tick time: " + "; ".join(f"{name} {q(pooled[name]['tick_ms'])} ({pooled[name]['tick_ms']['n']} ticks)" for name in pooled))
   for k, v in ratios.items():
@@ -204,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
   check_outputs(parser, args.json)
   try: args.work = tuple(int(x) for x in args.work.split(","))
   except ValueError: parser.error(f"--work: expected two integers, got {args.work!r}")
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   every = sorted(os.sched_getaffinity(0))
   args.neighbour_cores = [args.neighbour_core] if args.neighbour_core is not None else every
   if args.modeld_core is not None: os.sched_setaffinity(0, [args.modeld_core])  # modeld inherits it from its first instruction
-  from benchmarks.bench_load import build
+  from benchmarks.stand_ins import build_split_current
   from sunnypilot.modeld_v2.model.camera_frame import camerad_frame
   from sunnypilot.modeld_v2.replay.fake_camerad import FakeCamerad
-  model, warp = build(args.workdir, args.model, log)
+  model, warp = build_split_current(args.workdir, args.model, log)
   prefix, previous = f"bench_neighbour_{uuid.uuid4().hex[:10]}", os.environ.get("OPENPILOT_PREFIX")
   os.environ["OPENPILOT_PREFIX"] = prefix
   os.makedirs(f"/dev/shm/msgq_{prefix}")

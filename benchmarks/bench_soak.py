@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.bench import check_outputs, write_json
+from benchmarks.common import check_outputs, logger, markdown_table, write_json
 from sunnypilot.modeld_v2.common.cli import checked
 from sunnypilot.modeld_v2.common.cli import parser as cli_parser
 from sunnypilot.modeld_v2.model.calibration import parse_camera_size
@@ -219,7 +219,7 @@ def gc_row(path: str, collector: str, frames: int, every: int) -> dict:
     if i % every == 0: samples.append({"frame": i, "rss": (m := self_memory())[0], "anon": m[1], "objects": len(gc.get_objects())})
   if path == "loop":
     from benchmarks import stubbed_loop
-    from benchmarks.bench_daemon import stand_in_layout
+    from benchmarks.publish_path import stand_in_layout
     if collector == "on": gc.disable = lambda: None  # ModelD.run turns it off as modeld runs: for this row it stays on
     said: list[str] = []
     class Said(logging.Handler):
@@ -248,8 +248,8 @@ def pycapnp_frames(frames: int, collect: bool, sample) -> None:
   serialized; the collector on or off for the frames."""
   import gc
 
-  from benchmarks.bench_daemon import PublishPath, stand_in_layout
   from benchmarks.car_bus import bus_traffic
+  from benchmarks.publish_path import PublishPath, stand_in_layout
   from sunnypilot.modeld_v2.daemon.messaging import NO_TRAVERSAL_LIMIT, log, new_message, set_fields
   slices, width = stand_in_layout("split_current")
   publish, traffic, kept = PublishPath(slices), bus_traffic(), {}
@@ -300,22 +300,21 @@ def soak_report(run: dict, fits: dict, args) -> None:
   print(f"soak: modeld + dmonitoringmodeld, {args.model} stand-ins, {'x'.join(map(str, args.camera))}, {run['frames']} frames at "
         f"{f'{args.rate:g} Hz' if args.rate else 'lockstep'} in {run['wall_s']:.0f} s; published: "
         + ", ".join(f"{k} {v}" for k, v in run["published"].items()) + "\n")
-  print("| frame | s | " + " | ".join(f"{d} RSS MiB | anon MiB | shmem MiB | rings MiB | shm mapped MiB | fds | shm maps" for d in DAEMONS)
-        + " | run's /dev/shm entries | MiB |\n" + "|---" * (4 + 7 * len(DAEMONS)) + "|")
-  for s in run["samples"]:
-    cells = " | ".join(f"{mib(s[d]['rss'])} | {mib(s[d]['anon'])} | {mib(s[d]['shmem'])} | {mib(s[d]['rings'])} | {mib(s[d]['shm_mapped'])} | "
-                       f"{s[d]['fds']} | {s[d]['shm_maps']}" for d in DAEMONS)
-    print(f"| {s['frame']} | {s['s']:.0f} | {cells} | {s['run_shm']} | {mib(s['run_shm_bytes'])} |")
+  per_daemon = ("RSS MiB", "anon MiB", "shmem MiB", "rings MiB", "shm mapped MiB", "fds", "shm maps")
+  cells = lambda s, d: (mib(s[d]["rss"]), mib(s[d]["anon"]), mib(s[d]["shmem"]), mib(s[d]["rings"]), mib(s[d]["shm_mapped"]), s[d]["fds"], s[d]["shm_maps"])
+  print(markdown_table(("frame", "s", *(f"{d} {c}" if i == 0 else c for d in DAEMONS for i, c in enumerate(per_daemon)), "run's /dev/shm entries", "MiB"),
+                       ((s["frame"], f"{s['s']:.0f}", *(c for d in DAEMONS for c in cells(s, d)), s["run_shm"], mib(s["run_shm_bytes"]))
+                        for s in run["samples"])))
   print(f"\nslopes after the first {args.warmup_fraction:.0%} of the frames (least squares), per 1000 frames; projected over {HOUR_FRAMES} "
         "frames (an hour at 20 Hz); flat: under 8 MiB of memory, under 1 fd, mapping or entry\n")
-  print("| daemon | metric | first | last | slope per 1000 frames | projected over an hour | verdict |\n|---|---|---|---|---|---|---|")
-  for who, metrics in fits.items():
-    for metric, f in metrics.items():
-      memory = metric in MEMORY
-      show = (lambda v: "-" if v is None else f"{v / 1024:.1f} KiB") if memory else (lambda v: "-" if v is None else f"{v:.2f}")
-      first, last = (mib(f["first"]) + " MiB", mib(f["last"]) + " MiB") if memory else (str(f["first"]), str(f["last"]))
-      print(f"| {who} | {METRICS.get(metric, 'entries' if metric == 'run_shm' else 'bytes')} | {first} | {last} | {show(f['per_1000_frames'])} | "
-            f"{show(f['projected_hour'])} | {f['verdict']} |")
+  def row(who: str, metric: str, f: dict) -> tuple:
+    memory = metric in MEMORY
+    show = (lambda v: "-" if v is None else f"{v / 1024:.1f} KiB") if memory else (lambda v: "-" if v is None else f"{v:.2f}")
+    first, last = (mib(f["first"]) + " MiB", mib(f["last"]) + " MiB") if memory else (str(f["first"]), str(f["last"]))
+    return (who, METRICS.get(metric, "entries" if metric == "run_shm" else "bytes"), first, last, show(f["per_1000_frames"]), show(f["projected_hour"]),
+            f["verdict"])
+  print(markdown_table(("daemon", "metric", "first", "last", "slope per 1000 frames", "projected over an hour", "verdict"),
+                       (row(who, metric, f) for who, metrics in fits.items() for metric, f in metrics.items())))
   print()
   for who, metrics in fits.items():
     line = daemon_verdict(metrics) if who in DAEMONS else ", ".join(f"{METRICS.get(m, m)} {f['verdict']}" for m, f in metrics.items())
@@ -326,14 +325,13 @@ def soak_report(run: dict, fits: dict, args) -> None:
 def gc_report(rows: list[dict]) -> None:
   print(f"\npycapnp {rows[0]['pycapnp']} with the collector off (as the daemons run) and on, {rows[0]['frames']} frames a row, fresh processes; "
         f"slopes after the first {GC_WARMUP_FRACTION:.0%}, per 1000 frames\n")
-  print("| path | collector | objects left in cycles | per frame | tracked objects per 1000 frames | RSS KiB per 1000 frames | RssAnon KiB per 1000 frames |")
-  print("|---|---|---|---|---|---|---|")
   names = {"loop": "modeld's frame loop (stubbed camera, model)", "pycapnp": "openpilot's pycapnp path (new_message, set_fields, from_bytes)"}
   kib = lambda v: "-" if v is None else f"{v / 1024:.1f}"
-  for r in rows:
-    left = r["cycles_left"]
-    print(f"| {names[r['path']]} | {r['collector']} | {left if left is not None else '?'} | {(left or 0) / r['frames']:.3f} | "
-          f"{r['objects_per_1000'] or 0:.1f} | {kib(r['rss_per_1000'])} | {kib(r['anon_per_1000'])} |")
+  print(markdown_table(("path", "collector", "objects left in cycles", "per frame", "tracked objects per 1000 frames", "RSS KiB per 1000 frames",
+                        "RssAnon KiB per 1000 frames"),
+                       ((names[r["path"]], r["collector"], r["cycles_left"] if r["cycles_left"] is not None else "?",
+                         f"{(r['cycles_left'] or 0) / r['frames']:.3f}",
+                         f"{r['objects_per_1000'] or 0:.1f}", kib(r["rss_per_1000"]), kib(r["anon_per_1000"])) for r in rows)))
 
 def main(argv: list[str] | None = None) -> int:
   parser = cli_parser("benchmarks.bench_soak", __doc__)
@@ -351,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
   check_outputs(parser, args.json)
   if args.frames < 0 or args.gc_frames < 0 or not 0 <= args.warmup_fraction < 1 or args.rate < 0: parser.error("negative counts or a warm-up outside [0, 1)")
   camera = args.camera
-  log = lambda s: print(s, file=sys.stderr, flush=True)
+  log = logger()
   run = fits = None
   if args.frames:
     artifacts = build(args.workdir, args.model, camera, log)

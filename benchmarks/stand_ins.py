@@ -49,3 +49,18 @@ def build_dm(model: str, cameras: list[tuple[int, int]], workdir: str, log: Call
   return {"onnx": onnx, "model": bundle, "compile_s": summary["compile_s"], "kernels": summary["kernels"], "warps": warps,
           "model_size": DM_INPUT_SIZE, "border_fill": compile_dm_warp.BORDER_FILL, "precision": precision,
           "peers": peer_models({"onnx": onnx}, precision, workdir, log)}
+
+def build_split_current(workdir: str, size: str, log: Callable[[str], None]) -> tuple[str, str]:
+  """The split_current stand-in of `size` and a 1928x1208 split warp in workdir/<device>_<size>/ (built when missing): what the load
+  benchmarks stream."""
+  from tinygrad import Device
+  folder = os.path.join(workdir, f"{Device.DEFAULT.lower()}_{size}")
+  model, warp = os.path.join(folder, "model.bin"), os.path.join(folder, "warp.bin")
+  os.makedirs(folder, exist_ok=True)
+  if not os.path.exists(model):
+    log(f"building the {size} split_current stand-in in {folder} ...")
+    files = stand_in_models.write("split_current", size, os.path.join(folder, "stand_in.onnx"))["files"]
+    compile_model(model, **files, log=log)
+    for path in files.values(): os.remove(path)  # hundreds of MB that only the build needed
+  if not os.path.exists(warp): compile_warp(camerad_frame(1928, 1208).spec, "512x256", warp, split_frames=True, log=lambda s: None)
+  return model, warp
