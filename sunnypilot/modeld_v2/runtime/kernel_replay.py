@@ -21,6 +21,7 @@ from tinygrad.helpers import getenv
 from tinygrad.uop.ops import Ops, UOp
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.format.fields import device_kind, dtype_name, parse_dtype
 from sunnypilot.modeld_v2.format.part import (
   Arg,
   Blob,
@@ -32,9 +33,6 @@ from sunnypilot.modeld_v2.format.part import (
   Part,
   PartJSON,
   Program,
-  device_kind,
-  dtype_name,
-  parse_dtype,
 )
 from sunnypilot.modeld_v2.runtime.tinygrad_internals import (
   KernelFields,
