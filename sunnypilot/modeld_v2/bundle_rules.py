@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sunnypilot.modeld_v2.format.bundle import ExtrasJSON, Metadata, check_output_slices, register_metadata_check
-from sunnypilot.modeld_v2.format.part import expect, ints
+from sunnypilot.modeld_v2.format.fields import expect, ints
 from sunnypilot.modeld_v2.format.warp_inputs import DRIVER_FRAMES, PACKED_FRAMES, WARP_FRAMES, WARP_TRANSFORM
 from sunnypilot.modeld_v2.model.camera_frame import NV12Frame, parse_frame, parse_size
 from sunnypilot.modeld_v2.model.parse_dmonitoring_outputs import check_dm_heads

@@ -34,9 +34,9 @@ def test_cuda_round_trip_replays_through_a_graph():
 
 @pytest.mark.parametrize("instances", [36, 3], ids=["a graph instance per buffer pair", "instances re-pointed past the cap"])
 def test_registered_camera_buffers_match_the_upload_path(tmp_path, monkeypatch, request, instances):
-  from sunnypilot.modeld_v2.runtime import kernel_replay as replay
+  from sunnypilot.modeld_v2.runtime import replay_backends
   from sunnypilot.modeld_v2.runtime.model_runner import ModelRunner
-  monkeypatch.setattr(replay, "MAX_GRAPH_INSTANCES", instances)
+  monkeypatch.setattr(replay_backends, "MAX_GRAPH_INSTANCES", instances)
   frame = camerad_frame(1344, 760)
   stand_in_models.write("native", "tiny", str(tmp_path / "m.onnx"), seed=5)
   compile_model(str(tmp_path / "m.bin"), onnx=str(tmp_path / "m.onnx"), log=lambda s: None)

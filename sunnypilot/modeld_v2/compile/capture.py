@@ -24,6 +24,7 @@ from tinygrad.helpers import BEAM, Context, getenv
 from tinygrad.uop.ops import UOp
 
 from sunnypilot.modeld_v2.common.files import ArtifactError
+from sunnypilot.modeld_v2.format.fields import device_kind, dtype_name, parse_dtype
 from sunnypilot.modeld_v2.format.part import (
   Arg,
   Blob,
@@ -40,10 +41,7 @@ from sunnypilot.modeld_v2.format.part import (
   Returned,
   Returns,
   RuntimeVar,
-  device_kind,
-  dtype_name,
   label,
-  parse_dtype,
 )
 from sunnypilot.modeld_v2.format.part_builder import PartBuilder
 from sunnypilot.modeld_v2.runtime.kernel_replay import InputError, Replay, replay_part, write_tensor

@@ -27,7 +27,7 @@ from sunnypilot.modeld_v2.common.files import ArtifactError
 from sunnypilot.modeld_v2.compile.compile_job import BundleCompile, add_compile_flags
 from sunnypilot.modeld_v2.compile.onnx_model import ModelError, Spec, graph_inputs, onnx_dims, onnx_np_dtype, read_onnx
 from sunnypilot.modeld_v2.compile.precision import OnnxRun
-from sunnypilot.modeld_v2.format.part import dtype_name, np_dtype
+from sunnypilot.modeld_v2.format.fields import dtype_name, np_dtype
 
 if TYPE_CHECKING:
   from onnx import ModelProto

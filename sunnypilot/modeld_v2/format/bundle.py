@@ -19,7 +19,8 @@ from tinygrad import Device, helpers
 from tinygrad.helpers import getenv
 
 from sunnypilot.modeld_v2.common.files import ArtifactError, open_regular, replaced_atomically
-from sunnypilot.modeld_v2.format.part import Blob, Part, PartJSON, device_kind, expect, ints, within
+from sunnypilot.modeld_v2.format.fields import device_kind, expect, ints, within
+from sunnypilot.modeld_v2.format.part import Blob, Part, PartJSON
 from sunnypilot.modeld_v2.format.part_builder import Blobs, Segment
 from sunnypilot.modeld_v2.format.tinygrad_identity import describe, imported_tinygrad, replays, unsupported
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from tinygrad import Tensor
 
-from sunnypilot.modeld_v2.format.part import device_kind
+from sunnypilot.modeld_v2.format.fields import device_kind
 from sunnypilot.modeld_v2.format.warp_inputs import DRIVER_FRAMES, WARP_FRAMES
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration
 from sunnypilot.modeld_v2.runtime.kernel_replay import ALIGNMENT, write_tensor

@@ -7,7 +7,7 @@ import numpy as np
 from tinygrad import Tensor
 
 from sunnypilot.modeld_v2.format.bundle import Metadata, TensorSpec, next_name
-from sunnypilot.modeld_v2.format.part import device_kind
+from sunnypilot.modeld_v2.format.fields import device_kind
 from sunnypilot.modeld_v2.runtime.cuda_host import CudaHostRegistration, host_pages
 from sunnypilot.modeld_v2.runtime.frame_feeds import CAMERA_BUFFERS, DRIVER_BUFFER, CameraFrames, FrameFeed, InPlaceFrames, PackedFrames, UploadFrames
 from sunnypilot.modeld_v2.runtime.frame_fusion import SPLIT_FRAMES, FusedLayout
